@@ -1,0 +1,1 @@
+"""The command-line interfaces `mkb-run` and `mkb-analyze` (thin: they parse and call the library)."""

@@ -1,0 +1,77 @@
+"""The `DslBackend` protocol: everything mkb needs to know about one kernel DSL, in one interface.
+
+Outside `mkb/dsl/` nothing depends on a particular DSL: problems, prompts, grader and agent talk to
+a backend through this protocol, and adding a DSL (Triton, CUDA C++, TileLang) is one module that
+implements it and registers itself in `mkb.dsl.BACKENDS`, turning the pair into a transfer matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class StaticFinding:
+    """One violation of the solution contract found without running the kernel."""
+
+    rule: str  # short id, becomes the reason code static_<rule>
+    message: str
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """Outcome of the free CPU `check` compile: ok, or short file:line messages."""
+
+    ok: bool
+    messages: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+
+@runtime_checkable
+class DslBackend(Protocol):
+    """One kernel DSL.
+
+    Contract:
+    - `name` is the short id used in events and on the CLI (`cute`, `tirx`); `display_name` is for prompts.
+    - `version()` names the installed DSL package version; it is part of every coordinate key.
+    - `environment(gpu_arch)` returns the environment variables the DSL needs for that GPU
+      (e.g. CUTE_DSL_ARCH, CUDA_PATH), including the math-flag policy that is pinned to be the same
+      for every backend (no fast-math approximations unless every backend uses them).
+    - `import_modules` lists modules a grader worker imports ahead of the candidate (warm start).
+    - `load(path)` imports a candidate `kernel.py` from a file and returns the module.
+    - `static_rules(source)` checks the solution contract on the AST; an empty tuple means clean.
+    - `check_compile(path, problem)` compiles on the CPU without running anything (the free `check`),
+      turning compiler errors into short `file:line: message` lines with no ANSI codes.
+    - `kernel_name_patterns(module)` gives the regexes the profiler's kernel names must match for a
+      launch to count as this DSL's, derived from the candidate's own compiled kernels.
+    - `prompt_section()` is the DSL-specific part of a task statement; `doc_pack()` the folder of
+      reference docs an agent may read, and `doc_pack_version()` a hash of it.
+    """
+
+    name: str
+    display_name: str
+
+    def version(self) -> str: ...
+
+    def environment(self, gpu_arch: str) -> dict[str, str]: ...
+
+    @property
+    def import_modules(self) -> tuple[str, ...]: ...
+
+    def load(self, path: Path) -> ModuleType: ...
+
+    def static_rules(self, source: str) -> tuple[StaticFinding, ...]: ...
+
+    def check_compile(self, path: Path, problem: int) -> CompileResult: ...
+
+    def kernel_name_patterns(self, module: ModuleType) -> tuple[str, ...]: ...
+
+    def prompt_section(self) -> str: ...
+
+    def doc_pack(self) -> Path | None: ...
+
+    def doc_pack_version(self) -> str: ...

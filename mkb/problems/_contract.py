@@ -1,0 +1,68 @@
+"""The problem contract: the metadata every `problems/<family>/NN_name/problem.py` declares as `META`.
+
+A problem module defines (DESIGN.md, Problem contract):
+
+- ``META = ProblemMeta(...)`` (below).
+- ``reference(*inputs)``: the specification. Computes in ``torch.promote_types(dtype, float32)`` so
+  that float64 copies of the inputs give the fp64 anchor; only quantisation casts are fixed.
+  Returns one tensor or a tuple, in the order of ``META.outputs``. Updates the inputs named in
+  ``META.mutates`` in place (and may return them too).
+- ``make_inputs(seed, *, device, size="full")`` -> tuple of inputs (tensors, or Python scalars that
+  never change), in the order of ``META.inputs``. Shapes and index structure (page tables,
+  lengths, routing) depend only on ``size``; values depend only on ``seed``. ``size="smoke"``
+  runs the reference on CPU in <= 0.1 s.
+- optional ``eager(*inputs)``: what the eager baseline times, when ``reference`` is deliberately
+  slow (an exact recurrence). Must agree with ``reference`` within the comparison rules.
+- for ``compare="topk"`` outputs: a module function named by ``Output.topk_scores`` taking the
+  inputs and returning the full score tensor the selection is made from (indices along
+  ``Output.topk_dim`` index into it).
+- for ``compare="quantized"`` outputs: a module function named by ``Output.dequantize`` taking the
+  full output tuple and returning ``(values, quantum)``: dequantised float values of this output
+  and, elementwise, the size of one quantum (format spacing x block scale) at the reference value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Family = Literal["attention", "kv_cache", "mlp_norm", "moe", "quantization", "linear_attention"]
+FAMILIES: tuple[str, ...] = ("attention", "kv_cache", "mlp_norm", "moe", "quantization", "linear_attention")
+CompareMode = Literal["allclose", "exact", "topk", "quantized"]
+Peak = Literal["bf16_tc", "fp16_tc", "fp8_tc", "tf32_tc", "fp32_simt", "memory"]
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output of `reference`, and how a candidate's value is compared with it."""
+
+    name: str
+    compare: CompareMode = "allclose"
+    topk_scores: str | None = None  # compare="topk": name of the module's score function
+    topk_dim: int = -1
+    dequantize: str | None = None  # compare="quantized": name of the module's dequantise function
+
+
+@dataclass(frozen=True)
+class ProblemMeta:
+    """What a problem is, where it comes from, and what it costs at full size.
+
+    `flops` are dense-equivalent FLOPs and `bytes` the minimum HBM traffic (read every input once,
+    write every output once) at size="full"; with `peak` they give the speed-of-light time.
+    """
+
+    number: int
+    name: str  # the directory name without the NN_ prefix, as in problem-catalog.md
+    family: Family
+    dtypes: tuple[str, ...]
+    source_model: str
+    source_config: str  # the published config values the shapes come from (hidden size, heads, eps, ...)
+    inputs: tuple[str, ...]
+    outputs: tuple[Output, ...]
+    flops: float
+    bytes: float
+    peak: Peak
+    mutates: tuple[str, ...] = ()  # names from `inputs` updated in place
+    exact_reason: str | None = None  # why the fp64 gap is 0 (integer/copy problems); None otherwise
+    notes: str = ""  # shape choices, deviations, anything a reader of the catalog should know
+    extra: dict = field(default_factory=dict, hash=False, compare=False)
