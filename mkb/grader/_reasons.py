@@ -1,0 +1,44 @@
+"""Reason codes: the closed vocabulary every grader outcome is reported in."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Why an evaluation did not pass. `static_<rule>` codes come from `DslBackend.static_rules`."""
+
+    # before running
+    STATIC = "static"  # prefix: reported as static_<rule>, e.g. static_forbidden_import
+    COMPILE_ERROR = "compile_error"
+    COMPILE_TIMEOUT = "compile_timeout"
+    IMPORT_ERROR = "import_error"
+    NO_SOLVE = "no_solve"
+    # running
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    CRASH = "crash"  # the worker died (signal, illegal address, os._exit)
+    # correctness
+    WRONG_OUTPUT = "wrong_output"
+    WRONG_SHAPE = "wrong_shape"  # shape, dtype, device or output count differs
+    WRONG_TYPE = "wrong_type"  # not a plain torch.Tensor (lazy subclasses and the like)
+    NAN = "nan"  # NaN or Inf where the reference has none
+    ALL_ZERO = "all_zero"
+    CONSTANT = "constant"
+    INPUT_MUTATED = "input_mutated"  # an input not in `mutates` changed
+    # integrity
+    INTEGRITY_NO_DSL_KERNEL = "integrity_no_dsl_kernel"
+    INTEGRITY_NON_DSL_COMPUTE = "integrity_non_dsl_compute"
+    INTEGRITY_THREAD = "integrity_thread"
+    INTEGRITY_STREAM = "integrity_stream"
+    INTEGRITY_IDENTITY = "integrity_identity"  # a torch callable, timer or harness function was replaced
+    INTEGRITY_NUMERICS_FLAG = "integrity_numerics_flag"
+    INTEGRITY_ENVIRON = "integrity_environ"
+    INTEGRITY_RECHECK = "integrity_recheck"  # a timed call's output did not match on re-check
+    INTEGRITY_EXIT = "integrity_exit"  # solve tried to end the process or raised SystemExit
+    # not the candidate's fault: retried, then excluded and reported
+    INFRA_ERROR = "infra_error"
+
+
+def static_reason(rule: str) -> str:
+    return f"static_{rule}"
