@@ -1,0 +1,133 @@
+"""Causal GQA prefill over a paged KV cache (FlashInfer layout), Llama-3.1-405B heads at tensor-parallel 8, page size 64.
+
+A batch of sequences each appends qo_len[b] new tokens after a cached prefix (chunked prefill /
+prefix caching). The new tokens' K/V are already written into the paged cache, so sequence b's
+cache holds kv_len[b] = prefix[b] + qo_len[b] tokens and its queries are the last qo_len[b] of
+them. Some sequences have an empty prefix; lengths differ across the batch.
+
+Inputs (bf16 unless stated):
+- q                [total_q, 16, 128]: queries of all sequences, ragged; sequence b owns rows
+  qo_indptr[b]:qo_indptr[b+1].
+- k_cache, v_cache [num_pages, page_size=64, 1, 128]: the page pool (NHD inside a page).
+  Pages not listed in kv_indices hold garbage and must not be read.
+- qo_indptr        int32 [batch + 1].
+- kv_indptr        int32 [batch + 1]: sequence b owns kv_indices[kv_indptr[b]:kv_indptr[b+1]].
+- kv_indices       int32 [nnz_pages]: page ids in token order (a shuffled pool, not the identity).
+- kv_last_page_len int32 [batch]: rows used in each sequence's last page (1..page_size).
+  kv_len[b] = (kv_indptr[b+1] - kv_indptr[b] - 1) * page_size + kv_last_page_len[b];
+  token t of sequence b is row t % page_size of page kv_indices[kv_indptr[b] + t // page_size].
+
+GQA: all 16 query heads share the single kv head (Llama-3.1-405B: 128 q / 8 kv heads over 8 GPUs).
+
+Numerics: computed in float32 (float64 for the fp64 anchor). For query row i (0-based within its
+sequence) and key t of the same sequence:
+  causal mask, aligned bottom-right: key t is visible iff t <= i + (kv_len[b] - qo_len[b]);
+  s = (q . k) * sm_scale, sm_scale = 1/sqrt(128); p = softmax over visible keys;
+  out[i,h] = sum_t p v[t, 0]                              -> bf16 [total_q, 16, 128]
+  lse[i,h] = log2(sum_visible exp(s))  (base 2, as FlashInfer) -> float32 [total_q, 16]
+
+Sizes: full = 8 sequences, qo_len 256..4096, prefix 0..8192 (fixed); smoke = 3 short ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mkb.problems import Output, ProblemMeta
+from mkb.problems.paged import cu_seqlens, draw_lengths, page_table, structure_rng
+
+NUMBER = 7
+NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 16, 1, 128, 64
+SM_SCALE = 1.0 / math.sqrt(HEAD_DIM)
+# batch, qo_len range, prefix range
+_SIZES = {"full": (8, (256, 4096), (64, 8192)), "smoke": (3, (3, 12), (2, 150))}
+
+
+def _structure(size: str):
+    batch, (qlo, qhi), (plo, phi) = _SIZES[size]
+    rng = structure_rng(NUMBER, size)
+    qo_lens = draw_lengths(rng, batch, qlo, qhi)
+    prefix = draw_lengths(rng, batch, plo, phi)
+    prefix[0] = 0  # one plain prefill (no cached prefix)
+    kv_lens = [p + q for p, q in zip(prefix, qo_lens)]
+    return qo_lens, page_table(rng, kv_lens, PAGE_SIZE)
+
+
+def reference(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    dt = torch.promote_types(q.dtype, torch.float32)
+    _, num_heads, head_dim = q.shape
+    _, page_size, kv_heads, _ = k_cache.shape
+    group = num_heads // kv_heads
+    k_flat = k_cache.reshape(-1, kv_heads, head_dim)
+    v_flat = v_cache.reshape(-1, kv_heads, head_dim)
+    qo, kvp, last = qo_indptr.tolist(), kv_indptr.tolist(), kv_last_page_len.tolist()
+    out = torch.empty(q.shape, dtype=dt, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=dt, device=q.device)
+    for b in range(len(qo) - 1):
+        qb = q[qo[b] : qo[b + 1]].to(dt)
+        q_len = qb.shape[0]
+        pages = kv_indices[kvp[b] : kvp[b + 1]].long()
+        kv_len = (pages.numel() - 1) * page_size + last[b]
+        rows = torch.arange(page_size, device=q.device)
+        slot = (pages[:, None] * page_size + rows[None, :]).reshape(-1)[:kv_len]
+        kb, vb = k_flat[slot].to(dt), v_flat[slot].to(dt)  # [kv_len, kv_heads, head_dim]
+        s = torch.einsum("qhgd,khd->hgqk", qb.view(q_len, kv_heads, group, head_dim), kb) * SM_SCALE
+        i = torch.arange(q_len, device=q.device)[:, None]
+        t = torch.arange(kv_len, device=q.device)[None, :]
+        s = s.masked_fill(t > i + (kv_len - q_len), float("-inf"))
+        m = torch.logsumexp(s, dim=-1)  # [kv_heads, group, q_len]
+        p = torch.exp(s - m[..., None])
+        ob = torch.einsum("hgqk,khd->qhgd", p, vb)
+        out[qo[b] : qo[b + 1]] = ob.reshape(q_len, num_heads, head_dim)
+        lse[qo[b] : qo[b + 1]] = m.reshape(num_heads, q_len).T
+    return out.to(q.dtype), lse / math.log(2.0)
+
+
+def make_inputs(seed: int, *, device, size: str = "full"):
+    qo_lens, pt = _structure(size)
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
+
+    q = randn(sum(qo_lens), NUM_QO_HEADS, HEAD_DIM)
+    k_cache = randn(pt.num_pages, PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    v_cache = randn(pt.num_pages, PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM)
+
+    def i32(x):
+        return torch.tensor(x, dtype=torch.int32, device=device)
+
+    return q, k_cache, v_cache, i32(cu_seqlens(qo_lens)), i32(pt.indptr), i32(pt.indices), i32(pt.last_page_len)
+
+
+def _cost():
+    qo_lens, pt = _structure("full")
+    pairs = sum(q * (kv - q) + q * (q + 1) // 2 for q, kv in zip(qo_lens, pt.kv_lens))
+    flops = 4.0 * NUM_QO_HEADS * HEAD_DIM * pairs
+    kv_bytes = 2 * 2 * sum(pt.kv_lens) * NUM_KV_HEADS * HEAD_DIM
+    qo_bytes = sum(qo_lens) * NUM_QO_HEADS * (2 * 2 * HEAD_DIM + 4)
+    idx_bytes = 4 * (2 * len(pt.indptr) + len(pt.indices) + pt.batch)
+    return flops, float(kv_bytes + qo_bytes + idx_bytes), (qo_lens, pt.kv_lens)
+
+
+_FLOPS, _BYTES, _LENS = _cost()
+
+META = ProblemMeta(
+    number=NUMBER,
+    name="gqa_paged_prefill_causal_h16_kv1_d128_ps64_bf16",
+    family="attention",
+    dtypes=("bfloat16", "int32", "float32"),
+    source_model="meta-llama/Llama-3.1-405B-Instruct at tensor-parallel 8 (served by FlashInfer/vLLM)",
+    source_config="num_attention_heads=128, num_key_value_heads=8, head_dim=128, TP=8 -> 16 q / 1 kv heads per GPU; FlashInfer "
+    "BatchPrefillWithPagedKVCache layout (NHD pages, CSR page table), page_size=64, causal",
+    inputs=("q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"),
+    outputs=(Output("out"), Output("lse")),
+    flops=_FLOPS,
+    bytes=_BYTES,
+    peak="bf16_tc",
+    notes=f"full: (qo_len, kv_len) = {list(zip(*_LENS))}. flops count only unmasked (visible) "
+    "query-key pairs: 4*H*D*sum_b(qo*(kv-qo) + qo*(qo+1)/2). bytes = referenced KV + q + out + lse "
+    "+ index tensors. Causal mask aligned bottom-right; lse base 2.",
+)
