@@ -1,0 +1,120 @@
+"""Causal GQA prefill over ragged (unpaged) Q and KV, Qwen3-Next-80B-A3B attention heads at TP 2.
+
+Qwen3-Next interleaves gated-DeltaNet layers with full (gated) attention layers; this is the core
+of a full-attention layer (q/k norm, partial RoPE and the output gate are applied outside it).
+
+A batch of sequences each has qo_len[b] new tokens and kv_len[b] = prefix[b] + qo_len[b] keys
+(the prefix came from a cache and was copied in front of the new keys; some prefixes are empty).
+Everything is packed ragged, FlashInfer BatchPrefillWithRaggedKVCache / FlashAttention varlen style.
+
+Inputs (bf16 unless stated):
+- q     [total_q, 8, 256]:  sequence b owns rows qo_indptr[b]:qo_indptr[b+1].
+- k, v  [total_kv, 1, 256]:  sequence b owns rows kv_indptr[b]:kv_indptr[b+1].
+- qo_indptr, kv_indptr int32 [batch + 1] (cu_seqlens).
+
+GQA: all 8 query heads share the single kv head.
+
+Numerics: computed in float32 (float64 for the fp64 anchor). For query row i (0-based within its
+sequence) and key t of the same sequence:
+  causal mask, aligned bottom-right: key t is visible iff t <= i + (kv_len[b] - qo_len[b]);
+  s = (q . k) * sm_scale, sm_scale = 1/sqrt(256); p = softmax over visible keys;
+  out[i,h] = sum_t p v[t, 0]                               -> bf16 [total_q, 8, 256]
+  lse[i,h] = log2(sum_visible exp(s))  (base 2, as FlashInfer) -> float32 [total_q, 8]
+
+Sizes: full = 8 sequences, qo_len 256..4096, prefix 0..4096 (fixed); smoke = 3 short ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mkb.problems import Output, ProblemMeta
+from mkb.problems.paged import cu_seqlens, draw_lengths, structure_rng
+
+NUMBER = 9
+NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM = 8, 1, 256
+SM_SCALE = 1.0 / math.sqrt(HEAD_DIM)
+# batch, qo_len range, prefix range
+_SIZES = {"full": (8, (256, 4096), (64, 4096)), "smoke": (3, (3, 12), (2, 20))}
+
+
+def _structure(size: str):
+    batch, (qlo, qhi), (plo, phi) = _SIZES[size]
+    rng = structure_rng(NUMBER, size)
+    qo_lens = draw_lengths(rng, batch, qlo, qhi)
+    prefix = draw_lengths(rng, batch, plo, phi)
+    prefix[0] = 0  # one plain prefill (no prefix)
+    return qo_lens, [p + q for p, q in zip(prefix, qo_lens)]
+
+
+def reference(q, k, v, qo_indptr, kv_indptr):
+    dt = torch.promote_types(q.dtype, torch.float32)
+    _, num_heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    group = num_heads // kv_heads
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    out = torch.empty(q.shape, dtype=dt, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=dt, device=q.device)
+    for b in range(len(qo) - 1):
+        qb = q[qo[b] : qo[b + 1]].to(dt)
+        kb, vb = k[kvp[b] : kvp[b + 1]].to(dt), v[kvp[b] : kvp[b + 1]].to(dt)
+        q_len, kv_len = qb.shape[0], kb.shape[0]
+        s = torch.einsum("qhgd,khd->hgqk", qb.view(q_len, kv_heads, group, head_dim), kb) * SM_SCALE
+        i = torch.arange(q_len, device=q.device)[:, None]
+        t = torch.arange(kv_len, device=q.device)[None, :]
+        s = s.masked_fill(t > i + (kv_len - q_len), float("-inf"))
+        m = torch.logsumexp(s, dim=-1)  # [kv_heads, group, q_len]
+        p = torch.exp(s - m[..., None])
+        ob = torch.einsum("hgqk,khd->qhgd", p, vb)
+        out[qo[b] : qo[b + 1]] = ob.reshape(q_len, num_heads, head_dim)
+        lse[qo[b] : qo[b + 1]] = m.reshape(num_heads, q_len).T
+    return out.to(q.dtype), lse / math.log(2.0)
+
+
+def make_inputs(seed: int, *, device, size: str = "full"):
+    qo_lens, kv_lens = _structure(size)
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
+
+    q = randn(sum(qo_lens), NUM_QO_HEADS, HEAD_DIM)
+    k = randn(sum(kv_lens), NUM_KV_HEADS, HEAD_DIM)
+    v = randn(sum(kv_lens), NUM_KV_HEADS, HEAD_DIM)
+
+    def i32(x):
+        return torch.tensor(x, dtype=torch.int32, device=device)
+
+    return q, k, v, i32(cu_seqlens(qo_lens)), i32(cu_seqlens(kv_lens))
+
+
+def _cost():
+    qo_lens, kv_lens = _structure("full")
+    pairs = sum(q * (kv - q) + q * (q + 1) // 2 for q, kv in zip(qo_lens, kv_lens))
+    flops = 4.0 * NUM_QO_HEADS * HEAD_DIM * pairs
+    kv_bytes = 2 * 2 * sum(kv_lens) * NUM_KV_HEADS * HEAD_DIM
+    qo_bytes = sum(qo_lens) * NUM_QO_HEADS * (2 * 2 * HEAD_DIM + 4)
+    return flops, float(kv_bytes + qo_bytes + 8 * (len(qo_lens) + 1)), (qo_lens, kv_lens)
+
+
+_FLOPS, _BYTES, _LENS = _cost()
+
+META = ProblemMeta(
+    number=NUMBER,
+    name="gqa_ragged_prefill_causal_h8_kv1_d256_bf16",
+    family="attention",
+    dtypes=("bfloat16", "int32", "float32"),
+    source_model="Qwen/Qwen3-Next-80B-A3B-Instruct (gated full-attention layers) at tensor-parallel 2 (served by FlashInfer/vLLM)",
+    source_config="num_attention_heads=16, num_key_value_heads=2, head_dim=256, TP=2 -> 8 q / 1 kv "
+    "heads per GPU; FlashInfer BatchPrefillWithRaggedKVCache layout (NHD, indptr), causal",
+    inputs=("q", "k", "v", "qo_indptr", "kv_indptr"),
+    outputs=(Output("out"), Output("lse")),
+    flops=_FLOPS,
+    bytes=_BYTES,
+    peak="bf16_tc",
+    notes=f"full: (qo_len, kv_len) = {list(zip(*_LENS))}. flops count only unmasked (visible) "
+    "query-key pairs: 4*H*D*sum_b(qo*(kv-qo) + qo*(qo+1)/2). Causal mask aligned bottom-right; "
+    "lse base 2.",
+)
