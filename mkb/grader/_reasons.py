@@ -36,9 +36,33 @@ class Reason(StrEnum):
     INTEGRITY_ENVIRON = "integrity_environ"
     INTEGRITY_RECHECK = "integrity_recheck"  # a timed call's output did not match on re-check
     INTEGRITY_EXIT = "integrity_exit"  # solve tried to end the process or raised SystemExit
+    INTEGRITY_RESULT_CHANNEL = "integrity_result_channel"  # a message on the result channel the harness did not send
+    INTEGRITY_PROFILER = "integrity_profiler"  # the profiler could not observe the timed calls (fails closed)
     # not the candidate's fault: retried, then excluded and reported
     INFRA_ERROR = "infra_error"
 
 
 def static_reason(rule: str) -> str:
     return f"static_{rule}"
+
+
+# The grader's stages in the order they run; a verdict's reason is the first failing stage's reason.
+STAGES: tuple[str, ...] = ("compile", "verification", "timing", "integrity")
+
+
+def stage_of(reason: str) -> str:
+    """The stage that reports `reason` (static_* and import/compile problems belong to compile)."""
+    if reason.startswith("static_") or reason in {
+        Reason.COMPILE_ERROR, Reason.COMPILE_TIMEOUT, Reason.IMPORT_ERROR, Reason.NO_SOLVE,
+    }:
+        return "compile"
+    if reason.startswith("integrity_") and reason != Reason.INTEGRITY_RECHECK:
+        return "integrity"
+    if reason == Reason.INTEGRITY_RECHECK:
+        return "timing"
+    return "verification"
+
+
+def is_known(reason: str) -> bool:
+    """True for every code of the vocabulary, static_<rule> included."""
+    return reason.startswith("static_") or reason in {r.value for r in Reason}
