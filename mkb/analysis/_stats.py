@@ -1,0 +1,223 @@
+"""The DESIGN Definitions as computations: lift, relative lift, rates, standing, bootstrap CIs and tests."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from mkb.analysis._tables import NOISE_ARM
+
+DEFAULT_SEED = 20261129
+DEFAULT_RESAMPLES = 10_000
+DETECT_LIFT = 0.10  # a cell whose relative-lift CI half-width exceeds this could not detect a 10% lift
+ARM_ORDER = ("transfer", "placebo", "same", "wrong", NOISE_ARM)
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class BootstrapSpec:
+    """How CIs are computed; printed with every table so a result can be reproduced."""
+
+    seed: int = DEFAULT_SEED
+    resamples: int = DEFAULT_RESAMPLES
+    level: float = 0.95
+
+    def describe(self) -> str:
+        return (f"{self.level:.0%} CIs: problem-clustered percentile bootstrap, {self.resamples} resamples, "
+                f"seed {self.seed}")
+
+
+def _cluster_weights(n: int, spec: BootstrapSpec, rng: np.random.Generator) -> np.ndarray:
+    """[resamples, n] counts: how often each of n clusters is drawn in each resample."""
+    idx = rng.integers(0, n, size=(spec.resamples, n))
+    flat = (idx + np.arange(spec.resamples)[:, None] * n).ravel()
+    return np.bincount(flat, minlength=spec.resamples * n).reshape(spec.resamples, n).astype(np.float64)
+
+
+def cluster_bootstrap(cells: list, problems: np.ndarray, sums: dict[str, np.ndarray], stat, spec: BootstrapSpec):
+    """Resample problems within each cell; `sums[name]` is [cells, problems]; `stat(**summed)` -> [.., cells].
+
+    Cells whose present problems are the same share one set of resamples (one matrix product for all);
+    a problem is present in a cell when `sums["n"]` is positive there.
+    """
+    rng = np.random.default_rng(spec.seed)
+    C = len(cells)
+    est = stat(**{k: v.sum(1) for k, v in sums.items()})
+    lo = np.full(C, np.nan)
+    hi = np.full(C, np.nan)
+    present = sums["n"] > 0
+    groups: dict[bytes, list[int]] = {}
+    for c in range(C):
+        groups.setdefault(present[c].tobytes(), []).append(c)
+    a = (1 - spec.level) / 2
+    for key in sorted(groups):
+        cs = groups[key]
+        cols = np.flatnonzero(present[cs[0]])
+        if len(cols) < 2:
+            continue
+        w = _cluster_weights(len(cols), spec, rng)
+        boot = stat(**{k: w @ v[np.ix_(cs, cols)].T for k, v in sums.items()})  # [resamples, len(cs)]
+        with np.errstate(invalid="ignore"):
+            q = np.nanquantile(boot, [a, 1 - a], axis=0)
+        lo[cs], hi[cs] = q[0], q[1]
+    return est, lo, hi
+
+
+def _matrices(df: pl.DataFrame, cell_cols: list[str], values: dict[str, pl.Expr]):
+    """Sum `values` per cell and problem into dense [cells, problems] arrays."""
+    agg = df.group_by(*cell_cols, "problem").agg(**values)
+    cells_df = agg.select(cell_cols).unique().sort(cell_cols)
+    cells_df = cells_df.with_row_index("_cell")
+    problems = np.sort(agg["problem"].unique().to_numpy())
+    agg = agg.join(cells_df, on=cell_cols, how="left")
+    ci = agg["_cell"].to_numpy()
+    pi = np.searchsorted(problems, agg["problem"].to_numpy())
+    out = {}
+    for name in values:
+        m = np.zeros((cells_df.height, len(problems)))
+        m[ci, pi] = agg[name].to_numpy().astype(np.float64)
+        out[name] = m
+    return cells_df.drop("_cell"), problems, out
+
+
+def _rel(SA, SB, n):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(SB > 0, (SA - SB) / np.where(SB > 0, SB, 1), np.nan)
+
+
+def _mean_lift(SA, SB, n):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (SA - SB) / n
+
+
+def lift_table(pairs: pl.DataFrame, *, by: tuple[str, ...] = (), spec: BootstrapSpec = BootstrapSpec(),
+               tests: bool = True) -> pl.DataFrame:
+    """One row per cell (stratum x model x arm x direction [x by]): lift, relative lift with CIs, rates, tests.
+
+    relative lift = (sum S_arm - sum S_solo) / sum S_solo; rates are shares of problems whose
+    replicate-mean lift is < 0 (regression), > 0 (improvement) or 0 (tie), pair-level shares beside.
+    """
+    cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
+    # the noise-floor pseudo-arm is a cyclic shift of the solos: its summed lift is 0 by construction
+    pairs = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
+    cells, problems, m = _matrices(pairs, cell, {"SA": pl.col("S").sum(), "SB": pl.col("S_solo").sum(), "n": pl.len()})
+    rel, rlo, rhi = cluster_bootstrap(cells, problems, m, _rel, spec)
+    ml, mlo, mhi = cluster_bootstrap(cells, problems, m, _mean_lift, spec)
+    per_problem = pairs.group_by(*cell, "problem").agg(
+        mean_lift=pl.col("lift").mean(), b=(pl.col("passed_solo") & ~pl.col("passed")).sum(),
+        c=(~pl.col("passed_solo") & pl.col("passed")).sum())
+    rates = per_problem.group_by(cell).agg(
+        n_problems=pl.len(),
+        regression_rate=(pl.col("mean_lift") < -_EPS).mean(), improvement_rate=(pl.col("mean_lift") > _EPS).mean(),
+        tie_rate=(pl.col("mean_lift").abs() <= _EPS).mean(), problem_lifts=pl.col("mean_lift"),
+        mcnemar_b=pl.col("b").sum(), mcnemar_c=pl.col("c").sum())
+    pair_rates = pairs.group_by(cell).agg(
+        n_pairs=pl.len(), S_arm=pl.col("S").mean(), S_solo=pl.col("S_solo").mean(),
+        pass_arm=pl.col("passed").mean(), pass_solo=pl.col("passed_solo").mean(),
+        pair_regress=(pl.col("lift") < -_EPS).mean(), pair_improve=(pl.col("lift") > _EPS).mean(),
+        pair_tie=(pl.col("lift").abs() <= _EPS).mean())
+    out = cells.with_columns(
+        lift=pl.Series(ml), lift_lo=pl.Series(mlo), lift_hi=pl.Series(mhi),
+        rel_lift=pl.Series(rel), rel_lo=pl.Series(rlo), rel_hi=pl.Series(rhi),
+    ).join(pair_rates, on=cell, how="left").join(rates, on=cell, how="left")
+    out = out.with_columns(rel_halfwidth=(pl.col("rel_hi") - pl.col("rel_lo")) / 2)
+    out = out.with_columns(detects_10pct=pl.col("rel_halfwidth") <= DETECT_LIFT)
+    if tests:
+        out = add_tests(out, group=["stratum", "arm_kind", *by])
+    else:
+        out = out.drop("problem_lifts")
+    order = {k: i for i, k in enumerate(ARM_ORDER)}
+    return out.with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99)).sort("_o", *cell).drop("_o")
+
+
+def add_tests(cells: pl.DataFrame, *, group: list[str]) -> pl.DataFrame:
+    """Wilcoxon (pratt) on problem-mean lifts, exact McNemar on pass, each Holm-adjusted across the cells of a group."""
+    from scipy.stats import binomtest, wilcoxon
+
+    pw, pm = [], []
+    for lifts, b, c in zip(cells["problem_lifts"].to_list(), cells["mcnemar_b"].to_list(), cells["mcnemar_c"].to_list()):
+        d = np.round(np.asarray(lifts, dtype=float), 9)
+        if len(d) == 0 or np.all(d == 0):
+            pw.append(1.0 if len(d) else math.nan)
+        else:
+            pw.append(float(wilcoxon(d, zero_method="pratt").pvalue))
+        pm.append(float(binomtest(int(c), int(b + c), 0.5).pvalue) if b + c > 0 else 1.0)
+    cells = cells.drop("problem_lifts").with_columns(p_wilcoxon=pl.Series(pw, dtype=pl.Float64),
+                                                     p_mcnemar=pl.Series(pm, dtype=pl.Float64))
+    cells = cells.with_row_index("_i")
+    adj = []
+    for _, g in cells.group_by(group, maintain_order=True):
+        row = {"_i": g["_i"]}
+        for col in ("p_wilcoxon", "p_mcnemar"):
+            p = g[col].to_numpy()
+            ok = ~np.isnan(p)
+            h = np.full(len(p), np.nan)
+            if ok.any():
+                h[ok] = holm(p[ok])
+            row[f"{col}_holm"] = h
+        adj.append(pl.DataFrame(row))
+    return cells.join(pl.concat(adj), on="_i").drop("_i")
+
+
+def holm(p: np.ndarray) -> np.ndarray:
+    """Holm step-down adjusted p-values (as statsmodels' multipletests(method="holm"), without importing it)."""
+    p = np.asarray(p, dtype=float)
+    m = len(p)
+    order = np.argsort(p, kind="stable")
+    adj = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    out = np.empty(m)
+    out[order] = adj
+    return out
+
+
+def _standing_stat(ia, ra, na, ib, rb, nb):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (ia - ra) / na - (ib - rb) / nb
+
+
+def standing_table(pairs: pl.DataFrame, *, naive: bool = False, pooled: bool = True,
+                   spec: BootstrapSpec = BootstrapSpec()) -> pl.DataFrame:
+    """The standing table: per arm kind and direction (pooled over models, or per model), each class's
+    improve/regress/tie shares and the standing effect = (improve - regress | above) - (same | below), with its CI.
+
+    `naive` classifies against the solo the lift subtracts (biased; shown for contrast only).
+    """
+    col = "standing_naive" if naive else "standing"
+    cell = ["stratum", "arm_kind", "direction"] + ([] if pooled else ["model"])
+    p = pairs.filter(pl.col(col).is_not_null())
+    if p.height == 0:
+        return pl.DataFrame()
+    imp, reg = pl.col("outcome") == "improve", pl.col("outcome") == "regress"
+    vals = {}
+    for c in ("above", "tie", "below"):
+        inc = pl.col(col) == c
+        vals[f"n_{c}"] = inc.sum()
+        vals[f"imp_{c}"] = (inc & imp).sum()
+        vals[f"reg_{c}"] = (inc & reg).sum()
+    vals["n"] = pl.len()
+    cells, problems, m = _matrices(p, cell, vals)
+    sums = {"ia": m["imp_above"], "ra": m["reg_above"], "na": m["n_above"], "ib": m["imp_below"], "rb": m["reg_below"],
+            "nb": m["n_below"], "n": m["n"]}
+    est, lo, hi = cluster_bootstrap(cells, problems, sums, lambda n, **k: _standing_stat(**k), spec)
+    tot = {k: v.sum(1) for k, v in m.items()}
+    out = cells.with_columns(n_pairs=pl.Series(tot["n"].astype(int)))
+    for c in ("above", "tie", "below"):
+        n = tot[f"n_{c}"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = out.with_columns(**{
+                f"n_{c}": pl.Series(n.astype(int)),
+                f"improve_{c}": pl.Series(tot[f"imp_{c}"] / n), f"regress_{c}": pl.Series(tot[f"reg_{c}"] / n),
+                f"tie_{c}": pl.Series((n - tot[f"imp_{c}"] - tot[f"reg_{c}"]) / n)})
+    out = out.with_columns(effect=pl.Series(est), effect_lo=pl.Series(lo), effect_hi=pl.Series(hi),
+                           classified_against=pl.lit("solo the lift subtracts (naive)" if naive else "mean of other target solo replicates"))
+    order = {k: i for i, k in enumerate(ARM_ORDER)}
+    return out.with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99)).sort("_o", *cell).drop("_o")
+
+
+def cell_lift_simple(S_arm: list[float], S_solo: list[float]) -> tuple[float, float]:
+    """(mean lift, relative lift) of paired S lists: the DESIGN formulas, for hand checks."""
+    a, b = np.asarray(S_arm, float), np.asarray(S_solo, float)
+    return float((a - b).mean()), float((a.sum() - b.sum()) / b.sum())

@@ -1,0 +1,228 @@
+"""Derives the attempts and pairs tables from an event store: the only place events become analysis rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from mkb.events import ScanReport, Store, resolve_store, scan
+
+THRESHOLDS = (0.0, 0.5, 1.0, 2.0, 4.0)
+R_COLS = ("r_at_0", "r_at_0_5", "r_at_1", "r_at_2", "r_at_4")
+SCORED_STATUSES = ("finished", "budget_exhausted")
+NOISE_ARM = "solo_noise"  # the solo_r' vs solo_r pseudo-arm that measures the noise floor
+VERSION_KEYS = {  # what must not mix, and within what it must not mix
+    "grader_version": (),
+    "mkb_version": (),
+    "dsl_version": ("target_dsl",),
+    "doc_pack_version": ("target_dsl",),
+    "problem_hash": ("problem", "target_dsl"),
+}
+
+
+class MixedVersionsError(ValueError):
+    """The dataset mixes grader, DSL, doc-pack, problem or mkb versions and was not told to stratify."""
+
+
+@dataclass
+class Tables:
+    """The derived tables and what was left out of them, with the reasons."""
+
+    attempts: pl.DataFrame  # one row per attempt, with `excluded` (null when it counts)
+    pairs: pl.DataFrame  # one row per non-solo arm (plus the solo noise-floor pseudo-arm) and its baseline solo
+    store: str
+    stratified: bool
+    version_mix: dict[str, list[str]] = field(default_factory=dict)
+    skipped_files: dict[str, str] = field(default_factory=dict)
+    event_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def included(self) -> pl.DataFrame:
+        return self.attempts.filter(pl.col("excluded").is_null())
+
+    def summary(self) -> dict[str, int]:
+        a = self.attempts
+        vs = a.filter(pl.col("excluded").is_null())["verdict_source"].value_counts()
+        by = dict(zip(vs["verdict_source"].to_list(), vs["count"].to_list()))
+        ex = a["excluded"].drop_nulls().str.split(":").list.first().value_counts()
+        exc = dict(zip(ex["excluded"].to_list(), ex["count"].to_list()))
+        return {
+            "attempts": a.height, "included": a.height - sum(exc.values()),
+            "verdict_pair": by.get("pair", 0), "verdict_attempt": by.get("attempt", 0), "verdict_none": by.get("none", 0),
+            "infra_error": exc.get("infra_error", 0), "unfinished": exc.get("unfinished", 0),
+            "annotated": exc.get("annotated", 0), "ungraded": exc.get("ungraded", 0),
+            "s_mismatch": int(a["s_mismatch"].sum() or 0),
+        }
+
+    def verdict_note(self) -> str:
+        s = self.summary()
+        return (f"verdict counted: the pair re-grade (scope=pair) where present ({s['verdict_pair']} attempts), "
+                f"else the attempt's own verdict ({s['verdict_attempt']}); {s['verdict_none']} ended without a kernel "
+                "or verdict and count as passed=false, S=0")
+
+
+def _latest(lf: pl.LazyFrame, key: str) -> pl.LazyFrame:
+    return lf.sort("ts").unique(subset=key, keep="last")
+
+
+def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> Tables:
+    """Read a store and build the tables; refuse mixed versions unless `stratify` (then every key carries a stratum)."""
+    store = store if isinstance(store, Store) else resolve_store(store)
+    rep = ScanReport()
+    started = scan("attempt_started", store, report=rep)
+    skipped = dict(rep.skipped)
+    scans = {}
+    for kind in ("attempt_finished", "verdict", "annotation"):
+        r = ScanReport()
+        scans[kind] = scan(kind, store, report=r)
+        skipped.update(r.skipped)
+    started = started.select(
+        "attempt_id", "ts", "mkb_version", "experiment", "model", "problem", "problem_name", "family", "problem_hash",
+        "target_dsl", "source_dsl", "arm_kind", "replicate", "gpu", "budget_submissions", "budget_turns",
+        "budget_output_tokens", "budget_wall_s", "grader_version", "dsl_version", "doc_pack_version", "skill_sha256",
+        "skill_source_attempt", "skill_empty", "wrong_source_problem",
+    ).filter(pl.col("attempt_id").is_not_null())
+    started = started.sort("ts").unique(subset="attempt_id", keep="first").drop("ts")
+    fin = _latest(scans["attempt_finished"].select(
+        "attempt_id", "ts", "status", "submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd",
+        "wall_s", "final_kernel_sha256", "error"), "attempt_id").drop("ts")
+    ver = scans["verdict"].filter(pl.col("scope").is_in(["attempt", "pair"])).select(
+        "attempt_id", "ts", "scope", "passed", "reason", "speedup", "s", "kernel_sha256")
+    ver = ver.sort("ts").unique(subset=["attempt_id", "scope"], keep="last")
+    v_pair = ver.filter(pl.col("scope") == "pair").drop("ts", "scope").rename(lambda c: c if c == "attempt_id" else f"pv_{c}")
+    v_att = ver.filter(pl.col("scope") == "attempt").drop("ts", "scope").rename(lambda c: c if c == "attempt_id" else f"av_{c}")
+    ann = _latest(scans["annotation"].select(pl.col("target_attempt_id").alias("attempt_id"), "ts", "label",
+                                             pl.col("reason").alias("annotation_reason")), "attempt_id").drop("ts")
+    a = (started.join(fin, on="attempt_id", how="left").join(v_pair, on="attempt_id", how="left")
+         .join(v_att, on="attempt_id", how="left").join(ann, on="attempt_id", how="left"))
+    has_pv = pl.col("pv_passed").is_not_null()
+    has_av = pl.col("av_passed").is_not_null()
+    pick = lambda c: pl.when(has_pv).then(pl.col(f"pv_{c}")).otherwise(pl.col(f"av_{c}"))  # noqa: E731
+    a = a.with_columns(
+        verdict_source=pl.when(has_pv).then(pl.lit("pair")).when(has_av).then(pl.lit("attempt")).otherwise(pl.lit("none")),
+        v_passed=pick("passed"), v_speedup=pick("speedup"), v_s=pick("s"), v_kernel=pick("kernel_sha256"),
+        v_reason=pick("reason"),
+    )
+    has_kernel = pl.col("final_kernel_sha256").is_not_null() | pl.col("v_kernel").is_not_null()
+    a = a.with_columns(
+        family=pl.col("family").fill_null("unknown"),
+        status=pl.col("status").fill_null("unfinished"),
+        has_kernel=has_kernel,
+        passed=(pl.col("v_passed").fill_null(False) & has_kernel),
+    )
+    a = a.with_columns(speedup=pl.when(pl.col("passed")).then(pl.col("v_speedup")))
+    r_exprs = [(pl.col("passed") & (pl.col("speedup") >= t).fill_null(False)).alias(c) for t, c in zip(THRESHOLDS, R_COLS)]
+    a = a.with_columns(r_exprs).with_columns(S=20.0 * pl.sum_horizontal([pl.col(c).cast(pl.Int32) for c in R_COLS]))
+    a = a.with_columns(
+        s_mismatch=(pl.col("v_s").is_not_null() & ((pl.col("v_s") - pl.col("S")).abs() > 1e-6)),
+        excluded=pl.when(pl.col("status") == "unfinished").then(pl.lit("unfinished"))
+        .when(pl.col("status") == "infra_error").then(pl.lit("infra_error"))
+        .when(pl.col("label").is_not_null() & (pl.col("label") != "clean")).then(pl.lit("annotated:") + pl.col("label"))
+        .when(has_kernel & (pl.col("verdict_source") == "none")).then(pl.lit("ungraded"))
+        .when(~pl.col("status").is_in(SCORED_STATUSES)).then(pl.lit("unknown_status:") + pl.col("status")),
+        verdict=pl.when(pl.col("passed")).then(pl.lit("passed")).when(~has_kernel).then(pl.lit("no_kernel"))
+        .otherwise(pl.col("v_reason").fill_null("failed")),
+        budget_used=pl.col("submissions_used") / pl.col("budget_submissions"),
+    )
+    attempts = a.drop([c for c in a.collect_schema().names() if c.startswith(("pv_", "av_"))] + ["v_passed", "v_speedup", "v_kernel"]).collect()
+    mix = _version_mix(attempts)
+    if mix and not stratify:
+        lines = "\n".join(f"  {k}: {', '.join(v[:6])}{' ...' if len(v) > 6 else ''}" for k, v in mix.items())
+        raise MixedVersionsError(
+            f"the dataset mixes versions:\n{lines}\n"
+            "hint: re-run stale coordinates (`mkb-run run --rerun-stale`), point --store at one version, "
+            "or pass --stratify to analyse each version stratum separately")
+    attempts = _add_stratum(attempts, stratify=bool(mix))
+    pairs = build_pairs(attempts)
+    counts = {}
+    for kind, lf in (("attempt_started", started), *scans.items()):
+        counts[kind] = lf.select(pl.len()).collect().item()
+    return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts)
+
+
+def _version_mix(a: pl.DataFrame) -> dict[str, list[str]]:
+    out = {}
+    for col, within in VERSION_KEYS.items():
+        if within:
+            g = a.group_by(list(within)).agg(pl.col(col).unique().sort().alias("vals")).filter(pl.col("vals").list.len() > 1)
+            for row in g.sort(list(within)).iter_rows(named=True):
+                where = ",".join(f"{k}={row[k]}" for k in within)
+                out[f"{col} [{where}]"] = [str(v) for v in row["vals"]]
+        else:
+            vals = a[col].unique().drop_nulls().sort().to_list()
+            if len(vals) > 1:
+                out[col] = [str(v) for v in vals]
+    return out
+
+
+def _add_stratum(a: pl.DataFrame, *, stratify: bool) -> pl.DataFrame:
+    """The stratum of an attempt: its versions; a problem's hashes are numbered by first appearance (generation)."""
+    if not stratify:
+        return a.with_columns(stratum=pl.lit("all"))
+    gen = (a.group_by("problem", "target_dsl", "problem_hash").len().sort("problem_hash")
+           .with_columns(problem_gen=pl.col("problem_hash").rank("dense").over("problem", "target_dsl").cast(pl.Int64))
+           .select("problem", "target_dsl", "problem_hash", "problem_gen"))
+    a = a.join(gen, on=["problem", "target_dsl", "problem_hash"], how="left")
+    return a.with_columns(stratum=pl.format("grader={} mkb={} dsl={} doc={} problem_gen={}", "grader_version", "mkb_version",
+                                            "dsl_version", "doc_pack_version", "problem_gen")).drop("problem_gen")
+
+
+def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
+    """Each non-solo arm against the solo of its target DSL (same model, problem, replicate, stratum), with standing.
+
+    Standing compares the source's solo S with the mean S of the target DSL's *other* solo
+    replicates: neither the solo the lift subtracts nor the source itself enters that mean, so no
+    regression to the mean is built in. `standing_naive` (source vs the subtracted solo) is kept
+    only to show the bias.
+    """
+    inc = attempts.filter(pl.col("excluded").is_null())
+    key = ["model", "problem", "replicate", "target_dsl", "stratum"]
+    grp = ["model", "problem", "target_dsl", "stratum"]
+    solos = inc.filter(pl.col("arm_kind") == "solo")
+    base = solos.select(*key, base_attempt=pl.col("attempt_id"), S_solo="S", passed_solo="passed", speedup_solo="speedup")
+    arms = inc.filter(pl.col("arm_kind") != "solo").select(
+        *key, "family", "arm_kind", "source_dsl", "attempt_id", "skill_source_attempt", "S", "passed", "speedup")
+    # placebo carries no source attempt: its standing is that of the transfer arm's source (the other DSL's solo, same replicate)
+    solo_ids = solos.select("model", "problem", "replicate", "stratum", src_dsl="target_dsl", solo_id="attempt_id")
+    arms = arms.join(solo_ids, left_on=["model", "problem", "replicate", "stratum", "source_dsl"],
+                     right_on=["model", "problem", "replicate", "stratum", "src_dsl"], how="left")
+    arms = arms.with_columns(source_attempt=pl.coalesce("skill_source_attempt",
+                                                        pl.when(pl.col("arm_kind") == "placebo").then(pl.col("solo_id"))))
+    arms = arms.drop("solo_id", "skill_source_attempt")
+    # the noise floor: solo at r' = (r+1) mod R as a pseudo-arm; its source is the transfer arm's source at r
+    nrep = solos.group_by(grp).agg(R=pl.col("replicate").max() + 1)
+    nxt = solos.join(nrep, on=grp).with_columns(prev=(pl.col("replicate") - 1) % pl.col("R")).filter(pl.col("prev") != pl.col("replicate"))
+    noise = nxt.select(pl.col("model"), pl.col("problem"), pl.col("prev").alias("replicate"), "target_dsl", "stratum", "family",
+                       pl.lit(NOISE_ARM).alias("arm_kind"), "attempt_id", "S", "passed", "speedup")
+    tsrc = arms.filter(pl.col("arm_kind") == "transfer").select(*key, "source_dsl", "source_attempt")
+    noise = noise.join(tsrc, on=key, how="left")
+    noise = noise.select(arms.columns)
+    pairs = pl.concat([arms, noise], how="vertical_relaxed").join(base, on=key, how="inner")
+    # source S and whether the source is itself one of the target's solo replicates (same arm, noise floor)
+    src = attempts.select(source_attempt="attempt_id", S_source="S", source_excluded="excluded",
+                          src_model="model", src_problem="problem", src_tgt="target_dsl", src_kind="arm_kind",
+                          src_rep="replicate")
+    pairs = pairs.join(src, on="source_attempt", how="left")
+    tot = solos.group_by(grp).agg(sum_S=pl.col("S").sum(), n_solo=pl.len())
+    pairs = pairs.join(tot, on=grp, how="left")
+    src_in_group = ((pl.col("src_kind") == "solo") & (pl.col("src_model") == pl.col("model")) & (pl.col("src_problem") == pl.col("problem"))
+                    & (pl.col("src_tgt") == pl.col("target_dsl")) & (pl.col("src_rep") != pl.col("replicate"))).fill_null(False)
+    # the noise floor's pseudo-arm is a target solo too: leave it out of the reference mean as well
+    arm_in_group = pl.col("arm_kind") == NOISE_ARM
+    num = pl.col("sum_S") - pl.col("S_solo") - pl.when(src_in_group).then(pl.col("S_source")).otherwise(0.0) \
+        - pl.when(arm_in_group).then(pl.col("S")).otherwise(0.0)
+    den = pl.col("n_solo") - 1 - src_in_group.cast(pl.Int64) - arm_in_group.cast(pl.Int64)
+    pairs = pairs.with_columns(ref_mean=pl.when(den > 0).then(num / den.cast(pl.Float64)), lift=pl.col("S") - pl.col("S_solo"))
+    usable = pl.col("S_source").is_not_null() & pl.col("source_excluded").is_null()
+
+    def cls(ref):
+        d = pl.col("S_source") - ref
+        return (pl.when(~usable | ref.is_null()).then(None).when(d > 1e-9).then(pl.lit("above"))
+                .when(d < -1e-9).then(pl.lit("below")).otherwise(pl.lit("tie")))
+
+    pairs = pairs.with_columns(standing=cls(pl.col("ref_mean")), standing_naive=cls(pl.col("S_solo")),
+                               outcome=pl.when(pl.col("lift") > 1e-9).then(pl.lit("improve"))
+                               .when(pl.col("lift") < -1e-9).then(pl.lit("regress")).otherwise(pl.lit("tie")),
+                               direction=pl.format("{}->{}", pl.col("source_dsl").fill_null("-"), pl.col("target_dsl")))
+    return pairs.drop("src_model", "src_problem", "src_tgt", "src_kind", "src_rep", "sum_S", "n_solo", "source_excluded")
