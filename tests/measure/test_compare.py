@@ -1,0 +1,245 @@
+"""The comparison rules, each shown to accept a correct output and reject the wrong ones."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from mkb.grader._reasons import Reason
+from mkb.measure import compare, expect, inputs_unchanged
+from mkb.problems import Output, ProblemMeta
+
+
+def _module(reference, *, inputs, outputs, mutates=(), **fns):
+    m = types.ModuleType("fake_problem")
+    m.META = ProblemMeta(number=99, name="fake", family="mlp_norm", dtypes=("bf16",), source_model="x",
+                         source_config="x", inputs=inputs, outputs=outputs, flops=1.0, bytes=1.0, peak="memory",
+                         mutates=mutates)
+    m.reference = reference
+    for k, v in fns.items():
+        setattr(m, k, v)
+    return m
+
+
+def _softmax_problem(dtype=torch.bfloat16):
+    def reference(x):
+        ct = torch.promote_types(x.dtype, torch.float32)
+        return torch.softmax(x.to(ct) * 3.0, dim=-1).to(x.dtype)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 128, generator=g).to(dtype)
+    return _module(reference, inputs=("x",), outputs=(Output("y"),)), (x,)
+
+
+def test_reference_itself_passes_within_fp64_anchored_tolerance():
+    m, inputs = _softmax_problem()
+    exp = expect(m, inputs)
+    res = compare(exp, m.reference(*inputs))
+    assert res.ok, res.message
+    assert exp.tolerance[0] >= 3 * exp.ref_error[0] > 0
+
+
+def test_tolerance_is_at_least_three_eps_of_the_anchor_scale():
+    def reference(x):
+        return (x.to(torch.promote_types(x.dtype, torch.float32)) * 2).to(x.dtype)  # exact in any dtype
+
+    x = torch.randn(32, 32).to(torch.bfloat16)
+    exp = expect(_module(reference, inputs=("x",), outputs=(Output("y"),)), (x,))
+    assert exp.ref_error[0] == 0
+    assert exp.tolerance[0] == pytest.approx(3 * torch.finfo(torch.bfloat16).eps * float((x.double() * 2).abs().max()))
+
+
+def test_an_error_just_beyond_tolerance_fails_and_just_within_passes():
+    m, inputs = _softmax_problem(torch.float32)
+    exp = expect(m, inputs)
+    anchor, tol = exp.anchor[0], exp.tolerance[0]
+    ok = (anchor + 0.9 * tol).to(torch.float32)
+    bad = anchor.clone()
+    bad[3, 7] += 1.5 * tol
+    assert compare(exp, ok).ok
+    res = compare(exp, bad.to(torch.float32))
+    assert not res.ok and res.reason == Reason.WRONG_OUTPUT and "tolerance" in res.message
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda r: torch.zeros_like(r), Reason.ALL_ZERO),
+        (lambda r: torch.full_like(r, 0.5), Reason.CONSTANT),
+        (lambda r: r.clone().index_fill_(0, torch.tensor([2]), float("nan")), Reason.NAN),
+        (lambda r: r.clone().index_fill_(1, torch.tensor([0]), float("inf")), Reason.NAN),
+        (lambda r: r[:, :-1].clone(), Reason.WRONG_SHAPE),
+        (lambda r: r.to(torch.float32), Reason.WRONG_SHAPE),
+        (lambda r: r.clone().unsqueeze(0), Reason.WRONG_SHAPE),
+        (lambda r: r.numpy().tolist() if r.dtype == torch.float32 else r.float().numpy(), Reason.WRONG_TYPE),
+    ],
+)
+def test_degenerate_and_malformed_outputs_are_rejected_with_their_reason(make, reason):
+    m, inputs = _softmax_problem()
+    exp = expect(m, inputs)
+    res = compare(exp, make(m.reference(*inputs)))
+    assert not res.ok
+    assert res.reason == reason
+
+
+def test_a_tensor_subclass_is_rejected_as_wrong_type():
+    class Lazy(torch.Tensor):
+        pass
+
+    m, inputs = _softmax_problem()
+    exp = expect(m, inputs)
+    res = compare(exp, m.reference(*inputs).as_subclass(Lazy))
+    assert res.reason == Reason.WRONG_TYPE
+
+
+def test_wrong_number_of_outputs_is_a_shape_error():
+    m, inputs = _softmax_problem()
+    exp = expect(m, inputs)
+    r = m.reference(*inputs)
+    assert compare(exp, (r, r)).reason == Reason.WRONG_SHAPE
+
+
+def test_exact_mode_demands_equality_for_integer_outputs():
+    def reference(x):
+        return torch.argsort(x, dim=-1)
+
+    x = torch.randn(8, 16)
+    m = _module(reference, inputs=("x",), outputs=(Output("idx", compare="exact"),))
+    exp = expect(m, (x,))
+    good = reference(x)
+    assert compare(exp, good).ok
+    bad = good.clone()
+    bad[0, [0, 1]] = bad[0, [1, 0]]
+    res = compare(exp, bad)
+    assert not res.ok and res.reason == Reason.WRONG_OUTPUT and "exact" in res.message
+
+
+def test_integer_output_declared_allclose_is_still_compared_exactly():
+    m = _module(lambda x: (x * 2).to(torch.int64), inputs=("x",), outputs=(Output("y"),))
+    x = torch.arange(10)
+    exp = expect(m, (x,))
+    assert exp.modes == ("exact",)
+    assert not compare(exp, x * 2 + torch.eye(1, 10, dtype=torch.int64)[0]).ok
+
+
+def _topk_problem():
+    def scores(x):
+        return x.to(torch.promote_types(x.dtype, torch.float32)) * 2.0
+
+    def reference(x):
+        return torch.topk(scores(x), k=4, dim=-1).indices
+
+    x = torch.randn(6, 32, dtype=torch.float32)
+    x[0, 5] = x[0, 9] = 10.0  # an exact tie at the top
+    x[1, 3] = 9.0
+    x[1, 4] = 9.0 + 1e-7  # a near tie (within tolerance) at rank 1/2
+    m = _module(reference, inputs=("x",), outputs=(Output("idx", compare="topk", topk_scores="scores"),), scores=scores)
+    return m, x
+
+
+def test_topk_accepts_any_order_and_swaps_of_tied_scores():
+    m, x = _topk_problem()
+    exp = expect(m, (x,))
+    ref = m.reference(x)
+    assert compare(exp, ref.flip(-1)).ok  # order within a set is free
+    # a swap of an index inside the set for one outside with a (near-)equal score
+    s = m.scores(x)
+    vals, order = s.sort(dim=-1, descending=True)
+    cand = order[:, :4].clone()
+    cand[0] = order[0, [1, 0, 2, 3]]
+    assert compare(exp, cand).ok
+
+
+def test_topk_rejects_a_genuinely_different_selection_duplicates_and_out_of_range():
+    m, x = _topk_problem()
+    exp = expect(m, (x,))
+    ref = m.reference(x)
+    s = m.scores(x)
+    order = s.sort(dim=-1, descending=True).indices
+    swapped = ref.clone()
+    swapped[2, 0] = order[2, 10]  # rank-10 element instead of a top-4 one
+    assert compare(exp, swapped).reason == Reason.WRONG_OUTPUT
+    dup = ref.clone()
+    dup[3, 1] = dup[3, 0]
+    assert "twice" in compare(exp, dup).message
+    oob = ref.clone()
+    oob[4, 0] = 32
+    assert "outside" in compare(exp, oob).message
+
+
+def _quant_problem():
+    def reference(x):
+        ct = torch.promote_types(x.dtype, torch.float32)
+        scale = x.to(ct).abs().amax(dim=-1, keepdim=True) / 127.0
+        q = torch.round(x.to(ct) / scale).clamp(-127, 127).to(torch.int8)
+        return q, scale.to(torch.float32)
+
+    def dequant(outs):
+        q, scale = outs
+        return q.to(torch.float64) * scale.to(torch.float64), scale.to(torch.float64).expand(q.shape)
+
+    x = torch.randn(64, 128)
+    m = _module(reference, inputs=("x",), outputs=(Output("q", compare="quantized", dequantize="dequant"), Output("scale")),
+                dequant=dequant)
+    return m, x
+
+
+def test_quantized_allows_one_quantum_off_on_at_most_a_tenth_of_a_percent():
+    m, x = _quant_problem()
+    exp = expect(m, (x,))
+    q, s = m.reference(x)
+    assert compare(exp, (q, s)).ok
+    room = (q.view(-1) < 120).nonzero().view(-1)  # elements that can take +2 without int8 overflow
+    few = q.clone()
+    few.view(-1)[room[:8]] += 1  # 8 of 8192 = 0.098%
+    assert compare(exp, (few, s)).ok
+    many = q.clone()
+    many.view(-1)[room[:9]] += 1  # 0.11%
+    res = compare(exp, (many, s))
+    assert not res.ok and "at most 8" in res.message
+    far = q.clone()
+    far.view(-1)[room[0]] += 2
+    assert "more than one quantum" in compare(exp, (far, s)).message
+
+
+def _mutating_problem():
+    def reference(cache, pos, new):
+        cache[pos] = new.to(cache.dtype)
+        return (cache.to(torch.promote_types(cache.dtype, torch.float32)).sum(0)).to(cache.dtype)
+
+    cache = torch.randn(16, 8)
+    new = torch.randn(8)
+    m = _module(reference, inputs=("cache", "pos", "new"), outputs=(Output("total"),), mutates=("cache",))
+    return m, (cache, 5, new)
+
+
+def test_mutated_inputs_are_compared_and_the_inputs_passed_to_expect_stay_untouched():
+    m, inputs = _mutating_problem()
+    before = inputs[0].clone()
+    exp = expect(m, inputs)
+    assert torch.equal(inputs[0], before)
+    assert exp.names == ("total", "cache")
+    cand_inputs = (inputs[0].clone(), 5, inputs[2].clone())
+    out = m.reference(*cand_inputs)
+    assert compare(exp, out, inputs_after=cand_inputs, input_names=m.META.inputs).ok
+    forgot = (inputs[0].clone(), 5, inputs[2].clone())
+    out2 = m.reference(*(forgot[0].clone(), 5, forgot[2]))  # right sum, cache left unchanged
+    res = compare(exp, out2, inputs_after=forgot, input_names=m.META.inputs)
+    assert not res.ok and res.checks[1].name == "cache"
+
+
+def test_a_changed_input_outside_mutates_is_reported_as_input_mutated():
+    x = torch.randn(4, 4)
+    after = x.clone()
+    after[0, 0] += 1
+    res = inputs_unchanged((x, torch.ones(2)), (after, torch.ones(2)), names=("x", "w"))
+    assert res.reason == Reason.INPUT_MUTATED and res.message.startswith("x:")
+    assert inputs_unchanged((x,), (after,), names=("x",), mutates=("x",)).ok
+
+
+def test_fp64_gap_is_reported_relative_to_the_anchor_scale():
+    m, inputs = _softmax_problem()
+    gap = expect(m, inputs).fp64_gap()
+    assert 0 < gap["y"] < 0.01

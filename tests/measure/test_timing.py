@@ -1,0 +1,83 @@
+"""Timing policy on the CPU path (CUDA timing is covered by the gpu-marked test) and the input stream."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mkb.measure import InputStream, speed_of_light, summarize, time_calls, time_problem_fn, gpu_state, gpu_peaks
+
+
+def test_summary_statistics_match_their_definitions():
+    t = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert t.median_us == 3.0
+    assert t.iqr_us == pytest.approx(4.0 - 2.0)
+    assert t.cv == pytest.approx(torch.tensor([1.0, 2, 3, 4, 100]).std().item() / 22.0)
+    assert t.n_timed == 5
+
+
+def test_warmups_are_not_timed_and_every_timed_call_is_reported():
+    calls, seen = [], []
+    t = time_calls(lambda x: calls.append(x), lambda i: (i,), warmup=10, timed=50, device="cpu",
+                   on_timed=lambda k, r, a: seen.append((k, a[0])))
+    assert len(calls) == 60 and t.n_timed == 50 and t.n_warmup == 10
+    assert seen[0] == (0, 10) and seen[-1] == (49, 59)
+    assert t.clock == "perf_counter"
+
+
+def _make(seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1000, generator=g),)
+
+
+def test_every_call_gets_fresh_values_and_fresh_addresses_when_the_pool_fits():
+    s = InputStream(_make, n_calls=20)
+    assert s.premade and s.capacity == 20
+    ptrs = {s(i)[0].data_ptr() for i in range(20)}
+    firsts = {float(s(i)[0][0]) for i in range(20)}
+    assert len(ptrs) == 20 and len(firsts) == 20
+
+
+def test_a_bounded_ring_still_gives_fresh_values_and_never_repeats_recent_addresses():
+    s = InputStream(_make, n_calls=200, max_bytes=4 * 4000)  # room for 4 sets of 4000 bytes
+    assert s.capacity == 4 and not s.premade
+    history, values = [], set()
+    for i in range(200):
+        x = s(i)[0]
+        assert x.data_ptr() not in history[-3:]
+        history.append(x.data_ptr())
+        values.add(float(x[0]))
+    assert len(values) == 200
+
+
+def test_time_problem_fn_times_a_function_on_cpu():
+    t = time_problem_fn(lambda x: x * 2, _make, warmup=10, timed=50, device="cpu")
+    assert t.n_timed == 50 and t.median_us > 0 and t.input_sets == 60
+
+
+def test_speed_of_light_takes_the_binding_limit_of_compute_and_memory():
+    sol = speed_of_light(flops=2 * 4096**3, bytes=3 * 4096 * 4096 * 2, peak="bf16_tc", gpu="NVIDIA H200")
+    assert sol.bound == "compute" and sol.seconds == pytest.approx(2 * 4096**3 / 989e12)
+    mem = speed_of_light(flops=6.0 * 14509 * 4096, bytes=3 * 14509 * 4096 * 2, peak="memory")
+    assert mem.bound == "memory" and mem.us == pytest.approx(3 * 14509 * 4096 * 2 / 4.8e12 * 1e6)
+    with pytest.raises(KeyError, match="hint"):
+        gpu_peaks("Radeon 7900")
+    with pytest.raises(ValueError, match="hint"):
+        speed_of_light(flops=1, bytes=1, peak="int4_tc")
+
+
+def test_gpu_state_degrades_gracefully_without_a_gpu():
+    s = gpu_state()
+    assert s.name
+    if not torch.cuda.is_available():
+        assert s.name == "cpu" and s.sm_clock_mhz is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_timing_follows_the_policy():
+    t = time_problem_fn(lambda x: x * 2, lambda s: (torch.randn(1 << 20, device="cuda", generator=torch.Generator("cuda").manual_seed(s)),),
+                        device="cuda")
+    assert t.clock == "cuda_event" and t.l2_flushed and t.n_timed >= 50 and t.median_us > 0
+    st = gpu_state()
+    assert st.source in ("pynvml", "nvidia-smi", "torch")
