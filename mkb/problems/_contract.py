@@ -64,5 +64,8 @@ class ProblemMeta:
     peak: Peak
     mutates: tuple[str, ...] = ()  # names from `inputs` updated in place
     exact_reason: str | None = None  # why the fp64 gap is 0 (integer/copy problems); None otherwise
+    # inputs that are index structure fixed by `size` (page tables, lengths, routing): the audit does not
+    # require outputs to change when they are redrawn, since they do not change with the seed
+    structure_inputs: tuple[str, ...] = ()
     notes: str = ""  # shape choices, deviations, anything a reader of the catalog should know
     extra: dict = field(default_factory=dict, hash=False, compare=False)
