@@ -1,12 +1,14 @@
 """The event store: schemas, writer, reader, ids and compaction."""
 
+from mkb.events._commit import ExclusiveCreateUnsupported
 from mkb.events._ids import uuid7
-from mkb.events._reader import NewerSchemaError, ScanReport, read, scan
-from mkb.events._schema import KindSchema, SchemaError, schema_for, schemas
-from mkb.events._store import Store, resolve_store
-from mkb.events._writer import EventWriter, write_table
+from mkb.events._reader import FileInfo, ScanReport, read, scan
+from mkb.events._schema import KindSchema, NewerSchemaError, SchemaError, schema_for, schemas
+from mkb.events._store import Store, StoreError, resolve_store
+from mkb.events._writer import EventWriter, rows_to_table, write_table
 
 __all__ = [
-    "EventWriter", "KindSchema", "NewerSchemaError", "ScanReport", "SchemaError", "Store",
-    "read", "resolve_store", "scan", "schema_for", "schemas", "uuid7", "write_table",
+    "EventWriter", "ExclusiveCreateUnsupported", "FileInfo", "KindSchema", "NewerSchemaError", "ScanReport",
+    "SchemaError", "Store", "StoreError", "read", "resolve_store", "rows_to_table", "scan", "schema_for",
+    "schemas", "uuid7", "write_table",
 ]

@@ -1,88 +1,249 @@
-"""Reads a store's events of one kind as a lazy polars frame on the canonical schema."""
+"""Reads a store's events of one kind as a lazy polars frame on the canonical schema.
+
+Every file's footer is checked first (kind, schema version, column types): a torn, foreign or
+mistyped file is named in a warning and in the ScanReport and skipped; a newer major version is
+refused. Footers are fetched in one batched request per scan on object stores (fsspec
+`cat_ranges`), read in a thread pool on local disk, and cached by (path, size): event files are
+immutable, so a second scan of the same store reads only new files' footers.
+"""
 
 from __future__ import annotations
 
-import logging
+import json
+import os
+import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mkb.events._schema import SchemaError, schema_for
-from mkb.events._store import Store, resolve_store
+from mkb.events._schema import META_COMPACTED_FROM, META_KIND, META_VERSION, KindSchema, NewerSchemaError, SchemaError, parse_version, schema_for
+from mkb.events._store import Store, _protocols, resolve_store
 
-log = logging.getLogger(__name__)
+_TAIL = 64 * 1024  # bytes fetched from a file's end: covers the footer of any event file written so far
 
 
-class NewerSchemaError(SchemaError):
-    """A file was written with a newer major schema version than this mkb knows."""
+@dataclass(frozen=True)
+class FileInfo:
+    """What a file's footer says about it."""
+
+    path: str
+    size: int
+    kind: str
+    version: str
+    rows: int
+    types: tuple[tuple[str, str], ...]  # (column, arrow type) in file order
+    compacted_from: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
 
 
 @dataclass
 class ScanReport:
-    """What a scan found besides good files: skipped files, each with its reason."""
+    """What a scan found besides good files: skipped files with their reason, superseded and newer-minor files."""
 
     files: list[str] = field(default_factory=list)
+    rows_in_files: int = 0
     skipped: dict[str, str] = field(default_factory=dict)
+    superseded: list[str] = field(default_factory=list)
+    newer_minor: dict[str, str] = field(default_factory=dict)
 
 
-def list_files(store: Store, kind: str) -> list[str]:
+_cache: dict[tuple, FileInfo | str] = {}
+_cache_lock = threading.Lock()
+
+
+def list_files(store: Store, kind: str) -> list[tuple[str, int]]:
+    """(path, size) of every `*.parquet` file directly in kind=<kind>/, sorted by name (uuid7: by write time)."""
     d = store.kind_dir(kind)
-    if not store.fs.exists(d):
-        return []
-    return sorted(p for p in store.fs.ls(d, detail=False) if str(p).endswith(".parquet"))
-
-
-def _check_file(store: Store, path: str, kind: str, known_major: int) -> str | None:
-    """None when the file is a readable event file of `kind`; else why it is skipped."""
     try:
-        with store.fs.open(path, "rb") as f:
-            meta = pq.read_metadata(f)
-    except Exception as exc:  # torn or not Parquet at all
-        return f"unreadable Parquet ({type(exc).__name__}: {exc})"
+        entries = store.fs.ls(d, detail=True, refresh=True) if not store.is_local else store.fs.ls(d, detail=True)
+    except FileNotFoundError:
+        return []
+    out = []
+    for e in entries:
+        name = str(e["name"])
+        if e.get("type", "file") == "file" and name.endswith(".parquet"):
+            out.append((name, int(e.get("size") or 0)))
+    return sorted(out)
+
+
+def _parse_footer(path: str, size: int, tail: bytes) -> FileInfo | str:
+    if size == 0:
+        return "empty file (torn, or a write in progress on a filesystem without hard links)"
+    if len(tail) < 12 or tail[-4:] != b"PAR1":
+        return "not a complete Parquet file (no PAR1 footer: torn or not Parquet)"
+    buf = tail if len(tail) >= size else b"PAR1" + tail  # pyarrow wants a leading magic; offsets in the footer are not followed
+    try:
+        meta = pq.read_metadata(pa.py_buffer(buf))
+        arrow = meta.schema.to_arrow_schema()
+    except Exception as exc:
+        return f"unreadable Parquet footer ({type(exc).__name__}: {exc})"
     kv = meta.metadata or {}
-    file_kind = kv.get(b"mkb.kind", b"").decode()
-    version = kv.get(b"mkb.schema_version", b"").decode()
-    if file_kind != kind or not version:
-        return f"foreign file (mkb.kind={file_kind!r}, expected {kind!r})"
-    major = int(version.split(".")[0])
-    if major > known_major:
+    try:
+        compacted = tuple(json.loads(kv.get(META_COMPACTED_FROM, b"[]")))
+    except ValueError:
+        compacted = ()
+    return FileInfo(
+        path=path, size=size, kind=kv.get(META_KIND, b"").decode(errors="replace"),
+        version=kv.get(META_VERSION, b"").decode(errors="replace"), rows=meta.num_rows,
+        types=tuple((f.name, str(f.type)) for f in arrow), compacted_from=compacted,
+    )
+
+
+def _footer_len(tail: bytes) -> int:
+    return int.from_bytes(tail[-8:-4], "little") if len(tail) >= 8 else 0
+
+
+def _read_tails_local(files: list[tuple[str, int]]) -> list[bytes | Exception]:
+    def one(item):
+        path, size = item
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, size - _TAIL))
+                tail = f.read()
+                need = _footer_len(tail) + 8
+                if tail[-4:] == b"PAR1" and len(tail) < need <= size:
+                    f.seek(size - need)
+                    tail = f.read()
+            return tail
+        except Exception as exc:
+            return exc
+
+    if len(files) < 64:
+        return [one(x) for x in files]
+    with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 2) * 4)) as pool:
+        return list(pool.map(one, files))
+
+
+def _read_tails_remote(store: Store, files: list[tuple[str, int]]) -> list[bytes | Exception]:
+    paths = [p for p, _ in files]
+    starts = [max(0, s - _TAIL) for _, s in files]
+    ends = [s for _, s in files]
+    try:
+        tails = store.fs.cat_ranges(paths, starts, ends, on_error="return")
+    except TypeError:  # an fsspec implementation without on_error
+        tails = store.fs.cat_ranges(paths, starts, ends)
+    out: list[bytes | Exception] = []
+    for (path, size), tail in zip(files, tails):
+        if isinstance(tail, bytes) and tail[-4:] == b"PAR1" and len(tail) < _footer_len(tail) + 8 <= size:
+            try:
+                tail = store.fs.cat_file(path, start=size - _footer_len(tail) - 8, end=size)
+            except Exception as exc:
+                tail = exc
+        out.append(tail)
+    return out
+
+
+def inspect_files(store: Store, files: list[tuple[str, int]]) -> list[FileInfo | str]:
+    """FileInfo for each file, or why it cannot be read; cached by (protocol, path, size)."""
+    proto = _protocols(store.fs)
+    keys = [(proto, p, s) for p, s in files]
+    with _cache_lock:
+        todo = [i for i, k in enumerate(keys) if k not in _cache]
+    if todo:
+        sub = [files[i] for i in todo]
+        tails = _read_tails_local(sub) if store.is_local else _read_tails_remote(store, sub)
+        with _cache_lock:
+            for i, (path, size), tail in zip(todo, sub, tails):
+                if isinstance(tail, BaseException) or not isinstance(tail, (bytes, bytearray)):
+                    info: FileInfo | str = f"unreadable ({type(tail).__name__}: {tail})"
+                else:
+                    info = _parse_footer(path, size, bytes(tail))
+                if isinstance(info, FileInfo):  # only good verdicts are cached: a file listed mid-write may heal
+                    _cache[keys[i]] = info
+                else:
+                    _cache.setdefault(("bad",) + keys[i], info)
+    with _cache_lock:
+        return [_cache.get(k) or _cache.get(("bad",) + k) for k in keys]
+
+
+def classify(schema: KindSchema, info: FileInfo | str) -> str | None:
+    """None when `info` is a readable event file of the schema's kind; else why it is skipped. Raises on a newer major."""
+    if isinstance(info, str):
+        return info
+    if info.kind != schema.kind:
+        return f"foreign file (footer mkb.kind={info.kind!r}, expected {schema.kind!r})"
+    try:
+        major, _ = parse_version(info.version)
+    except SchemaError:
+        return f"foreign file (footer mkb.schema_version={info.version!r} is not major.minor)"
+    if major > schema.major:
         raise NewerSchemaError(
-            f"{path} was written with {kind} schema {version}, newer than this mkb reads (major {known_major})\n"
-            "hint: upgrade mkb to read this dataset"
+            f"{info.path} was written with {schema.kind} schema {info.version}, newer than this mkb reads ({schema.version})\n"
+            "hint: upgrade mkb (pip install -U mkb) to read this dataset; major versions change columns incompatibly"
         )
+    if major < schema.major:
+        return f"older major schema {info.version} (this mkb reads {schema.major}.x)\nhint: read it with the mkb release that wrote it"
+    canon = {f.name: str(f.type) for f in schema.arrow()}
+    for name, typ in info.types:
+        if name in canon and canon[name] != typ:
+            return f"column {name!r} is {typ}, the {schema.kind} schema says {canon[name]}"
     return None
+
+
+def _check(store: Store, kind: str, report: ScanReport, *, warn: bool = True, stacklevel: int = 3) -> list[FileInfo]:
+    schema = schema_for(kind)
+    files = list_files(store, kind)
+    good: list[FileInfo] = []
+    for (path, _), info in zip(files, inspect_files(store, files)):
+        why = classify(schema, info)
+        if why is None:
+            good.append(info)
+        else:
+            report.skipped[path] = why
+    if warn:
+        for path, why in report.skipped.items():
+            warnings.warn(f"mkb: skipping {path}: {why}", stacklevel=stacklevel)
+    merged = {name for info in good for name in info.compacted_from}
+    live = []
+    for info in good:
+        if info.name in merged:
+            report.superseded.append(info.path)  # its rows are in a compacted file that is present
+        else:
+            live.append(info)
+    for info in live:
+        if parse_version(info.version)[1] > schema.minor:
+            extra = [n for n, _ in info.types if n not in set(schema.names)]
+            report.newer_minor[info.path] = info.version
+            if warn and extra:
+                warnings.warn(
+                    f"mkb: {info.path} has {kind} schema {info.version} (this mkb knows {schema.version}); columns {extra} are not read\n"
+                    "hint: upgrade mkb to see them", stacklevel=stacklevel,
+                )
+    report.files = [i.path for i in live]
+    report.rows_in_files = sum(i.rows for i in live)
+    return live
 
 
 def scan(kind: str, store: str | Store | None = None, *, report: ScanReport | None = None, dedupe: bool = True):
     """A lazy frame of every `kind` event in the store, on the canonical schema.
 
-    Files of older minor versions lack newer columns; those read as null. A torn or foreign file
-    is named in a warning (and in `report`) and skipped; a newer major version raises.
+    Files of older minor versions lack newer columns; those read as null. Files of a newer minor
+    version read without their extra columns (warned). A torn or foreign file is named in a
+    warning (and in `report`) and skipped; a newer major version raises NewerSchemaError.
+    Rows are de-duplicated on event_id (a compaction that was interrupted leaves copies).
     """
     import polars as pl
 
-    store = store if isinstance(store, Store) else resolve_store(store)
+    store = resolve_store(store)
     schema = schema_for(kind)
     report = report if report is not None else ScanReport()
-    good = []
-    for path in list_files(store, kind):
-        why = _check_file(store, path, kind, schema.major)
-        if why is None:
-            good.append(path)
-        else:
-            report.skipped[path] = why
-            warnings.warn(f"mkb: skipping {path}: {why}", stacklevel=2)
-    report.files = good
+    live = _check(store, kind, report)
     canon = schema.polars()
-    if not good:
+    if not live:
         return pl.LazyFrame(schema=canon)
+    paths = [i.path for i in live]
     if store.is_local:
-        lf = pl.scan_parquet(good, schema=canon, missing_columns="insert", extra_columns="ignore")
-    else:  # polars cannot open every fsspec protocol itself; pyarrow reads through the fs object
+        lf = pl.scan_parquet(paths, schema=canon, missing_columns="insert", extra_columns="ignore", hive_partitioning=False)
+    else:  # polars cannot open memory:// (or every fsspec protocol); pyarrow reads through the fs object and null-fills by schema
         import pyarrow.dataset as ds
 
-        lf = pl.scan_pyarrow_dataset(ds.dataset(good, schema=schema.arrow(), filesystem=store.fs, format="parquet"))
+        lf = pl.scan_pyarrow_dataset(ds.dataset(paths, schema=schema.arrow(), filesystem=store.fs, format="parquet"))
     if dedupe:
         lf = lf.unique(subset="event_id", keep="first", maintain_order=True)
     return lf

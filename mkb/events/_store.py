@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,10 @@ import fsspec
 DEFAULT_STORE = "events/local"
 ENV_VAR = "MKB_STORE"
 READ_ONLY_PROTOCOLS = ("hf",)
+
+
+class StoreError(ValueError):
+    """The store URL cannot be used the way it was asked for."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,15 @@ class Store:
     def kind_dir(self, kind: str) -> str:
         return f"{self.root}/kind={kind}"
 
+    def kinds(self) -> list[str]:
+        """The kinds that have a folder in this store."""
+        try:
+            entries = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        names = (str(p).rstrip("/").rsplit("/", 1)[-1] for p in entries)
+        return sorted(n[len("kind="):] for n in names if n.startswith("kind="))
+
     def staging_dir(self) -> str:
         """Local staging lies beside the dataset, never inside it, so readers cannot see torn files."""
         parent, name = os.path.split(self.root)
@@ -39,23 +53,44 @@ def _protocols(fs) -> tuple[str, ...]:
     return (p,) if isinstance(p, str) else tuple(p)
 
 
-def resolve_store(url: str | None = None, *, for_writing: bool = False) -> Store:
+def _package_dirs() -> list[str]:
+    """Folders an installed mkb lives in; events are never written below them."""
+    import mkb
+
+    dirs = {str(Path(mkb.__file__).resolve().parent)}
+    for key in ("purelib", "platlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            dirs.add(str(Path(p).resolve()))
+    return sorted(dirs)
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def resolve_store(url: str | Store | None = None, *, for_writing: bool = False) -> Store:
     """The store `url` names, else $MKB_STORE, else `events/local` under the working directory.
 
     A relative local path is taken against the working directory, never the package, so an
-    installed mkb writes where the user runs it and not into site-packages.
+    installed mkb writes where the user runs it and not into site-packages; a path that still
+    lands in site-packages (or the package folder) is refused for writing.
     """
+    if isinstance(url, Store):
+        return url
     url = url or os.environ.get(ENV_VAR) or DEFAULT_STORE
     fs, root = fsspec.core.url_to_fs(url)
     if "file" in _protocols(fs):
         root = str(Path(root).expanduser().resolve())
-        import mkb
-
-        pkg = str(Path(mkb.__file__).resolve().parent)
-        if for_writing and "site-packages" in pkg and root.startswith(pkg):
-            raise ValueError(f"refusing to write events into the installed package at {root}\nhint: pass --store or set {ENV_VAR}")
+        if for_writing:
+            for folder in _package_dirs():
+                if _inside(root, folder):
+                    raise StoreError(
+                        f"refusing to write events to {root}: it is inside the installed package area {folder}\n"
+                        f"hint: run from a project folder, or pass --store / set {ENV_VAR} to a writable dataset folder"
+                    )
     if for_writing and any(p in READ_ONLY_PROTOCOLS for p in _protocols(fs)):
-        raise ValueError(
+        raise StoreError(
             f"{url!r} is readable but not a live append target (the Hub limits commits per hour)\n"
             "hint: write to a local or object-store dataset and publish it with `mkb-analyze export`"
         )

@@ -1,115 +1,160 @@
-"""Appends validated events to a store as immutable Parquet files, one per flush."""
+"""Appends validated events to a store as immutable Parquet files, one per flush.
+
+Imports only pyarrow and fsspec (no polars): the GPU host that grades kernels writes events too and has no polars.
+"""
 
 from __future__ import annotations
 
-import datetime as dt
+import atexit
 import os
 import socket
 import threading
+import time
+import weakref
 from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 import mkb
+from mkb.events._commit import commit
 from mkb.events._ids import uuid7
-from mkb.events._schema import KindSchema, SchemaError, schema_for
+from mkb.events._schema import META_KIND, KindSchema, SchemaError, schema_for
 from mkb.events._store import Store, resolve_store
+from mkb.events._validate import check_row
 
-_ENVELOPE_AUTO = ("event_id", "kind", "schema_version", "ts", "run_id", "seq", "writer", "mkb_version")
-
-
-def _validate(schema: KindSchema, row: dict[str, Any]) -> None:
-    unknown = set(row) - set(schema.names)
-    if unknown:
-        raise SchemaError(
-            f"{schema.kind} event has unknown columns {sorted(unknown)}\n"
-            f"hint: add them to schemas/{schema.kind}.json (a minor version bump) or drop them"
-        )
-    missing = [c.name for c in schema.columns if not c.nullable and row.get(c.name) is None]
-    if missing:
-        raise SchemaError(f"{schema.kind} event lacks required columns {missing}")
+_ENVELOPE_AUTO = frozenset(("event_id", "kind", "schema_version", "ts", "run_id", "seq", "writer", "mkb_version"))
 
 
 def rows_to_table(schema: KindSchema, rows: list[dict[str, Any]]) -> pa.Table:
-    """Validate rows and convert them to a table of the canonical schema, or raise naming the bad row."""
-    for i, row in enumerate(rows):
-        _validate(schema, row)
-    cols = {}
+    """Checked rows as a table of the canonical schema (column by column: ~10x faster than row by row)."""
     arrow = schema.arrow()
+    cols = []
     for field in arrow:
-        values = [row.get(field.name) for row in rows]
+        name = field.name
         try:
-            cols[field.name] = pa.array(values, type=field.type)
+            values = [row.get(name) for row in rows]
+            if name == "ts" and type(values[0]) is int:  # the writer's own stamp: int microseconds, 50x cheaper than datetimes
+                cols.append(pa.array(values, type=pa.int64()).cast(field.type))
+            else:
+                cols.append(pa.array(values, type=field.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
-            bad = next((i for i, v in enumerate(values) if not _fits(v, field.type)), None)
-            raise SchemaError(
-                f"{schema.kind}.{field.name} expects {field.type}; row {bad} has {values[bad]!r}" if bad is not None
-                else f"{schema.kind}.{field.name} expects {field.type}: {exc}"
-            ) from None
-    return pa.table(cols, schema=arrow)
+            raise SchemaError(f"{schema.kind}.{name} expects {field.type}: {exc}") from None
+    return pa.Table.from_arrays(cols, schema=arrow)
 
 
-def _fits(value, typ) -> bool:
-    try:
-        pa.array([value], type=typ)
-        return True
-    except Exception:
-        return False
+def table_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", row_group_size=1 << 20)
+    return sink.getvalue().to_pybytes()
+
+
+def write_table(store: str | Store | None, kind: str, table: pa.Table, *, name: str | None = None) -> str:
+    """Write `table` as one new immutable file `kind=<kind>/<uuid7>.parquet`; never overwrites.
+
+    The table's schema metadata must name `kind` (mkb.kind): the reader trusts the footer, not the folder.
+    """
+    store = resolve_store(store, for_writing=True)
+    meta = table.schema.metadata or {}
+    if meta.get(META_KIND, b"").decode() != kind:
+        raise SchemaError(f"table metadata names kind {meta.get(META_KIND)!r}, not {kind!r}\nhint: build it with rows_to_table or schema_for(kind).arrow()")
+    name = name or f"{uuid7()}.parquet"
+    target = f"{store.kind_dir(kind)}/{name}"
+    commit(store, target, table_bytes(table))
+    return target
+
+
+_open_writers: "weakref.WeakSet[EventWriter]" = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_open_writers() -> None:
+    # a normal interpreter exit must not lose buffered events; a killed process loses only its unflushed buffer
+    for w in list(_open_writers):
+        try:
+            w.flush()
+        except Exception:
+            pass
 
 
 class EventWriter:
     """Buffers events of one writer session and flushes each kind to its own immutable file.
 
-    Rows are validated when emitted, so a bad row raises at its call site and nothing of it is
-    written; a flush writes every buffered kind or raises with the buffer intact.
+    Rows are checked when emitted, so a bad row raises at its call site and nothing of it is
+    buffered; `emit_many` checks the whole batch before buffering any of it. A flush writes every
+    buffered kind or raises with the unwritten buffers intact.
     """
 
     def __init__(self, store: str | Store | None = None, *, run_id: str | None = None, flush_every: int = 10_000) -> None:
-        self.store = store if isinstance(store, Store) else resolve_store(store, for_writing=True)
+        self.store = resolve_store(store, for_writing=True)
         self.run_id = run_id or uuid7()
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-8:]}"
         self.flush_every = flush_every
         self._buffers: dict[str, list[dict[str, Any]]] = {}
+        self._n_buffered = 0
         self._seq: dict[str | None, int] = {}
         self._lock = threading.Lock()
         self.files_written: list[str] = []
+        _open_writers.add(self)
+
+    def _envelope(self, schema: KindSchema, attempt_id: str | None, payload: dict[str, Any], ts: int) -> dict[str, Any]:
+        clash = _ENVELOPE_AUTO.intersection(payload)
+        if clash:
+            raise SchemaError(f"envelope columns {sorted(clash)} are filled in by the writer\nhint: do not pass them")
+        row = dict(payload)
+        row["event_id"] = uuid7()
+        row["kind"] = schema.kind
+        row["schema_version"] = schema.version
+        row["ts"] = ts
+        row["run_id"] = self.run_id
+        row["attempt_id"] = attempt_id
+        row["writer"] = self.writer_id
+        row["mkb_version"] = mkb.__version__
+        return row
 
     def emit(self, kind: str, *, attempt_id: str | None = None, **payload: Any) -> str:
-        """Buffer one event; returns its event_id."""
+        """Buffer one event; returns its event_id. Raises SchemaError here, at the call site, for a bad row."""
         schema = schema_for(kind)
-        clash = set(payload) & set(_ENVELOPE_AUTO)
-        if clash:
-            raise SchemaError(f"envelope columns {sorted(clash)} are filled in by the writer; do not pass them")
+        row = self._envelope(schema, attempt_id, payload, time.time_ns() // 1000)
+        row["seq"] = 0
+        check_row(schema, row, where="event", trusted=_ENVELOPE_AUTO)
         with self._lock:
-            seq = self._seq.get(attempt_id, 0)
-            row = {
-                "event_id": uuid7(), "kind": kind, "schema_version": schema.version,
-                "ts": dt.datetime.now(dt.timezone.utc), "run_id": self.run_id, "attempt_id": attempt_id,
-                "seq": seq, "writer": self.writer_id, "mkb_version": mkb.__version__, **payload,
-            }
-            _validate(schema, row)
-            rows_to_table(schema, [row])  # type-check now, so a bad value fails here and not at flush
-            self._seq[attempt_id] = seq + 1
+            row["seq"] = self._seq.get(attempt_id, 0)
+            self._seq[attempt_id] = row["seq"] + 1
             self._buffers.setdefault(kind, []).append(row)
-            full = sum(len(b) for b in self._buffers.values()) >= self.flush_every
+            self._n_buffered += 1
+            full = self._n_buffered >= self.flush_every
         if full:
             self.flush()
         return row["event_id"]
 
-    def emit_many(self, kind: str, rows: Iterable[dict[str, Any]]) -> int:
-        """Buffer many events of one kind (each row's attempt_id may be given in it)."""
-        n = 0
-        for row in rows:
-            row = dict(row)
-            self.emit(kind, attempt_id=row.pop("attempt_id", None), **row)
-            n += 1
-        return n
+    def emit_many(self, kind: str, rows: Iterable[dict[str, Any]]) -> list[str]:
+        """Buffer a batch of one kind (each row may carry its attempt_id); all rows are checked before any is buffered."""
+        schema = schema_for(kind)
+        ts = time.time_ns() // 1000
+        built = []
+        for i, payload in enumerate(rows):
+            payload = dict(payload)
+            row = self._envelope(schema, payload.pop("attempt_id", None), payload, ts)
+            row["seq"] = 0
+            check_row(schema, row, where=f"row {i}", trusted=_ENVELOPE_AUTO)
+            built.append(row)
+        with self._lock:
+            for row in built:
+                a = row["attempt_id"]
+                row["seq"] = self._seq.get(a, 0)
+                self._seq[a] = row["seq"] + 1
+            self._buffers.setdefault(kind, []).extend(built)
+            self._n_buffered += len(built)
+            full = self._n_buffered >= self.flush_every
+        if full:
+            self.flush()
+        return [r["event_id"] for r in built]
 
     def flush(self) -> list[str]:
         """Write each buffered kind as one new file; returns the paths written."""
         with self._lock:
-            buffers, self._buffers = self._buffers, {}
+            buffers, self._buffers, self._n_buffered = self._buffers, {}, 0
         written = []
         try:
             while buffers:
@@ -122,51 +167,16 @@ class EventWriter:
                 with self._lock:
                     for kind, rows in buffers.items():
                         self._buffers[kind] = rows + self._buffers.get(kind, [])
-        self.files_written += written
+                        self._n_buffered += len(rows)
+            self.files_written += written
         return written
 
     def close(self) -> None:
         self.flush()
+        _open_writers.discard(self)
 
     def __enter__(self) -> "EventWriter":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def write_table(store: Store, kind: str, table: pa.Table, *, name: str | None = None) -> str:
-    """Write `table` as one new immutable file under kind=<kind>/; never overwrites.
-
-    Local disk: written in a staging folder beside the dataset, fsynced, then renamed into place
-    (rename is atomic on one filesystem), and the folder fsynced. Object stores: one exclusive PUT.
-    """
-    name = name or f"{uuid7()}.parquet"
-    target = f"{store.kind_dir(kind)}/{name}"
-    if store.is_local:
-        staging = store.staging_dir()
-        os.makedirs(staging, exist_ok=True)
-        os.makedirs(store.kind_dir(kind), exist_ok=True)
-        tmp = os.path.join(staging, name)
-        with open(tmp, "wb") as f:
-            pq.write_table(table, f, compression="zstd")
-            f.flush()
-            os.fsync(f.fileno())
-        if os.path.exists(target):
-            os.unlink(tmp)
-            raise FileExistsError(f"event file {target} already exists; mkb never overwrites")
-        os.link(tmp, target)  # fails if target exists: an exclusive create
-        os.unlink(tmp)
-        dfd = os.open(store.kind_dir(kind), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    else:
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, compression="zstd")
-        data = sink.getvalue().to_pybytes()
-        store.fs.makedirs(store.kind_dir(kind), exist_ok=True)
-        with store.fs.open(target, "xb") as f:
-            f.write(data)
-    return target
