@@ -1,0 +1,115 @@
+"""MLA decode over a paged compressed-KV cache (weight-absorbed form), DeepSeek-V3 at TP 8, page size 1.
+
+DeepSeek-V3 multi-head latent attention caches, per token, one compressed latent c_kv (512) and one
+shared RoPE key k_pe (64), not per-head K/V. In decode the up-projections are absorbed into the
+query and the output: q_nope here is already q_nope_head @ W_UK (512 wide), and the output is the
+latent-space context that W_UV later maps to each head's values. Every head reads the same cache.
+
+Inputs (bf16 unless stated):
+- q_nope     [batch, 16, 512]: absorbed no-RoPE part of each sequence's new query.
+- q_pe       [batch, 16, 64]:  RoPE part of the query (RoPE already applied).
+- ckv_cache  [num_pages, page_size=1, 512]: compressed latent cache (shared by all heads).
+- kpe_cache  [num_pages, page_size=1, 64]:  RoPE key cache (RoPE already applied).
+  Pages not listed in kv_indices hold garbage and must not be read.
+- kv_indptr  int32 [batch + 1]: sequence b owns kv_indices[kv_indptr[b]:kv_indptr[b+1]]; with
+  page size 1, kv_len[b] = kv_indptr[b+1] - kv_indptr[b].
+- kv_indices int32 [nnz]: page ids in token order (a shuffled pool, not the identity).
+
+Numerics: computed in float32 (float64 for the fp64 anchor).
+  s[b,h,t] = (q_nope[b,h] . ckv[b,t] + q_pe[b,h] . kpe[b,t]) * sm_scale
+  sm_scale = (128 + 64)^-0.5 * mscale^2, mscale = 0.1 * 1.0 * ln(40) + 1 (DeepSeek-V3 YaRN,
+  factor 40, mscale_all_dim 1) = 0.1352337...;
+  out[b,h] = sum_t softmax_t(s[b,h,:]) ckv[b,t]               -> bf16 [batch, 16, 512]
+  lse[b,h] = log2(sum_t exp(s[b,h,t]))  (base 2, as FlashInfer) -> float32 [batch, 16]
+
+Sizes: full = 128 sequences with KV lengths 256..8192 (log-uniform, fixed); smoke = 3 short ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mkb.problems import Output, ProblemMeta
+from mkb.problems.paged import draw_lengths, page_table, structure_rng
+
+NUMBER = 14
+NUM_HEADS, CKV_DIM, KPE_DIM, PAGE_SIZE = 16, 512, 64, 1
+SM_SCALE = (128 + 64) ** -0.5 * (0.1 * 1.0 * math.log(40.0) + 1.0) ** 2
+_SIZES = {"full": (128, 256, 8192), "smoke": (3, 5, 40)}  # batch, min kv_len, max kv_len
+
+
+def _structure(size: str):
+    batch, lo, hi = _SIZES[size]
+    rng = structure_rng(NUMBER, size)
+    return page_table(rng, draw_lengths(rng, batch, lo, hi), PAGE_SIZE)
+
+
+def reference(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices):
+    dt = torch.promote_types(q_nope.dtype, torch.float32)
+    batch, num_heads, _ = q_nope.shape
+    page_size = ckv_cache.shape[1]
+    kv_len = (kv_indptr[1:] - kv_indptr[:-1]).long() * page_size
+    max_len = int(kv_len.max())
+    t = torch.arange(max_len, device=q_nope.device)
+    valid = t[None, :] < kv_len[:, None]  # [batch, max_len]
+    pos = (kv_indptr[:-1].long()[:, None] + t[None, :]).clamp(max=kv_indices.numel() - 1)
+    slot = torch.where(valid, kv_indices.long()[pos], 0)
+    ckv = ckv_cache.reshape(-1, ckv_cache.shape[-1])[slot].to(dt)  # [batch, max_len, 512]
+    kpe = kpe_cache.reshape(-1, kpe_cache.shape[-1])[slot].to(dt)  # [batch, max_len, 64]
+    s = torch.einsum("bhd,bld->bhl", q_nope.to(dt), ckv) + torch.einsum("bhd,bld->bhl", q_pe.to(dt), kpe)
+    s = (s * SM_SCALE).masked_fill(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None])
+    out = torch.einsum("bhl,bld->bhd", p, ckv)
+    return out.to(q_nope.dtype), lse / math.log(2.0)
+
+
+def make_inputs(seed: int, *, device, size: str = "full"):
+    pt = _structure(size)
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
+
+    q_nope = randn(pt.batch, NUM_HEADS, CKV_DIM)
+    q_pe = randn(pt.batch, NUM_HEADS, KPE_DIM)
+    ckv_cache = randn(pt.num_pages, PAGE_SIZE, CKV_DIM)
+    kpe_cache = randn(pt.num_pages, PAGE_SIZE, KPE_DIM)
+
+    def i32(x):
+        return torch.tensor(x, dtype=torch.int32, device=device)
+
+    return q_nope, q_pe, ckv_cache, kpe_cache, i32(pt.indptr), i32(pt.indices)
+
+
+def _cost():
+    pt = _structure("full")
+    tokens = sum(pt.kv_lens)
+    flops = 2.0 * NUM_HEADS * (CKV_DIM + KPE_DIM + CKV_DIM) * tokens
+    kv_bytes = 2 * tokens * (CKV_DIM + KPE_DIM)
+    qo_bytes = pt.batch * NUM_HEADS * (2 * (2 * CKV_DIM + KPE_DIM) + 4)
+    idx_bytes = 4 * (len(pt.indptr) + len(pt.indices))
+    return flops, float(kv_bytes + qo_bytes + idx_bytes), tokens
+
+
+_FLOPS, _BYTES, _TOKENS = _cost()
+
+META = ProblemMeta(
+    number=NUMBER,
+    name="mla_paged_decode_h16_ckv512_kpe64_ps1_bf16",
+    family="attention",
+    dtypes=("bfloat16", "int32", "float32"),
+    source_model="deepseek-ai/DeepSeek-V3 at tensor-parallel 8 (FlashInfer BatchMLAPagedAttention)",
+    source_config="num_attention_heads=128 (TP=8 -> 16), kv_lora_rank=512, qk_rope_head_dim=64, "
+    "qk_nope_head_dim=128, v_head_dim=128, rope_scaling yarn factor=40 mscale_all_dim=1; page_size=1",
+    inputs=("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices"),
+    outputs=(Output("out"), Output("lse")),
+    flops=_FLOPS,
+    bytes=_BYTES,
+    peak="memory",
+    notes=f"full: 128 sequences, kv_len 256..8192 log-uniform, {_TOKENS} cached tokens, 25% spare "
+    "pages in a shuffled pool. flops = 2*H*(512+64+512)*sum(kv_len); bytes = referenced cache rows "
+    "+ q + out + lse + page table. lse base 2.",
+)

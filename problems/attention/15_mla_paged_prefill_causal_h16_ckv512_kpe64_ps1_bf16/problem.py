@@ -1,0 +1,123 @@
+"""Causal MLA prefill over a paged compressed-KV cache (absorbed form), DeepSeek-V3 at TP 8, page size 1.
+
+Chunked prefill / prefix caching for DeepSeek-V3 multi-head latent attention in the
+weight-absorbed form: each cached token holds one latent c_kv (512) and one RoPE key k_pe (64)
+shared by all heads; q_nope is already absorbed (q_nope_head @ W_UK, 512 wide) and the output is
+the latent-space context (W_UV is applied later). Sequence b appends qo_len[b] new tokens whose
+latents are already in the cache, so its cache holds kv_len[b] = prefix[b] + qo_len[b] tokens.
+
+Inputs (bf16 unless stated):
+- q_nope     [total_q, 16, 512], q_pe [total_q, 16, 64]: sequence b owns rows
+  qo_indptr[b]:qo_indptr[b+1] (RoPE already applied to q_pe).
+- ckv_cache  [num_pages, page_size=1, 512], kpe_cache [num_pages, page_size=1, 64]: page pool;
+  pages not listed in kv_indices hold garbage and must not be read.
+- qo_indptr  int32 [batch + 1].
+- kv_indptr  int32 [batch + 1]: sequence b owns kv_indices[kv_indptr[b]:kv_indptr[b+1]];
+  with page size 1, kv_len[b] = kv_indptr[b+1] - kv_indptr[b].
+- kv_indices int32 [nnz]: page ids in token order (a shuffled pool, not the identity).
+
+Numerics: computed in float32 (float64 for the fp64 anchor). For query row i (0-based within its
+sequence) and cached token t of the same sequence:
+  causal mask, aligned bottom-right: t is visible iff t <= i + (kv_len[b] - qo_len[b]);
+  s = (q_nope . ckv[t] + q_pe . kpe[t]) * sm_scale,
+  sm_scale = (128 + 64)^-0.5 * (0.1 * ln(40) + 1)^2 = 0.1352337... (DeepSeek-V3 YaRN mscale);
+  out[i,h] = sum_t softmax(s) ckv[t]                          -> bf16 [total_q, 16, 512]
+  lse[i,h] = log2(sum_visible exp(s))  (base 2, as FlashInfer) -> float32 [total_q, 16]
+
+Sizes: full = 6 sequences, qo_len 128..2048, prefix 0..4096 (fixed); smoke = 3 short ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mkb.problems import Output, ProblemMeta
+from mkb.problems.paged import cu_seqlens, draw_lengths, page_table, structure_rng
+
+NUMBER = 15
+NUM_HEADS, CKV_DIM, KPE_DIM, PAGE_SIZE = 16, 512, 64, 1
+SM_SCALE = (128 + 64) ** -0.5 * (0.1 * 1.0 * math.log(40.0) + 1.0) ** 2
+# batch, qo_len range, prefix range
+_SIZES = {"full": (6, (128, 2048), (64, 4096)), "smoke": (3, (3, 12), (2, 20))}
+
+
+def _structure(size: str):
+    batch, (qlo, qhi), (plo, phi) = _SIZES[size]
+    rng = structure_rng(NUMBER, size)
+    qo_lens = draw_lengths(rng, batch, qlo, qhi)
+    prefix = draw_lengths(rng, batch, plo, phi)
+    prefix[0] = 0  # one plain prefill (no cached prefix)
+    return qo_lens, page_table(rng, [p + q for p, q in zip(prefix, qo_lens)], PAGE_SIZE)
+
+
+def reference(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices):
+    dt = torch.promote_types(q_nope.dtype, torch.float32)
+    ckv_flat = ckv_cache.reshape(-1, ckv_cache.shape[-1])
+    kpe_flat = kpe_cache.reshape(-1, kpe_cache.shape[-1])
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    out = torch.empty(q_nope.shape, dtype=dt, device=q_nope.device)
+    lse = torch.empty(q_nope.shape[:2], dtype=dt, device=q_nope.device)
+    for b in range(len(qo) - 1):
+        qn, qp = q_nope[qo[b] : qo[b + 1]].to(dt), q_pe[qo[b] : qo[b + 1]].to(dt)
+        slot = kv_indices[kvp[b] : kvp[b + 1]].long()  # page size 1: one token per page
+        ckv, kpe = ckv_flat[slot].to(dt), kpe_flat[slot].to(dt)
+        q_len, kv_len = qn.shape[0], ckv.shape[0]
+        s = (torch.einsum("qhd,kd->hqk", qn, ckv) + torch.einsum("qhd,kd->hqk", qp, kpe)) * SM_SCALE
+        i = torch.arange(q_len, device=qn.device)[:, None]
+        t = torch.arange(kv_len, device=qn.device)[None, :]
+        s = s.masked_fill(t > i + (kv_len - q_len), float("-inf"))
+        m = torch.logsumexp(s, dim=-1)  # [heads, q_len]
+        p = torch.exp(s - m[..., None])
+        out[qo[b] : qo[b + 1]] = torch.einsum("hqk,kd->qhd", p, ckv)
+        lse[qo[b] : qo[b + 1]] = m.T
+    return out.to(q_nope.dtype), lse / math.log(2.0)
+
+
+def make_inputs(seed: int, *, device, size: str = "full"):
+    qo_lens, pt = _structure(size)
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
+
+    q_nope = randn(sum(qo_lens), NUM_HEADS, CKV_DIM)
+    q_pe = randn(sum(qo_lens), NUM_HEADS, KPE_DIM)
+    ckv_cache = randn(pt.num_pages, PAGE_SIZE, CKV_DIM)
+    kpe_cache = randn(pt.num_pages, PAGE_SIZE, KPE_DIM)
+
+    def i32(x):
+        return torch.tensor(x, dtype=torch.int32, device=device)
+
+    return q_nope, q_pe, ckv_cache, kpe_cache, i32(cu_seqlens(qo_lens)), i32(pt.indptr), i32(pt.indices)
+
+
+def _cost():
+    qo_lens, pt = _structure("full")
+    pairs = sum(q * (kv - q) + q * (q + 1) // 2 for q, kv in zip(qo_lens, pt.kv_lens))
+    flops = 2.0 * NUM_HEADS * (CKV_DIM + KPE_DIM + CKV_DIM) * pairs
+    kv_bytes = 2 * sum(pt.kv_lens) * (CKV_DIM + KPE_DIM)
+    qo_bytes = sum(qo_lens) * NUM_HEADS * (2 * (2 * CKV_DIM + KPE_DIM) + 4)
+    idx_bytes = 4 * (2 * len(pt.indptr) + len(pt.indices))
+    return flops, float(kv_bytes + qo_bytes + idx_bytes), (qo_lens, pt.kv_lens)
+
+
+_FLOPS, _BYTES, _LENS = _cost()
+
+META = ProblemMeta(
+    number=NUMBER,
+    name="mla_paged_prefill_causal_h16_ckv512_kpe64_ps1_bf16",
+    family="attention",
+    dtypes=("bfloat16", "int32", "float32"),
+    source_model="deepseek-ai/DeepSeek-V3 at tensor-parallel 8 (FlashInfer BatchMLAPagedAttention)",
+    source_config="num_attention_heads=128 (TP=8 -> 16), kv_lora_rank=512, qk_rope_head_dim=64, "
+    "qk_nope_head_dim=128, rope_scaling yarn factor=40 mscale_all_dim=1; page_size=1, causal",
+    inputs=("q_nope", "q_pe", "ckv_cache", "kpe_cache", "qo_indptr", "kv_indptr", "kv_indices"),
+    outputs=(Output("out"), Output("lse")),
+    flops=_FLOPS,
+    bytes=_BYTES,
+    peak="bf16_tc",
+    notes=f"full: (qo_len, kv_len) = {list(zip(*_LENS))}. flops count only unmasked (visible) pairs: "
+    "2*H*(512+64+512)*sum_b(qo*(kv-qo) + qo*(qo+1)/2). Causal mask aligned bottom-right; lse base 2.",
+)

@@ -1,0 +1,115 @@
+"""Causal MLA prefill in the expanded (non-absorbed) form over ragged Q/K/V, DeepSeek-V3 at TP 8.
+
+For long prefills DeepSeek-V3 serving expands the latent cache back to per-head keys and values
+(k = [k_nope (128) | k_pe (64), shared across heads], v = 128 per head) and runs ordinary
+attention with qk head dim 192 and v head dim 128. Sequence b has qo_len[b] new tokens and
+kv_len[b] = prefix[b] + qo_len[b] keys (some prefixes empty), packed ragged.
+
+Inputs (bf16 unless stated):
+- q  [total_q, 16, 192]:  [q_nope | q_pe] per head (RoPE already applied to the last 64);
+  sequence b owns rows qo_indptr[b]:qo_indptr[b+1].
+- k  [total_kv, 16, 192]: [k_nope | k_pe] per head; sequence b owns rows kv_indptr[b]:kv_indptr[b+1].
+- v  [total_kv, 16, 128].
+- qo_indptr, kv_indptr int32 [batch + 1] (cu_seqlens).
+
+Numerics: computed in float32 (float64 for the fp64 anchor). For query row i (0-based within its
+sequence) and key t of the same sequence:
+  causal mask, aligned bottom-right: t is visible iff t <= i + (kv_len[b] - qo_len[b]);
+  s = (q . k) * sm_scale, sm_scale = 192^-0.5 * (0.1 * ln(40) + 1)^2 = 0.1352337...
+  (DeepSeek-V3 YaRN mscale, factor 40, mscale_all_dim 1);
+  out[i,h] = sum_t softmax(s) v[t,h]                          -> bf16 [total_q, 16, 128]
+  lse[i,h] = log2(sum_visible exp(s))  (base 2, as FlashInfer) -> float32 [total_q, 16]
+
+Sizes: full = 8 sequences, qo_len 256..4096, prefix 0..4096 (fixed); smoke = 3 short ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mkb.problems import Output, ProblemMeta
+from mkb.problems.paged import cu_seqlens, draw_lengths, structure_rng
+
+NUMBER = 16
+NUM_HEADS, QK_DIM, V_DIM = 16, 192, 128
+SM_SCALE = QK_DIM**-0.5 * (0.1 * 1.0 * math.log(40.0) + 1.0) ** 2
+# batch, qo_len range, prefix range
+_SIZES = {"full": (8, (256, 4096), (64, 4096)), "smoke": (3, (3, 12), (2, 20))}
+
+
+def _structure(size: str):
+    batch, (qlo, qhi), (plo, phi) = _SIZES[size]
+    rng = structure_rng(NUMBER, size)
+    qo_lens = draw_lengths(rng, batch, qlo, qhi)
+    prefix = draw_lengths(rng, batch, plo, phi)
+    prefix[0] = 0  # one plain prefill (no prefix)
+    return qo_lens, [p + q for p, q in zip(prefix, qo_lens)]
+
+
+def reference(q, k, v, qo_indptr, kv_indptr):
+    dt = torch.promote_types(q.dtype, torch.float32)
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    out = torch.empty((*q.shape[:2], v.shape[-1]), dtype=dt, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=dt, device=q.device)
+    for b in range(len(qo) - 1):
+        qb = q[qo[b] : qo[b + 1]].to(dt)
+        kb, vb = k[kvp[b] : kvp[b + 1]].to(dt), v[kvp[b] : kvp[b + 1]].to(dt)
+        q_len, kv_len = qb.shape[0], kb.shape[0]
+        s = torch.einsum("qhd,khd->hqk", qb, kb) * SM_SCALE
+        i = torch.arange(q_len, device=q.device)[:, None]
+        t = torch.arange(kv_len, device=q.device)[None, :]
+        s = s.masked_fill(t > i + (kv_len - q_len), float("-inf"))
+        m = torch.logsumexp(s, dim=-1)  # [heads, q_len]
+        p = torch.exp(s - m[..., None])
+        out[qo[b] : qo[b + 1]] = torch.einsum("hqk,khd->qhd", p, vb)
+        lse[qo[b] : qo[b + 1]] = m.T
+    return out.to(q.dtype), lse / math.log(2.0)
+
+
+def make_inputs(seed: int, *, device, size: str = "full"):
+    qo_lens, kv_lens = _structure(size)
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
+
+    q = randn(sum(qo_lens), NUM_HEADS, QK_DIM)
+    k = randn(sum(kv_lens), NUM_HEADS, QK_DIM)
+    v = randn(sum(kv_lens), NUM_HEADS, V_DIM)
+
+    def i32(x):
+        return torch.tensor(x, dtype=torch.int32, device=device)
+
+    return q, k, v, i32(cu_seqlens(qo_lens)), i32(cu_seqlens(kv_lens))
+
+
+def _cost():
+    qo_lens, kv_lens = _structure("full")
+    pairs = sum(q * (kv - q) + q * (q + 1) // 2 for q, kv in zip(qo_lens, kv_lens))
+    flops = 2.0 * NUM_HEADS * (QK_DIM + V_DIM) * pairs
+    kv_bytes = 2 * sum(kv_lens) * NUM_HEADS * (QK_DIM + V_DIM)
+    qo_bytes = sum(qo_lens) * NUM_HEADS * (2 * (QK_DIM + V_DIM) + 4)
+    return flops, float(kv_bytes + qo_bytes + 8 * (len(qo_lens) + 1)), (qo_lens, kv_lens)
+
+
+_FLOPS, _BYTES, _LENS = _cost()
+
+META = ProblemMeta(
+    number=NUMBER,
+    name="mla_ragged_prefill_causal_h16_qk192_vo128_bf16",
+    family="attention",
+    dtypes=("bfloat16", "int32", "float32"),
+    source_model="deepseek-ai/DeepSeek-V3 at tensor-parallel 8 (FlashInfer BatchPrefillWithRaggedKVCache, "
+    "head_dim_qk=192, head_dim_vo=128)",
+    source_config="num_attention_heads=128 (TP=8 -> 16), qk_nope_head_dim=128, qk_rope_head_dim=64, "
+    "v_head_dim=128, rope_scaling yarn factor=40 mscale_all_dim=1; causal",
+    inputs=("q", "k", "v", "qo_indptr", "kv_indptr"),
+    outputs=(Output("out"), Output("lse")),
+    flops=_FLOPS,
+    bytes=_BYTES,
+    peak="bf16_tc",
+    notes=f"full: (qo_len, kv_len) = {list(zip(*_LENS))}. flops count only unmasked (visible) pairs: "
+    "2*H*(192+128)*sum_b(qo*(kv-qo) + qo*(qo+1)/2). Causal mask aligned bottom-right; lse base 2.",
+)
