@@ -1,0 +1,90 @@
+"""MoE routing numerics (DeepSeek-style grouped top-k) and tie-free router-logit inputs for the moe problems.
+
+The routing problems compare expert indices with `compare="topk"`, but their weights and outputs are
+compared positionally, so a near-tie between the k-th and (k+1)-th expert (or between the last
+selected and first dropped group) would make a correct kernel fail on rounding alone.
+`separate_topk` nudges drawn router logits (raising the selected ones a little at a time) until
+every token's selection has a clear margin, so the selection is a property of the inputs and not of
+summation order. Routing results are returned with indices in ascending expert order (the set is
+what matters; an ascending order makes the positional comparison of weights well defined).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def group_mask(scores: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
+    """Bool [T, E]: experts in the `topk_group` groups with the largest sum of their top-2 scores."""
+    t, e = scores.shape
+    gs = scores.view(t, n_group, e // n_group).topk(2, dim=-1).values.sum(-1)
+    gidx = gs.topk(topk_group, dim=-1).indices
+    gmask = torch.zeros(t, n_group, dtype=torch.bool, device=scores.device).scatter_(1, gidx, True)
+    return gmask.repeat_interleave(e // n_group, dim=1)
+
+
+def select_topk(scores: torch.Tensor, top_k: int, *, n_group: int = 1, topk_group: int = 1) -> torch.Tensor:
+    """Indices [T, top_k] of the selected experts in ascending expert order (group-limited if n_group > 1)."""
+    s = scores
+    if n_group > 1:
+        s = s.masked_fill(~group_mask(scores, n_group, topk_group), float("-inf"))
+    return s.topk(top_k, dim=-1).indices.sort(dim=-1).values
+
+
+def separate_topk(
+    logits: torch.Tensor,
+    score_fn: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    top_k: int,
+    margin: float,
+    n_group: int = 1,
+    topk_group: int = 1,
+    step: float = 0.05,
+    max_iter: int = 400,
+) -> torch.Tensor:
+    """Raise selected router logits until the selection has a margin >= `margin` in score units.
+
+    `score_fn` maps float64 logits [T, E] to the selection scores (softmax, sigmoid + bias, ...),
+    which must be monotone in each logit. Returns float64 logits; the caller casts them.
+    """
+    x = logits.to(torch.float64).clone()
+    t, e = x.shape
+    for _ in range(max_iter):
+        s = score_fn(x)
+        bad_rows = torch.zeros(t, dtype=torch.bool, device=x.device)
+        raise_mask = torch.zeros(t, e, dtype=torch.bool, device=x.device)
+        if n_group > 1:
+            gs = s.view(t, n_group, e // n_group).topk(2, dim=-1).values.sum(-1)
+            gsv, gsi = gs.sort(dim=-1, descending=True)
+            gbad = (gsv[:, topk_group - 1] - gsv[:, topk_group]) < margin
+            gsel = torch.zeros(t, n_group, dtype=torch.bool, device=x.device).scatter_(1, gsi[:, :topk_group], True)
+            emask = gsel.repeat_interleave(e // n_group, dim=1)
+            raise_mask |= emask & gbad[:, None]
+            bad_rows |= gbad
+            s = s.masked_fill(~emask, float("-inf"))
+        sv, si = s.sort(dim=-1, descending=True)
+        ebad = (sv[:, top_k - 1] - sv[:, top_k]) < margin
+        sel = torch.zeros(t, e, dtype=torch.bool, device=x.device).scatter_(1, si[:, :top_k], True)
+        raise_mask |= sel & ebad[:, None]
+        bad_rows |= ebad
+        if not bool(bad_rows.any()):
+            return x
+        x = x + step * raise_mask.to(x.dtype)
+    raise RuntimeError(f"separate_topk: {int(bad_rows.sum())} rows still tie after {max_iter} steps; hint: raise step")
+
+
+def skewed_logits(t: int, e: int, *, gen: torch.Generator, popularity: torch.Tensor, std: float = 1.0) -> torch.Tensor:
+    """Gaussian router logits plus a per-expert popularity offset (load skew), float64 on popularity's device."""
+    z = torch.randn(t, e, generator=gen, device=popularity.device, dtype=torch.float64) * std
+    return z + popularity.to(torch.float64)[None, :]
+
+
+def expert_popularity(e: int, *, seed: int, spread: float = 1.0) -> torch.Tensor:
+    """A fixed (size-determined) per-expert logit offset so loads are uneven the way real routers' are."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(e, generator=g, dtype=torch.float64) * spread
+
+
+__all__ = ["expert_popularity", "group_mask", "select_topk", "separate_topk", "skewed_logits"]
