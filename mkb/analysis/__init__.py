@@ -1,1 +1,15 @@
-"""placeholder"""
+"""The read side: turns an event store into the DESIGN Definitions' tables, statistics, reports and exports.
+
+Imports neither torch, the DSLs nor litellm, so anyone can re-analyse anyone's dataset.
+"""
+
+from mkb.analysis._export import export_dataset, problems_table
+from mkb.analysis._stats import (
+    BootstrapSpec, DETECT_LIFT, cell_lift_simple, cluster_bootstrap, holm, lift_table, standing_table,
+)
+from mkb.analysis._tables import MixedVersionsError, NOISE_ARM, Tables, build_pairs, load_tables
+
+__all__ = [
+    "BootstrapSpec", "DETECT_LIFT", "MixedVersionsError", "NOISE_ARM", "Tables", "build_pairs", "cell_lift_simple",
+    "cluster_bootstrap", "export_dataset", "holm", "lift_table", "load_tables", "problems_table", "standing_table",
+]

@@ -1,0 +1,77 @@
+"""Exports a store as a Hugging Face dataset folder (data per kind + a card documenting the schema) and CSVs."""
+
+from __future__ import annotations
+
+import fsspec
+import polars as pl
+
+from mkb.events import read, schemas
+
+
+def _card(kinds: dict[str, int], store_url: str) -> str:
+    import mkb
+
+    yaml = ["---", "configs:"]
+    for k in kinds:
+        yaml += [f"- config_name: {k}", "  data_files:", "  - split: train", f"    path: data/{k}/*.parquet"]
+    yaml += ["---", ""]
+    lines = [
+        "# MetaKernelBench events", "",
+        f"Exported by mkb {mkb.__version__} (`mkb-analyze export`) from `{store_url}`. Each config is one event kind; "
+        "rows keep their `event_id` (uuid7), `schema_version` and the envelope columns, so the dataset can be "
+        "re-analysed with `mkb-analyze --store hf://datasets/<repo>`. Derived tables (attempts, pairs, lift, "
+        "standing) are in `derived/` as CSV.", "",
+        "Definitions (DESIGN.md): speedup = median eager time / median candidate time; R@t = passed and speedup >= t; "
+        "S = 100 x mean over t in {0, 0.5, 1, 2, 4} of R@t; lift = S(arm) - S(solo of the target DSL), same model, "
+        "problem and replicate.", "",
+        "| config | rows |", "|---|---|", *[f"| {k} | {n} |" for k, n in kinds.items()], "",
+    ]
+    sch = schemas()
+    for k in kinds:
+        s = sch[k]
+        lines += [f"## `{k}` (schema {s.version})", "", s.doc, "", "| column | type | nullable | description |", "|---|---|---|---|"]
+        lines += [f"| `{c.name}` | {c.type} | {'yes' if c.nullable else 'no'} | {c.doc.replace('|', '/')} |" for c in s.columns]
+        lines.append("")
+    return "\n".join(yaml + lines)
+
+
+def export_dataset(store: str, out: str, *, tables=None) -> dict[str, int]:
+    """Write `out/data/<kind>/events.parquet` per kind, `out/README.md` and `out/derived/*.csv`; returns rows per kind."""
+    fs, root = fsspec.core.url_to_fs(out)
+    kinds: dict[str, int] = {}
+    for kind in sorted(schemas()):
+        df = read(kind, store)
+        if df.height == 0:
+            continue
+        kinds[kind] = df.height
+        fs.makedirs(f"{root}/data/{kind}", exist_ok=True)
+        with fs.open(f"{root}/data/{kind}/events.parquet", "wb") as f:
+            df.sort("ts").write_parquet(f, compression="zstd")
+    with fs.open(f"{root}/README.md", "w") as f:
+        f.write(_card(kinds, store))
+    if tables is not None:
+        from mkb.analysis._stats import lift_table, standing_table
+
+        fs.makedirs(f"{root}/derived", exist_ok=True)
+        derived = {"attempts": tables.attempts, "pairs": tables.pairs}
+        if tables.pairs.height:
+            derived["lift"] = lift_table(tables.pairs)
+            derived["standing"] = standing_table(tables.pairs)
+        for name, df in derived.items():
+            if df.height == 0:
+                continue
+            flat = df.select([c for c, t in df.schema.items() if not isinstance(t, (pl.List, pl.Struct))])
+            with fs.open(f"{root}/derived/{name}.csv", "w") as f:
+                flat.write_csv(f)
+    return kinds
+
+
+def problems_table(store: str) -> pl.DataFrame:
+    """The characterisation summary: one row per (problem, size, gpu), the latest measurement."""
+    c = read("characterisation", store)
+    if c.height == 0:
+        return c
+    c = c.sort("ts").unique(subset=["problem", "size", "gpu"], keep="last")
+    return c.select("problem", "problem_name", "family", "size", "gpu", "ok", "eager_median_us", "peak_memory_bytes",
+                    "fp64_gap", "sol_us", "sol_ratio", "within_band", "error").sort("problem", "size")
+

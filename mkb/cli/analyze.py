@@ -1,0 +1,361 @@
+"""`mkb-analyze`: the read side's command line (thin: it parses, calls mkb.analysis and prints rich tables)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    name="mkb-analyze",
+    help="Analyse an mkb event store (any fsspec URL): lift, standing, mixed models, reports, exports.",
+    no_args_is_help=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
+)
+console = Console(width=200)
+
+STORE = typer.Option(None, "--store", help="Event store URL (local path, s3://, gs://, hf://...); default $MKB_STORE or events/local.")
+STRATIFY = typer.Option(False, "--stratify", help="Analyse each version stratum separately instead of refusing mixed versions.")
+SEED = typer.Option(20261129, "--seed", help="Bootstrap seed (recorded in the output).")
+RESAMPLES = typer.Option(10_000, "--resamples", help="Bootstrap resamples.")
+
+
+def _fail(msg: str) -> None:
+    console.print(f"[red]error:[/red] {msg}")
+    raise typer.Exit(2)
+
+
+def _counts(store) -> dict[str, int]:
+    from mkb.events import resolve_store, schemas
+    from mkb.events._reader import list_files
+
+    st = resolve_store(store)
+    out = {}
+    for kind in sorted(schemas()):
+        files = list_files(st, kind)
+        if files:
+            import pyarrow.parquet as pq
+
+            n = 0
+            for f in files:
+                with st.fs.open(f, "rb") as fh:
+                    n += pq.read_metadata(fh).num_rows
+            out[kind] = n
+    return out
+
+
+def _load(store, stratify: bool):
+    """The tables, or None after printing what the store holds when it has no attempts."""
+    from mkb.analysis import MixedVersionsError, load_tables
+
+    try:
+        t = load_tables(store, stratify=stratify)
+    except MixedVersionsError as exc:
+        _fail(str(exc))
+    if t.attempts.height == 0:
+        counts = _counts(store)
+        console.print(f"store {t.store}: no attempts (events: {counts or 'none'})")
+        if counts.get("characterisation"):
+            console.print("this is a characterisation dataset; its problems:")
+            _print_problems(store)
+        else:
+            console.print("hint: write a demo dataset with `mkb-analyze synth --store DIR`")
+        return None
+    _header(t)
+    return t
+
+
+def _header(t) -> None:
+    s = t.summary()
+    console.print(f"[bold]store[/bold] {t.store}  attempts {s['attempts']}, counted {s['included']}"
+                  + ("  [yellow]stratified by version[/yellow]" if t.stratified else ""))
+    console.print(t.verdict_note())
+    ex = t.attempts.filter(t.attempts["excluded"].is_not_null())
+    if ex.height:
+        console.print(f"excluded and reported: infra_error {s['infra_error']}, unfinished {s['unfinished']}, "
+                      f"annotated {s['annotated']}, ungraded {s['ungraded']} (list them: `mkb-analyze attempts --excluded`)")
+    if s["s_mismatch"]:
+        console.print(f"[yellow]note:[/yellow] {s['s_mismatch']} verdicts stored an S that differs from S recomputed from passed/speedup; "
+                      "the recomputed one is used")
+    for path, why in t.skipped_files.items():
+        console.print(f"[yellow]skipped file[/yellow] {path}: {why}")
+
+
+def _pct(v) -> str:
+    return "" if v is None else f"{100 * v:+.1f}%"
+
+
+def _f(v, nd=1) -> str:
+    return "" if v is None else f"{v:.{nd}f}"
+
+
+def _p(v) -> str:
+    return "" if v is None else (f"{v:.3f}" if v >= 0.001 else f"{v:.1e}")
+
+
+def print_lift(lift, *, spec, title="Lift") -> None:
+    tbl = Table(title=title, show_lines=False)
+    for c in ("stratum", "model", "arm", "direction", "pairs", "probs", "S solo", "S arm", "lift [95% CI]",
+              "rel. lift [95% CI]", "±", "reg/imp/tie (problems)", "pairs reg/imp/tie", "p Wilcoxon (Holm)", "p McNemar (Holm)", "10%?"):
+        tbl.add_column(c, justify="right" if c not in ("model", "arm", "direction", "stratum") else "left")
+    multi = lift["stratum"].n_unique() > 1
+    for r in lift.iter_rows(named=True):
+        tbl.add_row(r["stratum"] if multi else "", r["model"], r["arm_kind"], r["direction"], str(r["n_pairs"]), str(r["n_problems"]),
+                    _f(r["S_solo"]), _f(r["S_arm"]), f"{_f(r['lift'], 2)} [{_f(r['lift_lo'], 2)}, {_f(r['lift_hi'], 2)}]",
+                    f"{_pct(r['rel_lift'])} [{_pct(r['rel_lo'])}, {_pct(r['rel_hi'])}]", _f(100 * r["rel_halfwidth"]) if r["rel_halfwidth"] is not None else "",
+                    f"{_f(100 * r['regression_rate'], 0)}/{_f(100 * r['improvement_rate'], 0)}/{_f(100 * r['tie_rate'], 0)}%",
+                    f"{_f(100 * r['pair_regress'], 0)}/{_f(100 * r['pair_improve'], 0)}/{_f(100 * r['pair_tie'], 0)}%",
+                    _p(r.get("p_wilcoxon_holm")), _p(r.get("p_mcnemar_holm")), "yes" if r["detects_10pct"] else "[red]no[/red]")
+    console.print(tbl)
+    hw = lift["rel_halfwidth"].drop_nulls()
+    console.print(f"{spec.describe()}. CI half-width of relative lift: median {100 * hw.median():.1f} points "
+                  f"(range {100 * hw.min():.1f}-{100 * hw.max():.1f})." if hw.len() else spec.describe())
+    under = lift.filter(~lift["detects_10pct"].fill_null(False))
+    if under.height:
+        console.print(f"[yellow]{under.height} of {lift.height} cells could not detect a 10% lift[/yellow] (CI half-width > 10 points): "
+                      + ", ".join(f"{r['model']} {r['arm_kind']} {r['direction']}" for r in under.head(20).iter_rows(named=True))
+                      + (" ..." if under.height > 20 else ""))
+    console.print("Wilcoxon: signed-rank, zero_method='pratt', on problem replicate-mean lift; McNemar: exact, pass vs pass "
+                  "of pairs; Holm across the model x direction cells of each arm kind.")
+
+
+@app.callback()
+def main_callback(ctx: typer.Context, store: Optional[str] = STORE) -> None:
+    """With no command: what the store holds (and, for a characterisation dataset, its problems)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    counts = _counts(store)
+    from mkb.events import resolve_store
+
+    console.print(f"store {resolve_store(store).url}: events {counts or 'none'}")
+    if counts.get("attempt_started"):
+        console.print("commands: lift, standing, models, attempts, report, export (see --help)")
+    elif counts.get("characterisation"):
+        _print_problems(store)
+    else:
+        console.print("hint: write a demo dataset with `mkb-analyze synth --store DIR`")
+
+
+def _spec(seed, resamples):
+    from mkb.analysis import BootstrapSpec
+
+    return BootstrapSpec(seed=seed, resamples=resamples)
+
+
+@app.command()
+def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SEED, resamples: int = RESAMPLES,
+         by_family: bool = typer.Option(False, "--by-family", help="Also per problem family."),
+         csv: Optional[str] = typer.Option(None, "--csv", help="Write the lift table to this CSV too.")) -> None:
+    """Lift and relative lift per model x arm x direction, with problem-clustered CIs, rates and tests."""
+    t = _load(store, stratify)
+    if t is None:
+        return
+    from mkb.analysis import lift_table
+
+    spec = _spec(seed, resamples)
+    lt = lift_table(t.pairs, spec=spec)
+    print_lift(lt, spec=spec)
+    if by_family:
+        fam = lift_table(t.pairs, by=("family",), spec=spec, tests=False)
+        tbl = Table(title="Relative lift by family")
+        for c in ("model", "arm", "direction", "family", "pairs", "rel. lift [95% CI]", "10%?"):
+            tbl.add_column(c)
+        for r in fam.iter_rows(named=True):
+            tbl.add_row(r["model"], r["arm_kind"], r["direction"], r["family"], str(r["n_pairs"]),
+                        f"{_pct(r['rel_lift'])} [{_pct(r['rel_lo'])}, {_pct(r['rel_hi'])}]", "yes" if r["detects_10pct"] else "no")
+        console.print(tbl)
+    if csv:
+        lt.write_csv(csv)
+
+
+@app.command()
+def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SEED, resamples: int = RESAMPLES,
+             per_model: bool = typer.Option(False, "--per-model"),
+             naive: bool = typer.Option(False, "--naive", help="Also show the biased table (standing vs the solo the lift subtracts).")) -> None:
+    """Lift by the source's standing (above/tie/below the target's other solo replicates), with the standing effect."""
+    t = _load(store, stratify)
+    if t is None:
+        return
+    from mkb.analysis import standing_table
+
+    spec = _spec(seed, resamples)
+    for is_naive in ((False, True) if naive else (False,)):
+        st = standing_table(t.pairs, spec=spec, pooled=not per_model, naive=is_naive)
+        if st.height == 0:
+            console.print("no standing classes: needs R >= 2 solo replicates and source attempts")
+            return
+        title = ("NAIVE standing (vs the solo the lift subtracts: builds in regression to the mean)" if is_naive
+                 else "Standing: source solo S vs mean S of the target DSL's other solo replicates")
+        tbl = Table(title=title)
+        cols = ["arm", "direction"] + (["model"] if per_model else []) + [
+            "above n", "above imp/reg/tie", "tie n", "tie imp/reg/tie", "below n", "below imp/reg/tie", "effect [95% CI]"]
+        for c in cols:
+            tbl.add_column(c)
+        for r in st.iter_rows(named=True):
+            row = [r["arm_kind"], r["direction"]] + ([r["model"]] if per_model else [])
+            for c in ("above", "tie", "below"):
+                row += [str(r[f"n_{c}"]), "/".join(_f(100 * r[f"{k}_{c}"], 0) if r[f"{k}_{c}"] is not None else "-" for k in ("improve", "regress", "tie"))]
+            row.append(f"{_f(r['effect'], 3)} [{_f(r['effect_lo'], 3)}, {_f(r['effect_hi'], 3)}]")
+            tbl.add_row(*row)
+        console.print(tbl)
+    console.print(f"standing effect = (improve - regress share | above) - (same | below); solo_noise = solo_r' vs solo_r "
+                  f"(the noise floor). With no effect each class shows improve ~ regress. {spec.describe()}.")
+
+
+@app.command()
+def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
+           mixed: bool = typer.Option(True, "--mixed/--no-mixed", help="Fit the mixed models (secondary estimates).")) -> None:
+    """Per-model summary (pass rate, mean S per arm, tokens, cost) and the mixed-model fits with diagnostics."""
+    t = _load(store, stratify)
+    if t is None:
+        return
+    import polars as pl
+
+    inc = t.included
+    summ = inc.group_by("model", "arm_kind").agg(n=pl.len(), pass_rate=pl.col("passed").mean(), S=pl.col("S").mean(),
+                                                 out_tokens=pl.col("output_tokens").mean(), cost=pl.col("cost_usd").sum(),
+                                                 budget_used=pl.col("budget_used").mean()).sort("model", "arm_kind")
+    tbl = Table(title="Models")
+    for c in ("model", "arm", "attempts", "pass rate", "mean S", "mean output tokens", "cost USD", "submissions used"):
+        tbl.add_column(c)
+    for r in summ.iter_rows(named=True):
+        tbl.add_row(r["model"], r["arm_kind"], str(r["n"]), _pct(r["pass_rate"]).lstrip("+"), _f(r["S"]),
+                    _f(r["out_tokens"], 0), _f(r["cost"], 2), _pct(r["budget_used"]).lstrip("+"))
+    console.print(tbl)
+    if not mixed:
+        return
+    from mkb.analysis._mixed import fit_all
+
+    for stratum in sorted(t.attempts["stratum"].unique().to_list()):
+        for fit in fit_all(t.attempts.filter(pl.col("stratum") == stratum)):
+            ft = Table(title=f"{fit.name}, target {fit.target_dsl}" + (f", stratum {stratum}" if t.stratified else ""))
+            for c in ("term", "estimate", "SE / post. SD", "95% interval"):
+                ft.add_column(c)
+            for r in fit.effects.iter_rows(named=True):
+                ft.add_row(r["term"], f"{r['estimate']:.3f}", f"{r['se']:.3f}", f"[{r['lo']:.3f}, {r['hi']:.3f}]")
+            console.print(ft)
+            console.print(f"  {fit.formula}; {fit.estimator}; rows {fit.n_rows}, problems {fit.n_problems}; "
+                          f"variance {', '.join(f'{k}={v:.4g}' for k, v in fit.variance.items())}; converged {fit.converged}; "
+                          f"{fit.seconds:.1f} s")
+            for w in fit.warnings:
+                console.print(f"  [yellow]warning:[/yellow] {w}")
+            for fl in fit.flags:
+                console.print(f"  [yellow]{fl}[/yellow]")
+
+
+@app.command()
+def attempts(store: Optional[str] = STORE, stratify: bool = STRATIFY,
+             excluded: bool = typer.Option(False, "--excluded", help="List the excluded attempts and why."),
+             limit: int = typer.Option(30, "--limit"), csv: Optional[str] = typer.Option(None, "--csv")) -> None:
+    """The attempts table: counts by arm, status and verdict; or the excluded attempts."""
+    t = _load(store, stratify)
+    if t is None:
+        return
+    import polars as pl
+
+    a = t.attempts
+    if excluded:
+        ex = a.filter(pl.col("excluded").is_not_null()).select("attempt_id", "model", "problem", "target_dsl", "arm_kind",
+                                                              "replicate", "excluded", "annotation_reason", "error")
+        tbl = Table(title=f"Excluded attempts ({ex.height})")
+        for c in ex.columns:
+            tbl.add_column(c)
+        for r in ex.head(limit).iter_rows():
+            tbl.add_row(*["" if v is None else str(v) for v in r])
+        console.print(tbl)
+    else:
+        g = a.group_by("arm_kind", "target_dsl", "status", "verdict").len().sort("arm_kind", "target_dsl", "status", "verdict")
+        tbl = Table(title="Attempts by arm, target, status and verdict")
+        for c in ("arm", "target", "status", "verdict", "n"):
+            tbl.add_column(c)
+        for r in g.iter_rows():
+            tbl.add_row(*[str(v) for v in r])
+        console.print(tbl)
+    if csv:
+        a.select([c for c, ty in a.schema.items() if not isinstance(ty, pl.List)]).write_csv(csv)
+
+
+@app.command()
+def report(store: Optional[str] = STORE, out: str = typer.Option("mkb-report", "--out"), stratify: bool = STRATIFY,
+           seed: int = SEED, resamples: int = RESAMPLES,
+           fmt: list[str] = typer.Option([], "--format", help="Also save each chart as png and/or svg (vl-convert).")) -> None:
+    """An offline HTML report with inline altair charts (and PNG/SVG with --format)."""
+    t = _load(store, stratify)
+    if t is None:
+        return
+    from mkb.analysis._report import write_report
+
+    bad = set(fmt) - {"png", "svg", "pdf"}
+    if bad:
+        _fail(f"unknown --format {sorted(bad)}\nhint: png, svg or pdf")
+    path = write_report(t, out, spec=_spec(seed, resamples), formats=tuple(fmt))
+    console.print(f"wrote {path}")
+
+
+@app.command()
+def export(store: Optional[str] = STORE, out: str = typer.Option(..., "--out", help="Folder or fsspec URL to write."),
+           stratify: bool = STRATIFY) -> None:
+    """A Hugging Face dataset layout (data/<kind>/, README card with the schema) plus derived CSVs."""
+    from mkb.analysis import MixedVersionsError, export_dataset, load_tables
+
+    try:
+        t = load_tables(store, stratify=stratify)
+    except MixedVersionsError as exc:
+        _fail(str(exc))
+    kinds = export_dataset(t.store, out, tables=t if t.attempts.height else None)
+    console.print(f"wrote {out}: " + ", ".join(f"{k} {n}" for k, n in kinds.items()))
+
+
+@app.command()
+def synth(store: str = typer.Option(..., "--store", help="Where to write the synthetic dataset."),
+          models_: int = typer.Option(2, "--models"), problems: int = typer.Option(74, "--problems"),
+          replicates: int = typer.Option(3, "--replicates"), seed: int = typer.Option(0, "--seed"),
+          transfer: float = typer.Option(0.35, "--transfer-effect", help="Latent shift of the transfer arm."),
+          standing_slope: float = typer.Option(0.0, "--standing-slope"), noise: float = typer.Option(0.7, "--noise"),
+          p_infra: float = typer.Option(0.01, "--p-infra"), p_unfinished: float = typer.Option(0.005, "--p-unfinished"),
+          annotated: int = typer.Option(3, "--annotated")) -> None:
+    """Write a synthetic dataset with planted truth (for demos and tests) and print the truth."""
+    from mkb.analysis.synthetic import SynthSpec, true_relative_lift, write_synthetic
+
+    spec = SynthSpec(models=tuple(f"synth/model-{chr(97 + i)}" for i in range(models_)), n_problems=problems,
+                     replicates=replicates, seed=seed, effects={"transfer": transfer, "placebo": 0.0, "same": 0.2, "wrong": 0.0},
+                     standing_slope=standing_slope, noise=noise, p_infra=p_infra, p_unfinished=p_unfinished,
+                     n_annotated=annotated, model_means=tuple(0.9 - 0.4 * i / max(1, models_ - 1) for i in range(models_)))
+    res = write_synthetic(spec, store)
+    console.print(f"wrote {res.events} events in {len(res.files)} files to {store}")
+    for (m, s, tg), v in sorted(true_relative_lift(res.simulation).items()):
+        console.print(f"  planted transfer relative lift {m} {s}->{tg}: {100 * v:+.1f}%")
+
+
+def _print_problems(store) -> None:
+    from mkb.analysis import problems_table
+
+    p = problems_table(store)
+    if p.height == 0:
+        console.print("no characterisation events")
+        return
+    tbl = Table(title=f"Problems ({p.height} measurements)")
+    for c in ("problem", "name", "family", "size", "gpu", "ok", "eager us", "peak MiB", "fp64 gap", "SOL us", "SOL ratio", "in band"):
+        tbl.add_column(c)
+    for r in p.iter_rows(named=True):
+        tbl.add_row(str(r["problem"]), r["problem_name"], r["family"], r["size"], r["gpu"], "yes" if r["ok"] else f"no: {r['error'] or ''}"[:40],
+                    _f(r["eager_median_us"]), _f(r["peak_memory_bytes"] / 2**20) if r["peak_memory_bytes"] is not None else "",
+                    f"{r['fp64_gap']:.2e}" if r["fp64_gap"] is not None else "", _f(r["sol_us"]), _f(r["sol_ratio"], 3),
+                    "" if r["within_band"] is None else ("yes" if r["within_band"] else "[red]no[/red]"))
+    console.print(tbl)
+
+
+@app.command("problems")
+def problems_cmd(store: Optional[str] = STORE) -> None:
+    """The characterisation table: eager time, peak memory, fp64 gap, speed-of-light ratio per problem."""
+    _print_problems(store)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
