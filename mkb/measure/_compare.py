@@ -65,6 +65,7 @@ class Expected:
     ref_error: tuple[float | None, ...]
     tolerance: tuple[float | None, ...]
     n_outputs: int
+    mutated: tuple[str, ...] = ()  # input names (META.mutates) whose updated state follows the outputs
     topk: dict = field(default_factory=dict)  # name -> (dim, scores_anchor, score_tolerance)
     dequantize: dict = field(default_factory=dict)  # name -> (fn(outputs) -> (values, quantum), index)
 
@@ -123,7 +124,7 @@ def expect(module: ModuleType, inputs: Sequence[Any], *, anchor: bool = True) ->
         )
     mut_idx = [meta.inputs.index(n) for n in meta.mutates]
     values = list(outs) + [ref_inputs[i] for i in mut_idx]
-    names = [o.name for o in meta.outputs] + list(meta.mutates)
+    names = [o.name for o in meta.outputs] + [f"input {n}" for n in meta.mutates]
     modes = [o.compare for o in meta.outputs] + [
         "allclose" if isinstance(ref_inputs[i], torch.Tensor) and ref_inputs[i].is_floating_point() else "exact"
         for i in mut_idx
@@ -158,7 +159,7 @@ def expect(module: ModuleType, inputs: Sequence[Any], *, anchor: bool = True) ->
             rv, rq = fn(outs)
             dequant[o.name] = (fn, k, rv.to(torch.float64), rq.to(torch.float64))
     return Expected(tuple(names), tuple(modes), tuple(values), tuple(anchors), tuple(errs), tuple(tols),
-                    len(outs), topk, dequant)
+                    len(outs), tuple(meta.mutates), topk, dequant)
 
 
 def _structure(name: str, cand: Any, ref: Any) -> OutputCheck | None:
@@ -281,7 +282,7 @@ def compare(expected: Expected, outputs: Any, *, inputs_after: Sequence[Any] | N
     if len(outs) != expected.n_outputs:
         return Comparison(False, Reason.WRONG_SHAPE, f"expected {expected.n_outputs} outputs, got {len(outs)}")
     values = list(outs)
-    mutated = expected.names[expected.n_outputs:]
+    mutated = expected.mutated
     if mutated:
         if inputs_after is None or input_names is None:
             raise ValueError("this problem mutates inputs: pass inputs_after and input_names to compare()")

@@ -220,14 +220,14 @@ def test_mutated_inputs_are_compared_and_the_inputs_passed_to_expect_stay_untouc
     before = inputs[0].clone()
     exp = expect(m, inputs)
     assert torch.equal(inputs[0], before)
-    assert exp.names == ("total", "cache")
+    assert exp.names == ("total", "input cache") and exp.mutated == ("cache",)
     cand_inputs = (inputs[0].clone(), 5, inputs[2].clone())
     out = m.reference(*cand_inputs)
     assert compare(exp, out, inputs_after=cand_inputs, input_names=m.META.inputs).ok
     forgot = (inputs[0].clone(), 5, inputs[2].clone())
     out2 = m.reference(*(forgot[0].clone(), 5, forgot[2]))  # right sum, cache left unchanged
     res = compare(exp, out2, inputs_after=forgot, input_names=m.META.inputs)
-    assert not res.ok and res.checks[1].name == "cache"
+    assert not res.ok and res.checks[1].name == "input cache"
 
 
 def test_a_changed_input_outside_mutates_is_reported_as_input_mutated():

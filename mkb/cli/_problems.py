@@ -1,0 +1,103 @@
+"""`mkb-run problems ...` (list, show, prompt, audit) and `mkb-run characterise`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="List, show, audit and render the benchmark problems.", no_args_is_help=True)
+    app.add_typer(group, name="problems")
+
+    @group.command("list")
+    def list_(family: Optional[str] = typer.Option(None, "--family", "-f", help="Only this family."),
+              gpu: str = typer.Option("H200", help="GPU whose peaks give the speed-of-light column.")) -> None:
+        """Table of problems: number, family, name, dtypes, FLOPs, bytes, peak, speed of light."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from mkb.problems import problems
+        from mkb.problems._catalog import catalog_row, si
+
+        t = Table(title=f"mkb problems (speed of light on {gpu})")
+        for col in ("#", "family", "name", "dtypes", "FLOPs", "bytes", "peak", "SoL us"):
+            t.add_column(col, justify="right" if col in ("#", "FLOPs", "bytes", "SoL us") else "left")
+        ps = problems(family=family)
+        for p in ps:
+            r = catalog_row(p, gpu=gpu)
+            t.add_row(f"{r.number:02d}", r.family, r.name, r.dtypes, si(r.flops), si(r.bytes, "B"), r.peak, f"{r.sol_us:.1f}")
+        c = Console(width=max(Console().width, 150))
+        c.print(t)
+        c.print(f"{len(ps)} problems")
+
+    @group.command("show")
+    def show(problem: str = typer.Argument(..., help="Number (28), name or NN_name.")) -> None:
+        """One problem in full: metadata, input shapes (smoke and full), compare modes, source config."""
+        from rich.console import Console
+
+        from mkb.measure import speed_of_light
+        from mkb.problems import get_problem
+        from mkb.problems._catalog import describe_inputs, format_shape, si
+
+        p = get_problem(problem)
+        m = p.meta
+        sol = speed_of_light(flops=m.flops, bytes=m.bytes, peak=m.peak)
+        c = Console(highlight=False)
+        c.print(f"[bold]{m.number:02d} {m.name}[/bold]  ({m.family}; {', '.join(m.dtypes)})")
+        c.print(f"file: {p.path}\nhash: {p.hash}")
+        c.print(f"source: {m.source_model}\nconfig: {m.source_config}")
+        c.print(f"FLOPs {si(m.flops)}, bytes {si(m.bytes, 'B')}, peak {m.peak}; speed of light (H200) {sol.us:.1f} us ({sol.bound}-bound)")
+        c.print("outputs: " + ", ".join(f"{o.name} ({o.compare})" for o in m.outputs))
+        c.print(f"mutates: {', '.join(m.mutates) or '-'}   structure inputs: {', '.join(m.structure_inputs) or '-'}")
+        c.print(f"eager: {'own eager()' if p.has_eager else 'the reference'}   exact: {m.exact_reason or '-'}")
+        for size in ("smoke", "full"):
+            c.print(f"{size} inputs:")
+            for s in describe_inputs(p, size=size):
+                c.print(f"  {format_shape(s)}")
+        if m.notes:
+            c.print(f"notes: {m.notes}")
+
+    @group.command("prompt")
+    def prompt(problem: str = typer.Argument(...), dsl: str = typer.Option(..., "--dsl", help="cute, tirx, ...")) -> None:
+        """Print the task statement of a problem for one DSL."""
+        from mkb.problems import get_problem
+        from mkb.problems._prompts import task_statement
+
+        typer.echo(task_statement(get_problem(problem), dsl).text)
+
+    @group.command("audit")
+    def audit(family: Optional[str] = typer.Option(None, "--family", "-f"),
+              problem: Optional[str] = typer.Option(None, "--problem", "-p")) -> None:
+        """Run the CPU smoke audit (degenerate outputs fail, sensitivity, fp64 gap, smoke speed, eager)."""
+        from rich.console import Console
+
+        from mkb.problems import get_problem, problems
+        from mkb.problems._audit import audit_problem
+
+        ps = (get_problem(problem),) if problem else problems(family=family)
+        c = Console()
+        bad = 0
+        for p in ps:
+            rep = audit_problem(p)
+            bad += not rep.ok
+            c.print(f"{'[green]ok[/green]  ' if rep.ok else '[red]FAIL[/red]'} {p.slug}  (reference {rep.reference_s * 1e3:.1f} ms)")
+            for ch in rep.checks:
+                if not ch.ok:
+                    c.print(f"      {ch.name}: {ch.detail}")
+        raise typer.Exit(1 if bad else 0)
+
+    @app.command("characterise")
+    def characterise(
+        store: Optional[str] = typer.Option(None, "--store", help="Event store URL (default: MKB_STORE or events/local)."),
+        size: str = typer.Option("full", help="full (GPU) or smoke."),
+        device: Optional[str] = typer.Option(None, help="cuda (default when available) or cpu."),
+        family: Optional[str] = typer.Option(None, "--family", "-f"),
+        problem: Optional[list[str]] = typer.Option(None, "--problem", "-p", help="Only these problems (repeatable)."),
+        budget_s: float = typer.Option(330.0, help="Total wall-clock budget; slow problems get fewer timed calls."),
+    ) -> None:
+        """Measure every problem (eager median, peak memory, fp64 gap, speed of light) and write characterisation events."""
+        from mkb.problems._characterise import run_characterisation
+
+        run_characterisation(store=store, size=size, device=device, family=family, only=problem, budget_s=budget_s)

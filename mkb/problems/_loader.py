@@ -1,0 +1,218 @@
+"""Discovers `problems/<family>/NN_name/problem.py`, validates each against the contract, and loads it.
+
+A malformed problem raises `ProblemError` naming its file and what is wrong, so a problem author
+sees the mistake at `mkb-run problems list` rather than deep inside a grader run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import re
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, get_args
+
+from mkb._resources import data_dir
+from mkb.problems._contract import FAMILIES, CompareMode, Output, Peak, ProblemMeta
+
+_DIR_RE = re.compile(r"^(\d{2})_([a-z0-9_]+)$")
+_SOLUTION_FILES = ("cute.py", "tirx.py")  # baseline solutions: not part of the problem's identity
+
+
+class ProblemError(ValueError):
+    """A problem module that does not follow the contract in mkb/problems/_contract.py."""
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """One loaded, validated problem."""
+
+    meta: ProblemMeta
+    module: ModuleType
+    path: Path  # .../problems/<family>/NN_name/problem.py
+    hash: str  # sha256 of the problem's files (solutions excluded)
+
+    @property
+    def number(self) -> int:
+        return self.meta.number
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def family(self) -> str:
+        return self.meta.family
+
+    @property
+    def dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def slug(self) -> str:
+        return f"{self.meta.number:02d}_{self.meta.name}"
+
+    @property
+    def reference(self) -> Callable[..., Any]:
+        return self.module.reference
+
+    @property
+    def has_eager(self) -> bool:
+        return callable(getattr(self.module, "eager", None))
+
+    @property
+    def eager(self) -> Callable[..., Any]:
+        """What the eager baseline times: `eager` if the problem defines it, else `reference`."""
+        return self.module.eager if self.has_eager else self.module.reference
+
+    def make_inputs(self, seed: int, *, device: Any = "cpu", size: str = "full") -> tuple:
+        out = self.module.make_inputs(seed, device=device, size=size)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    @property
+    def docstring(self) -> str:
+        return inspect.getdoc(self.module) or ""
+
+
+def problem_hash(problem_dir: Path) -> str:
+    """sha256 over the relative paths and bytes of the problem's files, baseline solutions excluded.
+
+    Baselines (`cute.py`, `tirx.py`) can improve without changing what is being asked, so they are
+    left out; anything else in the folder (data files the problem reads) is part of its identity.
+    """
+    h = hashlib.sha256()
+    for f in sorted(p for p in problem_dir.rglob("*") if p.is_file()):
+        rel = f.relative_to(problem_dir).as_posix()
+        if "__pycache__" in rel or rel.endswith((".pyc", ".pyo")) or rel in _SOLUTION_FILES:
+            continue
+        h.update(rel.encode() + b"\0")
+        h.update(f.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def problems_root() -> Path:
+    return data_dir("problems")
+
+
+def discover(root: Path | None = None) -> tuple[Path, ...]:
+    """Every `<family>/NN_name/problem.py` under `root`, in problem-number order."""
+    root = Path(root) if root is not None else problems_root()
+    found = []
+    for fam in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+        for d in sorted(p for p in fam.iterdir() if p.is_dir() and _DIR_RE.match(p.name)):
+            f = d / "problem.py"
+            if not f.is_file():
+                raise ProblemError(f"{d}: problem folder without problem.py\nhint: add problem.py or remove the folder")
+            found.append(f)
+    return tuple(sorted(found, key=lambda f: (f.parent.name, f.parent.parent.name)))
+
+
+def _fail(path: Path, what: str, hint: str) -> ProblemError:
+    return ProblemError(f"{path}: {what}\nhint: {hint}")
+
+
+def validate(module: ModuleType, path: Path) -> ProblemMeta:
+    """Check `module` (loaded from `path`) against the contract; returns its META or raises ProblemError."""
+    meta = getattr(module, "META", None)
+    if not isinstance(meta, ProblemMeta):
+        raise _fail(path, "no META = ProblemMeta(...)", "declare META with mkb.problems.ProblemMeta")
+    for fn in ("reference", "make_inputs"):
+        if not callable(getattr(module, fn, None)):
+            raise _fail(path, f"no {fn}() function", f"define {fn} as in mkb/problems/_contract.py")
+    if hasattr(module, "eager") and not callable(module.eager):
+        raise _fail(path, "eager is not callable", "define eager(*inputs) or remove it")
+    params = inspect.signature(module.make_inputs).parameters
+    for kw in ("device", "size"):
+        if kw not in params and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            raise _fail(path, f"make_inputs does not accept {kw}=", "signature: make_inputs(seed, *, device, size='full')")
+    m = _DIR_RE.match(path.parent.name)
+    if m is None:
+        raise _fail(path, f"folder name {path.parent.name!r} is not NN_name", "name the folder like 28_fused_add_rmsnorm_...")
+    if int(m.group(1)) != meta.number:
+        raise _fail(path, f"META.number is {meta.number} but the folder says {m.group(1)}", "make them agree")
+    if m.group(2) != meta.name:
+        raise _fail(path, f"META.name {meta.name!r} differs from the folder name {m.group(2)!r}", "make them agree")
+    if meta.family not in FAMILIES:
+        raise _fail(path, f"unknown family {meta.family!r}", f"one of {', '.join(FAMILIES)}")
+    if path.parent.parent.name != meta.family:
+        raise _fail(path, f"META.family is {meta.family!r} but the file lives under {path.parent.parent.name!r}/",
+                    "move the folder or fix META.family")
+    if not meta.dtypes:
+        raise _fail(path, "META.dtypes is empty", "list the dtypes, e.g. ('bf16',)")
+    if not meta.inputs or len(set(meta.inputs)) != len(meta.inputs):
+        raise _fail(path, f"META.inputs {meta.inputs} is empty or has duplicates", "one unique name per make_inputs value")
+    names = [o.name for o in meta.outputs]
+    if not meta.outputs or not all(isinstance(o, Output) for o in meta.outputs) or len(set(names)) != len(names):
+        raise _fail(path, f"META.outputs {names} is empty, has duplicates or non-Output entries", "one Output(...) per returned value")
+    for field_name in ("mutates", "structure_inputs"):
+        unknown = [n for n in getattr(meta, field_name, ()) if n not in meta.inputs]
+        if unknown:
+            raise _fail(path, f"META.{field_name} names {unknown}, which are not in META.inputs {meta.inputs}",
+                        "use names from META.inputs")
+    for o in meta.outputs:
+        if o.compare not in get_args(CompareMode):
+            raise _fail(path, f"output {o.name!r} has unknown compare mode {o.compare!r}", f"one of {get_args(CompareMode)}")
+        if o.compare == "topk" and not callable(getattr(module, o.topk_scores or "", None)):
+            raise _fail(path, f"output {o.name!r} is topk but topk_scores={o.topk_scores!r} names no module function",
+                        "define the score function and name it in Output(topk_scores=...)")
+        if o.compare == "quantized" and not callable(getattr(module, o.dequantize or "", None)):
+            raise _fail(path, f"output {o.name!r} is quantized but dequantize={o.dequantize!r} names no module function",
+                        "define the dequantise function and name it in Output(dequantize=...)")
+    if meta.peak not in get_args(Peak):
+        raise _fail(path, f"unknown peak {meta.peak!r}", f"one of {get_args(Peak)}")
+    if not (meta.flops >= 0 and meta.bytes > 0):
+        raise _fail(path, f"META.flops={meta.flops}, META.bytes={meta.bytes}", "give full-size FLOPs >= 0 and bytes > 0")
+    return meta
+
+
+def load_problem(path: Path | str) -> Problem:
+    """Import and validate one problem.py."""
+    path = Path(path).resolve()
+    modname = f"mkb_problem_{path.parent.parent.name}_{path.parent.name}"
+    spec = importlib.util.spec_from_file_location(modname, path)
+    if spec is None or spec.loader is None:
+        raise _fail(path, "cannot be imported", "is it a Python file?")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(modname, None)
+        raise _fail(path, f"import failed: {type(exc).__name__}: {exc}", "run the file with python to see the traceback") from exc
+    meta = validate(module, path)
+    return Problem(meta=meta, module=module, path=path, hash=problem_hash(path.parent))
+
+
+@cache
+def _load_all(root: Path) -> tuple[Problem, ...]:
+    loaded = [load_problem(p) for p in discover(root)]
+    seen: dict[int, Path] = {}
+    for p in loaded:
+        if p.number in seen:
+            raise _fail(p.path, f"problem number {p.number} is also used by {seen[p.number]}", "numbers are unique (01-74)")
+        seen[p.number] = p.path
+    return tuple(sorted(loaded, key=lambda p: p.number))
+
+
+def problems(*, family: str | None = None, root: Path | str | None = None) -> tuple[Problem, ...]:
+    """All problems (loaded once per process), optionally of one family."""
+    if family is not None and family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}\nhint: one of {', '.join(FAMILIES)}")
+    allp = _load_all(Path(root).resolve() if root is not None else problems_root())
+    return tuple(p for p in allp if family is None or p.family == family)
+
+
+def get_problem(key: int | str, *, root: Path | str | None = None) -> Problem:
+    """A problem by number (28 or "28"), name or NN_name."""
+    allp = problems(root=root)
+    for p in allp:
+        if (isinstance(key, int) and p.number == key) or (isinstance(key, str) and (
+                key in (p.name, p.slug) or (key.isdigit() and int(key) == p.number))):
+            return p
+    raise KeyError(f"no problem {key!r}\nhint: `mkb-run problems list` shows the {len(allp)} known problems")
