@@ -1,0 +1,127 @@
+"""DeltaNet delta-rule linear attention (chunkwise-parallel training/prefill form), bf16.
+
+The sequence-mixing core of DeltaNet (Yang et al. 2024, "Parallelizing Linear Transformers with the
+Delta Rule over Sequence Length"), with q/k L2 normalisation in the kernel. Per batch b and head h,
+with S_0 = 0 (a [K, V] matrix), for t = 1..T, in fp32 (the promoted dtype):
+
+    qn = q_t / sqrt(sum(q_t**2) + 1e-6) * K**-0.5 ;  kn = k_t / sqrt(sum(k_t**2) + 1e-6)
+    S_t = S_{t-1} + outer(kn, beta_t * (v_t - kn @ S_{t-1}))      (no decay)
+    o_t = qn @ S_t
+
+Layouts: q, k, v bf16 [B, T, H, D]; beta bf16 [B, T, H] (already sigmoid-ed). Outputs: o bf16
+[B, T, H, D] and final_state bf16 [B, H, D, D], each rounded once (fp32 between tokens).
+`reference` is the exact recurrence; `eager` the chunked WY form (chunk 64). Full size:
+DeltaNet 1.3B (hidden 2048, 16 heads of 128), 4 sequences of 4096 tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from mkb.problems._contract import Output, ProblemMeta
+
+BATCH = {"full": 4, "smoke": 1}
+SEQ = {"full": 4096, "smoke": 40}
+HEADS = {"full": 16, "smoke": 2}
+DIM = {"full": 128, "smoke": 16}
+CHUNK = 64
+L2_EPS = 1e-6
+
+_f = "full"
+_B, _T, _H, _D = BATCH[_f], SEQ[_f], HEADS[_f], DIM[_f]
+
+META = ProblemMeta(
+    number=74,
+    name="delta_rule_deltanet_bf16",
+    family="linear_attention",
+    dtypes=("bf16",),
+    source_model="fla-hub/delta_net-1.3B-100B (DeltaNet, Yang et al. 2024)",
+    source_config="hidden_size=2048, num_heads=16, head_dim=128, qk_norm=l2 (eps 1e-6), use_beta=true "
+    "(sigmoid), scale 1/sqrt(128); chunk 64",
+    inputs=("q", "k", "v", "beta"),
+    outputs=(Output("o"), Output("final_state")),
+    flops=float(_B * _T * _H * (4 * CHUNK * _D + 2 * CHUNK * 3 * _D + 8 * _D * _D)),
+    bytes=float(_B * _T * _H * (4 * _D + 1) * 2 + _B * _H * _D * _D * 2),
+    peak="bf16_tc",
+    notes="The reference is the token-by-token recurrence (its float64 run is the anchor); eager is "
+    "the chunked form. Final state in bf16 so a chunked kernel is judged at storage precision.",
+)
+
+
+def _l2norm(x):
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
+
+
+def _recurrence(q, k, v, g, beta, S):
+    """Exact token-by-token gated delta rule; q, k, v [B, T, H, *], g, beta [B, T, H], S [B, H, K, V]."""
+    out = []
+    for t in range(q.shape[1]):
+        S = S * torch.exp(g[:, t])[..., None, None]
+        kt = k[:, t]
+        kv = torch.einsum("bhk,bhkv->bhv", kt, S)
+        S = S + kt[..., :, None] * ((v[:, t] - kv) * beta[:, t, :, None])[..., None, :]
+        out.append(torch.einsum("bhk,bhkv->bhv", q[:, t], S))
+    return torch.stack(out, dim=1), S
+
+
+def _chunked(q, k, v, g, beta, S, chunk=CHUNK):
+    """Chunked WY form of the same recurrence; inputs as in `_recurrence`."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    pad = (-T) % chunk
+    # trailing padding with k = 0, beta = 0, g = 0 leaves the state unchanged
+    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, 0, 0, pad)).transpose(1, 2) for x in (g, beta))
+    n = (T + pad) // chunk
+    q, k, v = (x.reshape(B, H, n, chunk, -1) for x in (q, k, v))
+    g, beta = g.reshape(B, H, n, chunk), beta.reshape(B, H, n, chunk)
+    gc = g.cumsum(-1)
+    decay = (gc[..., :, None] - gc[..., None, :]).tril().exp().tril()  # exp(gc_i - gc_j), j <= i
+    kb = k * beta[..., None]
+    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
+    L = ((kb @ k.transpose(-1, -2)) * decay).tril(-1)
+    Tm = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
+    u = Tm @ (v * beta[..., None])
+    w = Tm @ (kb * gc.exp()[..., None])
+    o = torch.empty(B, H, n, chunk, V, dtype=q.dtype, device=q.device)
+    for i in range(n):
+        qi, ki = q[:, :, i], k[:, :, i]
+        attn = ((qi @ ki.transpose(-1, -2)) * decay[:, :, i]).tril()
+        v_new = u[:, :, i] - w[:, :, i] @ S
+        o[:, :, i] = (qi * gc[:, :, i, :, None].exp()) @ S + attn @ v_new
+        glast = gc[:, :, i, -1]
+        S = S * glast.exp()[..., None, None] + (ki * (glast[..., None] - gc[:, :, i]).exp()[..., None]).transpose(-1, -2) @ v_new
+    o = o.reshape(B, H, n * chunk, V)[:, :, :T].transpose(1, 2)
+    return o, S
+
+
+def _prep(q, k, v, beta):
+    ct = torch.promote_types(q.dtype, torch.float32)
+    qn = _l2norm(q.to(ct)) * q.shape[-1] ** -0.5
+    kn = _l2norm(k.to(ct))
+    B, T, H, D = q.shape
+    g = torch.zeros(B, T, H, dtype=ct, device=q.device)
+    S = torch.zeros(B, H, D, v.shape[-1], dtype=ct, device=q.device)
+    return qn, kn, v.to(ct), g, beta.to(ct), S
+
+
+def reference(q, k, v, beta):
+    o, S = _recurrence(*_prep(q, k, v, beta))
+    return o.to(q.dtype), S.to(q.dtype)
+
+
+def eager(q, k, v, beta):
+    o, S = _chunked(*_prep(q, k, v, beta))
+    return o.to(q.dtype), S.to(q.dtype)
+
+
+def make_inputs(seed: int, *, device="cpu", size: str = "full"):
+    B, T, H, D = BATCH[size], SEQ[size], HEADS[size], DIM[size]
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rn(*s):
+        return torch.randn(*s, generator=gen, device=device)
+
+    bf = torch.bfloat16
+    return rn(B, T, H, D).to(bf), rn(B, T, H, D).to(bf), rn(B, T, H, D).to(bf), torch.sigmoid(rn(B, T, H)).to(bf)
