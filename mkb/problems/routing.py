@@ -87,4 +87,32 @@ def expert_popularity(e: int, *, seed: int, spread: float = 1.0) -> torch.Tensor
     return torch.randn(e, generator=g, dtype=torch.float64) * spread
 
 
-__all__ = ["expert_popularity", "group_mask", "select_topk", "separate_topk", "skewed_logits"]
+def routed_swiglu(x, idx, wts, w_gate_up, w_down, *, cdt, mdt) -> torch.Tensor:
+    """sum_k wts[t,k] * down(silu(gate(x[t])) * up(x[t])) over each token's selected experts, in `cdt`.
+
+    w_gate_up [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up), w_down [E, H, I]. The GEMMs run in `mdt`
+    (the compute dtype for a reference, bfloat16 for an eager baseline, whose hidden activation is
+    then rounded to bfloat16 as a bf16 model's would be); everything else in `cdt`.
+    """
+    t, h = x.shape
+    k = idx.shape[1]
+    e_count, inter = w_down.shape[0], w_down.shape[-1]
+    out = torch.zeros(t, h, dtype=cdt, device=x.device)
+    flat = idx.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=e_count).tolist()
+    tok_all, w_all = order // k, wts.flatten()[order].to(cdt)
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        tok, w = tok_all[start : start + n], w_all[start : start + n]
+        start += n
+        gu = x[tok].to(mdt) @ w_gate_up[e].to(mdt).T
+        a = torch.nn.functional.silu(gu[:, :inter].to(cdt)) * gu[:, inter:].to(cdt)
+        y = (a.to(mdt) @ w_down[e].to(mdt).T).to(cdt)
+        out.index_add_(0, tok, y * w[:, None])
+    return out
+
+
+__all__ = ["expert_popularity", "group_mask", "routed_swiglu", "select_topk", "separate_topk", "skewed_logits"]
