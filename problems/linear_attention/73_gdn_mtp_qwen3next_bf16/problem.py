@@ -72,8 +72,8 @@ def reference(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices):
     qn = _l2norm(q.to(ct)).repeat_interleave(rep, dim=2) * q.shape[-1] ** -0.5
     kn = _l2norm(k.to(ct)).repeat_interleave(rep, dim=2)
     vv = v.to(ct)
-    idx = state_indices.long()
-    S = ssm_state[idx[:, 0]].to(ct)
+    idx = state_indices.long().t().contiguous()  # [T, B]; contiguous rows index fast on the CPU
+    S = ssm_state[idx[0]].to(ct)
     out = []
     for t in range(q.shape[1]):
         S = S * torch.exp(g[:, t])[..., None, None]
@@ -81,7 +81,7 @@ def reference(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices):
         kv = torch.einsum("bhk,bhkv->bhv", kt, S)
         S = S + kt[..., :, None] * ((vv[:, t] - kv) * beta[:, t, :, None])[..., None, :]
         out.append(torch.einsum("bhk,bhkv->bhv", qn[:, t], S))
-        ssm_state[idx[:, t]] = S.to(ssm_state.dtype)
+        ssm_state[idx[t]] = S.to(ssm_state.dtype)
     return torch.stack(out, dim=1).to(q.dtype), ssm_state
 
 
