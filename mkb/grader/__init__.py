@@ -1,1 +1,12 @@
-"""placeholder"""
+"""The grader: isolated single-use workers, trust-ordered correctness, timing and integrity checks, verdict events."""
+
+from mkb.grader._config import GraderConfig
+from mkb.grader._grade import GRADER_VERSION, grade
+from mkb.grader._pool import Worker, WorkerPool
+from mkb.grader._reasons import STAGES, Reason, is_known, stage_of, static_reason
+from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict
+
+__all__ = [
+    "GRADER_VERSION", "GraderConfig", "Reason", "STAGES", "StageResult", "THRESHOLDS", "Verdict", "Worker",
+    "WorkerPool", "grade", "is_known", "stage_of", "static_reason",
+]

@@ -1,0 +1,59 @@
+"""The grader's knobs: how many draws, warm-ups and timed calls, and the wall limits of one evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class GraderConfig:
+    """Policy of one evaluation. The defaults are DESIGN's minimums or above; tests shrink them.
+
+    Why the counts: >= 5 correctness draws with secret seeds; >= 10 warm-ups (plus a secret jitter,
+    so a kernel cannot count its way out of the warm-up) and >= 50 timed calls (100 by default:
+    the median's spread across gradings fell from ~7% with 50 cold calls to the target with warm
+    clocks and more calls). A random ~10% of timed calls and the last one are re-checked; a few
+    calls at secret positions run under the profiler (their times are kept apart, since the
+    profiler slows them), one of them a repeat of earlier content at fresh addresses (a content cache
+    then launches no DSL kernel).
+    """
+
+    draws: int = 5
+    n_warmup: int = 10
+    warmup_jitter: int = 6
+    n_timed: int = 100
+    recheck_fraction: float = 0.1
+    n_profiled: int = 3
+    size: str = "full"
+    device: str = "cuda"  # "cpu" only for tests and smoke runs: no profiler, perf_counter timer
+    compile_limit_s: float = 240.0  # import + first call (JIT build)
+    wall_limit_s: float = 600.0  # the whole evaluation after the worker was ready
+    start_limit_s: float = 180.0  # a worker's imports and CUDA init
+    clock_warm_s: float = 0.3  # busy GPU time before each timing loop so clocks are boosted
+    eager_timed: int | None = None  # defaults to n_timed
+    gpu_arch: str = "sm_90a"
+
+    def __post_init__(self) -> None:
+        if self.draws < 1 or self.n_timed < 1 or self.n_warmup < 0:
+            raise ValueError("GraderConfig needs draws >= 1, n_timed >= 1 and n_warmup >= 0")
+        if self.device not in ("cuda", "cpu"):
+            raise ValueError(f"GraderConfig.device must be 'cuda' or 'cpu', not {self.device!r}")
+
+    @classmethod
+    def quick(cls, **overrides) -> "GraderConfig":
+        """A short policy for tests and smoke runs (never used for a reported verdict)."""
+        base = dict(draws=3, n_warmup=2, warmup_jitter=1, n_timed=6, n_profiled=1, clock_warm_s=0.0)
+        base.update(overrides)
+        return cls(**base)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GraderConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @property
+    def meets_design(self) -> bool:
+        return self.draws >= 5 and self.n_warmup >= 10 and self.n_timed >= 50 and self.device == "cuda"

@@ -1,0 +1,217 @@
+"""`grade()`: one kernel, one problem, one DSL -> a `Verdict`, every stage written as an event.
+
+The parent never imports the candidate or a DSL package: it runs the backend's static rules on the
+source, hands the job to a single-use worker from the pool, enforces the compile and wall limits by
+killing the worker's process group, accepts only nonce-carrying messages, and writes the events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from mkb.grader._config import GraderConfig
+from mkb.grader._pool import Worker, WorkerPool
+from mkb.grader._problems import problem_number
+from mkb.grader._reasons import STAGES, Reason, static_reason
+from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict
+
+GRADER_VERSION = "1.0"
+
+
+def _jsonable(v: Any) -> str | None:
+    return None if v is None else json.dumps(v, default=str)
+
+
+def _run_worker(worker: Worker, job: dict, cfg: GraderConfig) -> tuple[list[StageResult], str | None, str, dict]:
+    """Drive one job; returns (stages, failure reason not tied to a stage, log, bookkeeping)."""
+    nonce = secrets.token_hex(16)
+    book: dict[str, Any] = {"worker_pid": worker.pid}
+    t_wait = time.monotonic()
+    if not worker.wait_ready(cfg.start_limit_s):
+        return [], Reason.INFRA_ERROR, f"worker did not start:\n{worker.ready_error}", book
+    book["worker_wait_s"] = time.monotonic() - t_wait
+    book["worker_start_s"] = worker.ready.get("start_s")
+    book["gpu"] = worker.ready.get("gpu")
+    worker.send_job({**job, "nonce": nonce})
+    t_job = time.monotonic()
+    wall_deadline = t_job + cfg.wall_limit_s
+    deadline = wall_deadline
+    phase = "setup"
+    stages: list[StageResult] = []
+    failure: str | None = None
+    notes: list[str] = []
+    done = False
+    while True:
+        msg = worker.reader.read(deadline)
+        if msg == "timeout":
+            failure = Reason.COMPILE_TIMEOUT if phase == "compile" else Reason.TIMEOUT
+            limit = cfg.compile_limit_s if phase == "compile" else cfg.wall_limit_s
+            notes.append(f"killed after the {phase} phase ran past its {limit:.0f} s limit")
+            break
+        if msg == "eof":
+            break
+        if msg.get("nonce") != nonce:
+            failure = Reason.INTEGRITY_RESULT_CHANNEL
+            notes.append(f"a message without the harness nonce arrived on the result channel: {json.dumps(msg)[:500]}")
+            break
+        kind = msg.get("type")
+        if kind == "phase":
+            phase = msg["phase"]
+            if phase == "compile":
+                book["compile_started_s"] = time.monotonic() - t_job
+                deadline = min(wall_deadline, time.monotonic() + cfg.compile_limit_s)
+            else:
+                deadline = wall_deadline
+        elif kind == "stage":
+            stages.append(StageResult(msg["stage"], bool(msg["ok"]), msg.get("reason"), msg.get("figures") or {}, msg.get("log") or ""))
+        elif kind == "harness_error":
+            failure = Reason.RUNTIME_ERROR if phase in ("compile", "run") else Reason.INFRA_ERROR
+            notes.append("harness error:\n" + msg.get("log", ""))
+        elif kind == "done":
+            done = True
+            break
+    if worker.reader.bad_lines and failure is None:
+        failure = Reason.INTEGRITY_RESULT_CHANNEL
+        notes.append(f"unparseable lines on the result channel: {worker.reader.bad_lines[:3]}")
+    rc = worker.kill()
+    book["exit_status"] = rc
+    if not done and failure is None:
+        # the process ended without the harness's completion message
+        if rc == 0:
+            failure = Reason.INTEGRITY_EXIT
+            notes.append("the worker exited with status 0 before the harness finished (os._exit or similar)")
+        else:
+            failure = Reason.CRASH if phase != "setup" else Reason.INFRA_ERROR
+            notes.append(f"the worker died (exit status {rc}) during the {phase} phase")
+    log = worker.log_text()
+    worker.cleanup()
+    if notes:
+        log = "\n".join(notes) + "\n--- worker output ---\n" + log
+    return stages, failure, log, book
+
+
+def grade(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, store: Any = None, writer: Any = None,
+          config: GraderConfig | None = None, pool: WorkerPool | None = None, scope: str = "submission",
+          attempt_id: str | None = None) -> Verdict:
+    """Grade `kernel_path` as the `dsl` variant of `problem`; write compile/verification/timing/integrity/verdict events.
+
+    `writer` (an EventWriter) wins over `store` (a URL); with neither, the default store is used.
+    Pass a long-lived `pool` to keep workers warm across calls; without one, a worker is spawned
+    for this call and nothing is left running afterwards.
+    """
+    from mkb.grader._backends import backend_from_target, backend_target
+    from mkb.events import EventWriter, uuid7
+
+    cfg = config or GraderConfig()
+    t_req = time.monotonic()
+    kernel_path = Path(kernel_path).resolve()
+    source = kernel_path.read_text()
+    sha = hashlib.sha256(source.encode()).hexdigest()
+    number = problem_number(problem)
+    evaluation_id = uuid7()
+    backend = backend_from_target(backend_target(dsl), dsl)
+
+    stages: list[StageResult] = []
+    failure: str | None = None
+    log = ""
+    book: dict[str, Any] = {}
+    findings = tuple(backend.static_rules(source))
+    if findings:
+        msg = "\n".join(f"kernel.py:{f.line or 0}: [{f.rule}] {f.message}" for f in findings)
+        stages.append(StageResult("compile", False, static_reason(findings[0].rule), {"static_rules": [f.rule for f in findings]}, msg))
+    else:
+        own_pool = pool is None
+        pool = pool or WorkerPool((dsl,), device=cfg.device, prestart=False)
+        try:
+            worker = pool.take(dsl)
+            job = {"problem": number if not isinstance(problem, Path) and str(problem).isdigit() else str(problem),
+                   "dsl": dsl, "backend": backend_target(dsl), "kernel_path": str(kernel_path), "secret": secrets.randbits(62), "config": cfg.as_dict()}
+            stages, failure, log, book = _run_worker(worker, job, cfg)
+        finally:
+            if own_pool:
+                pool.close()
+
+    verdict = _verdict(evaluation_id, number, dsl, sha, stages, failure, log, book, t_req)
+    own_writer = writer is None
+    writer = writer or EventWriter(store)
+    try:
+        _emit(writer, verdict, attempt_id=attempt_id, scope=scope, failure_log=log)
+    finally:
+        if own_writer:
+            writer.close()
+    return verdict
+
+
+def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[StageResult], failure: str | None,
+             log: str, book: dict, t_req: float) -> Verdict:
+    by = {s.stage: s for s in stages}
+    reason = None
+    for name in STAGES:
+        s = by.get(name)
+        if s is not None and not s.ok:
+            reason = s.reason
+            break
+    if reason is None and failure is not None:
+        reason = str(failure)
+        # attach the failure to the stage that was running, so an event says what broke
+        missing = next((n for n in STAGES if n not in by), "verification")
+        stages.append(StageResult(missing, False, reason, {}, log))
+    elif reason is None and any(n not in by for n in STAGES):
+        reason = str(Reason.INFRA_ERROR)
+        stages.append(StageResult(next(n for n in STAGES if n not in by), False, reason, {}, "the worker ended without reporting every stage\n" + log))
+    timing = by.get("timing")
+    t_fig = timing.figures if timing is not None and timing.ok else {}
+    cand = t_fig.get("median_us")
+    eager = t_fig.get("eager_median_us")
+    passed = reason is None
+    speedup = (eager / cand) if (cand and eager) else None
+    gpu = t_fig.get("gpu") or book.get("gpu") or "unknown"
+    wall = time.monotonic() - t_req
+    comp = by.get("compile")
+    kernel_s = (comp.figures.get("compile_s") or 0.0 if comp else 0.0) + (t_fig.get("timed_s") or 0.0)
+    return Verdict(
+        evaluation_id=evaluation_id, problem=number, dsl=dsl, kernel_sha256=sha, passed=passed, reason=reason,
+        speedup=speedup if passed else None, eager_median_us=eager, candidate_median_us=cand, gpu=gpu,
+        stages=tuple(stages), wall_s=wall, overhead_s=wall - kernel_s, worker_wait_s=book.get("worker_wait_s"),
+        message=next((s.log for s in stages if not s.ok), "")[:4000],
+    )
+
+
+def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failure_log: str) -> None:
+    common = dict(evaluation_id=v.evaluation_id, problem=v.problem, dsl=v.dsl, kernel_sha256=v.kernel_sha256)
+    for s in v.stages:
+        f = dict(s.figures)
+        log = s.log or None
+        if not s.ok and failure_log and failure_log not in (s.log or ""):
+            log = ((s.log or "") + "\n--- worker output ---\n" + failure_log)
+        if s.stage == "compile":
+            writer.emit("compile", attempt_id=attempt_id, **common, ok=s.ok, reason=s.reason,
+                        compile_s=f.pop("compile_s", None), log=log, details=_jsonable(f or None))
+        elif s.stage == "verification":
+            writer.emit("verification", attempt_id=attempt_id, **common, ok=s.ok, reason=s.reason,
+                        draws=f.get("draws"), max_abs_err=f.get("max_abs_err"), tolerance=f.get("tolerance"),
+                        details=_jsonable(f.get("details")), log=log)
+        elif s.stage == "timing":
+            cols = {k: f.pop(k, None) for k in ("median_us", "iqr_us", "cv", "eager_median_us", "n_warmup", "n_timed",
+                                                "launch_floor_us", "gpu")}
+            clocks = f.pop("clocks", None)
+            writer.emit("timing", attempt_id=attempt_id, **common, ok=s.ok, reason=s.reason, **cols,
+                        clocks=_jsonable(clocks), log=log, details=_jsonable(f or None))
+        elif s.stage == "integrity":
+            writer.emit("integrity", attempt_id=attempt_id, **common, ok=s.ok, reason=s.reason,
+                        kernels_seen=f.pop("kernels_seen", None), log=log, details=_jsonable(f or None))
+    r = v.r_at
+    writer.emit(
+        "verdict", attempt_id=attempt_id, evaluation_id=v.evaluation_id, scope=scope, problem=v.problem, dsl=v.dsl,
+        kernel_sha256=v.kernel_sha256, passed=v.passed, reason=v.reason, speedup=v.speedup,
+        eager_median_us=v.eager_median_us, candidate_median_us=v.candidate_median_us,
+        r_at_0=r[THRESHOLDS[0]], r_at_0_5=r[THRESHOLDS[1]], r_at_1=r[THRESHOLDS[2]], r_at_2=r[THRESHOLDS[3]],
+        r_at_4=r[THRESHOLDS[4]], s=v.s, gpu=v.gpu,
+        details=_jsonable({"wall_s": v.wall_s, "overhead_s": v.overhead_s, "worker_wait_s": v.worker_wait_s,
+                           "grader_version": GRADER_VERSION}),
+    )

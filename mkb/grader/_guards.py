@@ -1,0 +1,151 @@
+"""Snapshots of what a candidate must not change (torch callables, timers, harness functions, numerics flags,
+environment, threads, current stream), taken before kernel.py is imported and compared after every call."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Namespaces whose callables a candidate could rebind to fake timings or change what the reference computes.
+_TORCH_SPACES = (
+    "torch", "torch.nn.functional", "torch.cuda", "torch.linalg", "torch.special", "torch.fft", "torch.autograd",
+    "torch.profiler", "torch.autograd.profiler",
+)
+_CLASS_SPACES = (
+    ("torch", "Tensor"), ("torch._C", "TensorBase"), ("torch.cuda", "Event"), ("torch.cuda", "Stream"),
+    ("torch.profiler", "profile"),
+)
+_HARNESS_SPACES = (
+    "time", "mkb.grader._harness", "mkb.grader._guards", "mkb.grader._trace", "mkb.grader._protocol",
+    "mkb.measure._timing", "mkb.measure._compare", "mkb.measure._device", "json", "os",
+)
+
+
+def _watchable(v: Any) -> bool:
+    if isinstance(v, types.ModuleType):
+        return False
+    return callable(v) or isinstance(v, (property, staticmethod, classmethod, types.GetSetDescriptorType))
+
+
+def _spaces() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in _TORCH_SPACES + _HARNESS_SPACES:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            out[name] = mod
+    for modname, cls in _CLASS_SPACES:
+        mod = sys.modules.get(modname)
+        if mod is not None and cls in vars(mod):
+            out[f"{modname}.{cls}"] = vars(mod)[cls]
+    return out
+
+
+@dataclass(frozen=True)
+class Identities:
+    """id() of every watched callable, keyed 'space.name' (vars(), so lazy module __getattr__ never fires)."""
+
+    ids: dict[str, int]
+
+    @classmethod
+    def take(cls) -> "Identities":
+        ids = {}
+        for space, obj in _spaces().items():
+            for name, v in list(vars(obj).items()):
+                if _watchable(v):
+                    ids[f"{space}.{name}"] = id(v)
+        return cls(ids)
+
+    def changed(self) -> list[str]:
+        """Names rebound or deleted since the snapshot (names added since are not watched)."""
+        now = Identities.take().ids
+        return sorted(k for k, v in self.ids.items() if now.get(k) != v)
+
+
+def numerics_flags() -> dict[str, Any]:
+    """Global torch flags that change what the reference or eager computes."""
+    b = torch.backends
+    getters = {
+        "cuda.matmul.allow_tf32": lambda: b.cuda.matmul.allow_tf32,
+        "cuda.matmul.allow_fp16_reduced_precision_reduction": lambda: b.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "cuda.matmul.allow_bf16_reduced_precision_reduction": lambda: b.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "cudnn.allow_tf32": lambda: b.cudnn.allow_tf32,
+        "cudnn.enabled": lambda: b.cudnn.enabled,
+        "cudnn.deterministic": lambda: b.cudnn.deterministic,
+        "cudnn.benchmark": lambda: b.cudnn.benchmark,
+        "float32_matmul_precision": torch.get_float32_matmul_precision,
+        "default_dtype": lambda: str(torch.get_default_dtype()),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled,
+        "grad_enabled": torch.is_grad_enabled,
+    }
+    out = {}
+    for k, g in getters.items():
+        try:
+            out[k] = g()
+        except Exception as exc:  # a flag this torch lacks
+            out[k] = f"<unreadable: {type(exc).__name__}>"
+    return out
+
+
+def environ() -> dict[str, str]:
+    return dict(os.environ)
+
+
+def environ_diff(before: dict[str, str]) -> list[str]:
+    now = dict(os.environ)
+    keys = set(before) | set(now)
+    return sorted(k for k in keys if before.get(k) != now.get(k))
+
+
+def python_threads() -> set[int]:
+    return {t.ident for t in threading.enumerate() if t.ident is not None}
+
+
+def native_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+@dataclass
+class Guard:
+    """Everything snapshotted before import; `check()` returns (reason, message) of the first violation or None."""
+
+    identities: Identities
+    flags: dict[str, Any]
+    env: dict[str, str]
+    threads: set[int]
+    stream: Any
+
+    @classmethod
+    def take(cls, device: str) -> "Guard":
+        stream = torch.cuda.current_stream() if device == "cuda" else None
+        return cls(Identities.take(), numerics_flags(), environ(), python_threads(), stream)
+
+    def check(self, *, identities: bool = True, threads: set[int] | None = None) -> tuple[str, str] | None:
+        if identities:
+            changed = self.identities.changed()
+            if changed:
+                return "integrity_identity", f"rebound after import: {', '.join(changed[:20])}"
+        flags = numerics_flags()
+        diff = {k: (self.flags.get(k), v) for k, v in flags.items() if self.flags.get(k) != v}
+        if diff:
+            return "integrity_numerics_flag", f"numerics flags changed: {diff}"
+        env = environ_diff(self.env)
+        if env:
+            return "integrity_environ", f"environment variables changed: {env}"
+        base = self.threads if threads is None else threads
+        extra = [t for t in threading.enumerate() if t.ident not in base and t.is_alive()]
+        if extra:
+            return "integrity_thread", f"threads left running after the call: {[t.name for t in extra]}"
+        if self.stream is not None:
+            cur = torch.cuda.current_stream()
+            if cur != self.stream:
+                return "integrity_stream", f"current stream changed from {self.stream} to {cur}"
+        return None

@@ -1,0 +1,387 @@
+"""One evaluation inside a single-use worker: trusted phase, import, correctness, timing, integrity.
+
+Trust order (DESIGN, Grader): every expected output, fp64 anchor, re-check input and the eager timing is
+computed before `kernel.py` is imported, and every timer and torch callable the harness uses is bound
+here at module import, before the candidate exists. After import the identities, numerics flags,
+environment, threads and current stream are compared with their snapshots after every call, so a
+candidate that rebinds `Event.elapsed_time` or a torch op fails even though the harness never called
+the rebound object. Stage results go out through `send`; the worker adds the nonce.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+import traceback
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from mkb.grader._config import GraderConfig
+from mkb.grader._guards import Guard, native_threads, python_threads
+from mkb.grader._problems import load_problem, problem_number
+from mkb.grader._trace import classify, profile_call
+from mkb.measure import L2Flusher, as_tuple, clone_inputs, compare, expect, gpu_state, inputs_unchanged, summarize
+
+# Bound before any candidate code exists; the harness only ever calls these objects.
+_perf = time.perf_counter
+_cuda_sync = torch.cuda.synchronize
+_Event = torch.cuda.Event
+_record = torch.cuda.Event.record
+_elapsed = torch.cuda.Event.elapsed_time
+_ev_sync = torch.cuda.Event.synchronize
+_tensor_type = torch.Tensor
+_is_floating = torch.Tensor.is_floating_point
+_empty_like = torch.empty_like
+_fill = torch.Tensor.fill_
+
+
+class Fail(Exception):
+    """A stage's failure: which stage, the reason code, and what was seen."""
+
+    def __init__(self, stage: str, reason: str, message: str) -> None:
+        super().__init__(f"{stage}: {reason}: {message}")
+        self.stage, self.reason, self.message = stage, reason, message
+
+
+class _Device:
+    """The few device operations the harness needs, CUDA or a CPU stand-in for tests."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.torch_device = torch.device(kind)
+
+    def sync(self) -> None:
+        if self.kind == "cuda":
+            _cuda_sync()
+
+    def window(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        """sync; start; fn(); device-wide sync; end -> (result, microseconds)."""
+        if self.kind == "cuda":
+            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            _cuda_sync()
+            _record(start)
+            result = fn()
+            _cuda_sync()
+            _record(end)
+            _ev_sync(end)
+            return result, _elapsed(start, end) * 1000.0
+        t0 = _perf()
+        result = fn()
+        return result, (_perf() - t0) * 1e6
+
+    def warm_clocks(self, seconds: float) -> None:
+        """Busy the GPU so it boosts before a timing loop (an idle H200 sits at 345 MHz)."""
+        if self.kind != "cuda" or seconds <= 0:
+            return
+        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        t0 = _perf()
+        while _perf() - t0 < seconds:
+            for _ in range(8):
+                a = (a @ a).clamp_(-1, 1)
+            _cuda_sync()
+        del a
+
+    def harness_streams(self) -> set[int] | None:
+        """Stream ids (as the profiler names them) the harness launches on."""
+        if self.kind != "cuda":
+            return None
+        buf = torch.empty(1024, device="cuda")
+        _, launches = profile_call(lambda: buf.fill_(1.0), _cuda_sync)
+        ids = {l.stream for l in launches if l.stream is not None}
+        return ids or None
+
+
+def _poison(expected_values: tuple) -> None:
+    """Park NaN-filled blocks of each output's size in the allocator, so an output read from freed memory is NaN."""
+    blocks = []
+    for v in expected_values:
+        if isinstance(v, _tensor_type) and _is_floating(v) and v.numel():
+            b = _empty_like(v)
+            _fill(b, math.nan)
+            blocks.append(b)
+    del blocks
+
+
+def _looks_like_compile_error(exc: BaseException) -> bool:
+    mod = type(exc).__module__ or ""
+    return mod.split(".")[0] in {"cutlass", "tvm", "tvm_ffi", "mlir", "cuda"} or "ompil" in type(exc).__name__
+
+
+def _fmt_exc(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:]
+
+
+def _call(solve: Callable, args: tuple, stage: str) -> Any:
+    try:
+        return solve(*args)
+    except SystemExit as exc:
+        raise Fail("integrity", "integrity_exit", f"solve raised SystemExit({exc.code!r})") from None
+    except Fail:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - any candidate exception is the candidate's failure
+        raise Fail(stage, "runtime_error", _fmt_exc(exc)) from None
+
+
+def evaluate(job: dict, send: Callable[[dict], None]) -> None:
+    """Run one evaluation and `send` one message per stage reached; never raises for candidate faults."""
+    cfg = GraderConfig.from_dict(job.get("config", {}))
+    dev = _Device(cfg.device)
+    rng = random.Random(job["secret"])
+    fresh_seed = lambda: rng.getrandbits(62)  # noqa: E731
+    reached: list[str] = []
+
+    def stage(name: str, ok: bool, reason: str | None = None, log: str = "", **figures: Any) -> None:
+        reached.append(name)
+        send({"type": "stage", "stage": name, "ok": ok, "reason": reason, "log": log, "figures": figures})
+
+    # ---------------- trusted phase: nothing of the candidate exists yet ----------------
+    try:
+        mod = load_problem(job["problem"])
+        meta = mod.META
+        from mkb.grader._backends import backend_from_target
+
+        backend = backend_from_target(job.get("backend"), job["dsl"])
+        make = lambda seed: tuple(mod.make_inputs(seed, device=dev.torch_device, size=cfg.size))  # noqa: E731
+        eager_fn = getattr(mod, "eager", None) or mod.reference
+        t_trusted = _perf()
+        draws = []
+        for _ in range(cfg.draws):
+            inputs = make(fresh_seed())
+            draws.append((inputs, expect(mod, inputs)))
+        compile_inputs = make(fresh_seed())
+        n_warm = cfg.n_warmup + rng.randrange(cfg.warmup_jitter + 1)
+        n_timed = cfg.n_timed
+        n_re = max(1, round(cfg.recheck_fraction * n_timed))
+        recheck = set(rng.sample(range(n_timed - 1), min(n_re, n_timed - 1))) | {n_timed - 1}
+        recheck_sets = {}
+        for k in sorted(recheck):
+            inputs = make(fresh_seed())
+            recheck_sets[k] = (inputs, expect(mod, inputs))
+        final_inputs = make(fresh_seed())
+        final_expected = expect(mod, final_inputs)
+        # profiled calls at secret positions after timed call k; the last repeats an earlier re-check set's content
+        first_re = min(recheck)
+        prof_after = sorted(rng.sample(range(n_timed), min(cfg.n_profiled, n_timed)))
+        probe_pos = rng.randrange(first_re, n_timed)
+        probe_src = rng.choice([k for k in recheck if k <= probe_pos])
+        # eager baseline and launch floor, same window, before import
+        dev.warm_clocks(cfg.clock_warm_s)
+        eager_times = []
+        ring: deque = deque(maxlen=2)
+        flusher_flush = _flusher(dev)
+        for i in range(n_warm + (cfg.eager_timed or n_timed)):
+            args = make(fresh_seed())
+            ring.append(args)
+            flusher_flush()
+            _, us = dev.window(lambda: eager_fn(*args))
+            if i >= n_warm:
+                eager_times.append(us)
+        eager = summarize(eager_times, n_warmup=n_warm)
+        floor_times = [dev.window(lambda: None)[1] for _ in range(30)]
+        dsl_floor = _dsl_launch_floor(backend, dev)
+        streams = dev.harness_streams()
+        gpu_before = gpu_state().as_dict() if dev.kind == "cuda" else {"name": "cpu"}
+        trusted_s = _perf() - t_trusted
+        guard = Guard.take(dev.kind)
+        threads0 = native_threads()
+    except Exception as exc:  # the harness or the problem failed: not the candidate's fault
+        stage("compile", False, "infra_error", _fmt_exc(exc))
+        return
+
+    kernel_path = Path(job["kernel_path"])
+    figures_common = {"trusted_s": trusted_s}
+    try:
+        # ---------------- compile: import + first call (the JIT build) ----------------
+        send({"type": "phase", "phase": "compile"})
+        t0 = _perf()
+        try:
+            module = backend.load(kernel_path)
+        except SystemExit as exc:
+            raise Fail("integrity", "integrity_exit", f"kernel.py raised SystemExit({exc.code!r}) on import") from None
+        except BaseException as exc:  # noqa: BLE001
+            reason = "compile_error" if _looks_like_compile_error(exc) else "import_error"
+            raise Fail("compile", reason, _fmt_exc(exc)) from None
+        solve = getattr(module, "solve", None)
+        if not callable(solve):
+            raise Fail("compile", "no_solve", "kernel.py defines no callable `solve`")
+        bad = guard.check()
+        if bad:
+            stage("compile", True, None, "import changed harness state", compile_s=_perf() - t0, **figures_common)
+            raise Fail("integrity", *bad)
+        try:
+            before = python_threads()
+            solve(*clone_inputs(compile_inputs))
+            dev.sync()
+        except SystemExit as exc:
+            raise Fail("integrity", "integrity_exit", f"solve raised SystemExit({exc.code!r})") from None
+        except BaseException as exc:  # noqa: BLE001
+            raise Fail("compile", "compile_error" if _looks_like_compile_error(exc) else "runtime_error", _fmt_exc(exc)) from None
+        compile_s = _perf() - t0
+        try:
+            patterns = tuple(backend.kernel_name_patterns(module))
+        except Exception as exc:  # noqa: BLE001
+            raise Fail("compile", "compile_error", f"kernel_name_patterns failed: {_fmt_exc(exc)}") from None
+        bad = guard.check(threads=before)
+        if bad:
+            stage("compile", True, None, "", compile_s=compile_s, **figures_common)
+            raise Fail("integrity", *bad)
+        stage("compile", True, None, "", compile_s=compile_s, kernel_patterns=list(patterns), **figures_common)
+        send({"type": "phase", "phase": "run"})
+
+        # ---------------- verification: fresh secret draws, one a pointer-reuse probe ----------------
+        details, worst_err, worst_tol = [], 0.0, None
+        for k, (inputs, exp) in enumerate(draws):
+            if k == 2:  # same addresses as draw 0, new values: a pointer-keyed cache returns draw 0's answer
+                base = draws[0][0]
+                for dst, src in zip(base, inputs):
+                    if isinstance(dst, _tensor_type):
+                        dst.copy_(src)
+                inputs = base
+            pristine = clone_inputs(inputs)
+            _poison(exp.reference)
+            before = python_threads()
+            out = _call(solve, inputs, "verification")
+            dev.sync()
+            bad = guard.check(threads=before)
+            if bad:
+                raise Fail("integrity", *bad)
+            unchanged = inputs_unchanged(pristine, inputs, names=meta.inputs, mutates=meta.mutates)
+            if not unchanged.ok:
+                raise Fail("verification", str(unchanged.reason), unchanged.message)
+            cmp = compare(exp, out, inputs_after=inputs, input_names=meta.inputs)
+            details.append({"draw": k, "ok": cmp.ok, "checks": [
+                {"name": c.name, "ok": c.ok, "max_abs_err": c.max_abs_err, "tolerance": c.tolerance} for c in cmp.checks]})
+            if not cmp.ok:
+                raise Fail("verification", str(cmp.reason), f"draw {k}: {cmp.message}")
+            for c in cmp.checks:
+                if c.max_abs_err is not None and c.max_abs_err >= worst_err:
+                    worst_err, worst_tol = c.max_abs_err, c.tolerance
+            del out
+        stage("verification", True, None, "", draws=len(draws), max_abs_err=worst_err, tolerance=worst_tol, details=details)
+
+        # ---------------- timing: fresh values and addresses, L2 flushed, secret re-checks ----------------
+        dev.warm_clocks(cfg.clock_warm_s)
+        flush = flusher_flush
+        times, prof_results, rechecked = [], [], 0
+        ring = deque(maxlen=2)  # the last two input sets stay alive: a new set never reuses their addresses
+        t_timed = 0.0
+
+        def _fresh(src: tuple) -> tuple:
+            return clone_inputs(src)
+
+        for i in range(n_warm + n_timed):
+            k = i - n_warm
+            src = recheck_sets[k][0] if k in recheck_sets else make(fresh_seed())
+            args = _fresh(src)
+            ring.append(args)
+            flush()
+            dev.sync()
+            before = python_threads()
+            out, us = dev.window(lambda: _call(solve, args, "timing"))
+            t_timed += us * 1e-6
+            bad = guard.check(identities=False, threads=before)
+            if bad:
+                raise Fail("integrity", *bad)
+            if k >= 0:
+                times.append(us)
+            if k in recheck_sets:
+                rechecked += 1
+                cmp = compare(recheck_sets[k][1], out, inputs_after=args, input_names=meta.inputs)
+                if not cmp.ok:
+                    raise Fail("timing", "integrity_recheck", f"timed call {k} (of {n_timed}, after {n_warm} warm-ups): {cmp.reason}: {cmp.message}")
+            del out
+            if k >= 0 and (k in prof_after or k == probe_pos):
+                for is_probe in ([False] if k in prof_after else []) + ([True] if k == probe_pos else []):
+                    p_src = recheck_sets[probe_src][0] if is_probe else make(fresh_seed())
+                    p_args = _fresh(p_src)
+                    flush()
+                    dev.sync()
+                    before = python_threads()
+                    if dev.kind == "cuda":
+                        try:
+                            p_out, launches = profile_call(lambda: _call(solve, p_args, "timing"), dev.sync)
+                        except Fail:
+                            raise
+                        except Exception as exc:  # noqa: BLE001 - the profiler failed: fail closed
+                            raise Fail("integrity", "integrity_profiler", _fmt_exc(exc)) from None
+                        reason, msg = classify(launches, patterns, streams=streams)
+                    else:
+                        p_out, launches, reason, msg = _call(solve, p_args, "timing"), [], None, "no profiler on cpu (test mode)"
+                    bad = guard.check(identities=False, threads=before)
+                    if bad:
+                        raise Fail("integrity", *bad)
+                    if is_probe:
+                        cmp = compare(recheck_sets[probe_src][1], p_out, inputs_after=p_args, input_names=meta.inputs)
+                        if not cmp.ok:
+                            raise Fail("timing", "integrity_recheck", f"repeated-content call: {cmp.reason}: {cmp.message}")
+                    prof_results.append({"after_timed": k, "content_repeat": is_probe, "reason": reason, "message": msg,
+                                         "kernels": [l.name for l in launches], "streams": sorted({l.stream for l in launches if l.stream is not None})})
+                    del p_out
+        dev.sync()
+        bad = guard.check()
+        if bad:
+            raise Fail("integrity", *bad)
+        # the final correctness pass after the loop (a kernel that turns wrong after N calls)
+        final_args = _fresh(final_inputs)
+        pristine = clone_inputs(final_args)
+        _poison(final_expected.reference)
+        out = _call(solve, final_args, "timing")
+        dev.sync()
+        cmp = compare(final_expected, out, inputs_after=final_args, input_names=meta.inputs)
+        if not cmp.ok:
+            raise Fail("timing", "integrity_recheck", f"post-timing draw: {cmp.reason}: {cmp.message}")
+        unchanged = inputs_unchanged(pristine, final_args, names=meta.inputs, mutates=meta.mutates)
+        if not unchanged.ok:
+            raise Fail("verification", str(unchanged.reason), f"post-timing draw: {unchanged.message}")
+        del out
+        cand = summarize(times, n_warmup=n_warm)
+        gpu_after = gpu_state().as_dict() if dev.kind == "cuda" else {"name": "cpu"}
+        stage(
+            "timing", True, None, "",
+            median_us=cand.median_us, iqr_us=cand.iqr_us, cv=cand.cv, eager_median_us=eager.median_us,
+            eager_iqr_us=eager.iqr_us, eager_cv=eager.cv, n_warmup=n_warm, n_timed=cand.n_timed,
+            launch_floor_us=dsl_floor if dsl_floor is not None else float(sorted(floor_times)[len(floor_times) // 2]),
+            window_floor_us=float(sorted(floor_times)[len(floor_times) // 2]), dsl_launch_floor_us=dsl_floor,
+            gpu=gpu_before.get("name"), clocks={"before": gpu_before, "after": gpu_after},
+            rechecked=rechecked + 1, timed_s=t_timed, times_us=[round(t, 3) for t in times],
+        )
+
+        # ---------------- integrity: profiled calls, then the native thread count ----------------
+        kernels_seen = sorted({n for r in prof_results for n in r["kernels"]})
+        for r in prof_results:
+            if r["reason"]:
+                raise Fail("integrity", r["reason"], r["message"])
+        stage("integrity", True, None, "", kernels_seen=kernels_seen, profiled=prof_results,
+              native_threads_before=threads0, native_threads_after=native_threads(), profiler=dev.kind == "cuda")
+    except Fail as f:
+        if f.stage == "integrity" and "compile" not in reached:
+            stage("compile", True, None, "", **figures_common)
+        stage(f.stage, False, f.reason, f.message)
+
+
+def _flusher(dev: _Device) -> Callable[[], None]:
+    if dev.kind != "cuda":
+        return lambda: None
+    f = L2Flusher("cuda")
+    return f.flush
+
+
+def _dsl_launch_floor(backend: Any, dev: _Device) -> float | None:
+    """An empty kernel of the DSL through the same window, if the backend can build one."""
+    make_empty = getattr(backend, "empty_kernel", None)
+    if make_empty is None or dev.kind != "cuda":
+        return None
+    try:
+        fn = make_empty()
+        for _ in range(3):
+            fn()
+        dev.sync()
+        ts = sorted(dev.window(fn)[1] for _ in range(30))
+        return float(ts[len(ts) // 2])
+    except Exception:  # noqa: BLE001 - the floor is informative; its absence is recorded as None
+        return None

@@ -1,0 +1,166 @@
+"""Single-use grader workers and the pool that keeps the next one spawned, imported and CUDA-initialised."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from mkb.grader._backends import backend_target
+from mkb.grader._protocol import LineReader, write_msg
+
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class Worker:
+    """One spawned worker process in its own process group; used for exactly one job, then killed."""
+
+    def __init__(self, dsl: str, *, device: str = "cuda", env: dict[str, str] | None = None,
+                 python: str = sys.executable) -> None:
+        self.dsl, self.device = dsl, device
+        job_r, self._job_w = os.pipe()
+        self._res_r, res_w = os.pipe()
+        self.log = tempfile.NamedTemporaryFile(prefix=f"mkb-worker-{dsl}-", suffix=".log", delete=False)
+        full_env = dict(os.environ if env is None else env)
+        full_env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, full_env.get("PYTHONPATH", "")) if p)
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        self.spawned_at = time.monotonic()
+        self.proc = subprocess.Popen(
+            [python, "-m", "mkb.grader._worker", "--job-fd", str(job_r), "--result-fd", str(res_w),
+             "--dsl", dsl, "--device", device, "--backend", backend_target(dsl)],
+            pass_fds=(job_r, res_w), stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True, env=full_env, close_fds=True,
+        )
+        os.close(job_r)
+        os.close(res_w)
+        self.reader = LineReader(self._res_r)
+        self.ready: dict | None = None
+        self.ready_error: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, limit_s: float) -> bool:
+        """Block until the warm start finished (True) or failed / ran past `limit_s` (False, ready_error set)."""
+        if self.ready is not None:
+            return True
+        if self.ready_error is not None:
+            return False
+        msg = self.reader.read(self.spawned_at + limit_s)
+        if isinstance(msg, dict) and msg.get("type") == "ready":
+            self.ready = msg
+            return True
+        self.ready_error = (msg.get("log", "") if isinstance(msg, dict) else f"worker start: {msg}") + "\n" + self.log_text()
+        return False
+
+    def send_job(self, job: dict) -> None:
+        write_msg(self._job_w, job)
+
+    def log_text(self, limit: int = 2_000_000) -> str:
+        try:
+            with open(self.log.name, "rb") as f:
+                data = f.read()
+            return data[-limit:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> int | None:
+        """Kill the whole process group (the worker and anything it started); returns the exit status."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            rc = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        for fd in (self._job_w, self._res_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        return rc
+
+    def cleanup(self) -> None:
+        try:
+            os.unlink(self.log.name)
+        except OSError:
+            pass
+
+
+class WorkerPool:
+    """Keeps one warm worker per DSL spawned ahead of need; `take` hands it out and spawns its successor.
+
+    A worker's warm start (torch + the DSL's imports + CUDA init, 8-10 s cold on the H200 host)
+    overlaps the previous evaluation, so a queue of gradings pays it once. Workers are single-use:
+    whatever a candidate did to its process dies with it.
+    """
+
+    def __init__(self, dsls: tuple[str, ...] = ("cute", "tirx"), *, device: str = "cuda", prestart: bool = True,
+                 env: dict[str, str] | None = None) -> None:
+        self.device = device
+        self.env = env
+        self._ready: dict[str, Worker] = {}
+        self._lock = threading.Lock()
+        self.spawned = 0
+        self.closed = False
+        if prestart:
+            for d in dsls:
+                self._spawn(d)
+
+    def _spawn(self, dsl: str) -> Worker:
+        w = Worker(dsl, device=self.device, env=self.env)
+        self.spawned += 1
+        with self._lock:
+            self._ready[dsl] = w
+        return w
+
+    def take(self, dsl: str) -> Worker:
+        """The warm worker for `dsl` (spawning one if there is none) and, at once, its successor."""
+        if self.closed:
+            raise RuntimeError("the worker pool is closed")
+        with self._lock:
+            w = self._ready.pop(dsl, None)
+        if w is None or not w.alive():
+            if w is not None:
+                w.kill()
+                w.cleanup()
+            w = Worker(dsl, device=self.device, env=self.env)
+            self.spawned += 1
+        self._spawn(dsl)
+        return w
+
+    def warm(self) -> dict[str, int]:
+        """pid of each waiting worker (for tests and the benchmark)."""
+        with self._lock:
+            return {d: w.pid for d, w in self._ready.items()}
+
+    def wait_warm(self, limit_s: float = 180.0) -> None:
+        with self._lock:
+            ws = list(self._ready.values())
+        for w in ws:
+            w.wait_ready(limit_s)
+
+    def close(self) -> None:
+        self.closed = True
+        with self._lock:
+            ws, self._ready = list(self._ready.values()), {}
+        for w in ws:
+            w.kill()
+            w.cleanup()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
