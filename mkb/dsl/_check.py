@@ -1,0 +1,64 @@
+"""The free CPU `check`: import a kernel and run its `solve` on smoke inputs with the DSL patched to compile only.
+
+Run as `python -m mkb.dsl._check <dsl> <kernel.py> <problem>` by `DslBackend.check_compile`, in a
+fresh process whose environment the backend set. Nothing is launched: the DSL's compile entry
+point (`cute.compile`, `tvm.compile`) really compiles, for the real GPU arch, and returns a
+stand-in whose calls do nothing. The last stdout line is `MKB_CHECK {"ok": ..., "messages": [...]}`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _emit(ok: bool, messages: list[str] | tuple[str, ...]) -> None:
+    sys.stdout.flush()
+    print("MKB_CHECK " + json.dumps({"ok": ok, "messages": list(messages)}), flush=True)
+
+
+def main(argv: list[str]) -> int:
+    dsl, kernel_path, problem = argv[0], Path(argv[1]), int(argv[2])
+    from mkb.dsl._errors import format_exception
+
+    try:
+        import torch
+
+        from mkb.dsl._common import load_kernel, load_problem
+
+        if dsl == "cute":
+            from mkb.dsl.cute import _compile_only_patches
+        elif dsl == "tirx":
+            from mkb.dsl.tirx import _compile_only_patches
+        else:
+            _emit(False, [f"unknown DSL {dsl!r}"])
+            return 0
+        prob = load_problem(problem)
+        inputs = prob.make_inputs(0, device="cpu", size="smoke")
+        if not isinstance(inputs, tuple):
+            inputs = (inputs,)
+        stats = _compile_only_patches()
+        mod = load_kernel(kernel_path, dsl=dsl)
+    except BaseException as e:  # noqa: BLE001 - every failure becomes a message
+        _emit(False, format_exception(e, kernel_path))
+        return 0
+    solve = getattr(mod, "solve", None)
+    if not callable(solve):
+        _emit(False, [f"{kernel_path.name}: no callable `solve` defined"])
+        return 0
+    try:
+        with torch.no_grad():
+            solve(*inputs)
+    except BaseException as e:  # noqa: BLE001
+        _emit(False, format_exception(e, kernel_path))
+        return 0
+    if stats["compiled"] == 0:
+        _emit(False, [f"{kernel_path.name}: solve() compiled no {dsl} kernel ({stats['entry']} was never called)"])
+        return 0
+    _emit(True, [f"{kernel_path.name}: {stats['compiled']} kernel build(s) compiled for {stats['arch']}"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,161 @@
+"""The TIRx backend (apache-tvm 0.27.0.post1, `tir_pipeline="tirx"`): environment, loading, checks and prompt for TIRx kernels.
+
+Math-flag policy (the same for every backend, see `mkb.dsl._common.MATH_POLICY`): precise. TVM
+compiles CUDA with `--use_fast_math` by default in both of its device-compiler paths. The NVRTC
+path hard-codes it, and the flags it lets us append (`--ftz=false --prec-div=true
+--prec-sqrt=true`) undo flush-to-zero and the approximate division and square root but not the
+fast-math library (`expf` stays `ex2.approx`, checked in the PTX). The nvcc path honours
+`TVM_CUDA_NVCC_NO_FAST_MATH=1` and then emits exactly what CuTe DSL emits by default. So TIRx
+device code is compiled by nvcc (`TVM_CUDA_COMPILE_MODE=nvcc`) with fast math off; the NVRTC
+overrides are set as well, so a process that falls back to NVRTC is as close as it can be.
+
+Importing this module or constructing `TirxBackend` does not import `tvm`. Note that importing
+`tvm` makes a later fork() unable to initialise CUDA (measured on the H200): spawn workers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from mkb.dsl import _common
+from mkb.dsl._backend import CompileResult, StaticFinding
+from mkb.dsl._static import RuleSet, check_source
+from mkb.dsl.cute import normalise_arch
+
+_DOCS = Path(__file__).resolve().parent / "docs" / "tirx"
+
+_RULES = RuleSet(
+    extra_prefixes=(
+        ("cutlass", "other_dsl"),
+        ("tvm_tirx", "other_dsl"),
+        ("tvm.s_tir", "other_dsl"),
+        ("tvm.meta_schedule", "other_dsl"),
+        ("tvm.te", "other_dsl"),
+        ("tvm.dlight", "other_dsl"),
+    ),
+    extra_call_kwargs=(("cuda.func_call", "source_code", "raw_cuda"),),
+)
+
+
+class TirxBackend:
+    """TIRx: `@Tx.prim_func` kernels with `Tx.device_entry()`, built by `tvm.compile(..., tir_pipeline="tirx")`."""
+
+    name = "tirx"
+    display_name = "TIRx (Apache TVM)"
+    dist = "apache-tvm"
+    entry = "tvm.compile"
+
+    def version(self) -> str:
+        return f"apache-tvm=={_common.package_version(self.dist)}"
+
+    def environment(self, gpu_arch: str) -> dict[str, str]:
+        return {
+            "MKB_GPU_ARCH": normalise_arch(gpu_arch),
+            "CUDA_PATH": _common.cuda_path(),
+            "TVM_CUDA_COMPILE_MODE": "nvcc",
+            "TVM_CUDA_NVCC_NO_FAST_MATH": "1",
+            "TVM_CUDA_NVRTC_EXTRA_OPTS": "--ftz=false --prec-div=true --prec-sqrt=true",
+            "MKB_MATH_POLICY": _common.MATH_POLICY_ID,
+        }
+
+    @property
+    def import_modules(self) -> tuple[str, ...]:
+        return ("torch", "tvm", "tvm.script", "tvm_ffi")
+
+    def load(self, path: Path) -> ModuleType:
+        return _common.load_kernel(Path(path), dsl=self.name)
+
+    def static_rules(self, source: str) -> tuple[StaticFinding, ...]:
+        return check_source(source, rules=_RULES)
+
+    def check_compile(self, path: Path, problem: int, *, gpu_arch: str = "sm_90a") -> CompileResult:
+        return _common.run_check(self.name, Path(path), problem, self.environment(gpu_arch))
+
+    def kernel_functions(self, module: ModuleType) -> tuple[str, ...]:
+        """Names of the prim_funcs the candidate defines (by decorator, and by global_symbol once built)."""
+        names = list(_common.decorated_functions(_common.module_source(module), frozenset({"prim_func", "jit"})))
+        if "tvm" in sys.modules:
+            import tvm
+
+            prim = getattr(getattr(tvm, "tirx", None), "PrimFunc", None)
+            for value in list(vars(module).values()):
+                if prim is not None and isinstance(value, prim) and value.attrs is not None:
+                    sym = value.attrs.get("global_symbol") if "global_symbol" in value.attrs else None
+                    if sym and str(sym) not in names:
+                        names.append(str(sym))
+        return tuple(names)
+
+    def kernel_name_patterns(self, module: ModuleType) -> tuple[str, ...]:
+        # the profiler shows <prim_func>_kernel (extern "C", so no signature); split kernels get _1, _2, ...
+        return tuple(rf"^{re.escape(n)}_kernel(_\d+)?$" for n in self.kernel_functions(module))
+
+    def prompt_section(self) -> str:
+        return (_DOCS / "PROMPT.md").read_text()
+
+    def doc_pack(self) -> Path | None:
+        return _DOCS
+
+    def doc_pack_version(self) -> str:
+        return _common.folder_sha256(_DOCS)
+
+
+# --- compile-only mode (used by mkb.dsl._check in its own process) -----------------------------------
+
+
+def _compile_only_patches() -> dict:
+    """Patch TVM in this process so that `solve` builds its kernels down to PTX and launches nothing.
+
+    Without a GPU, TVM's build keeps only CUDA source (the CUDA runtime is absent), so the check
+    compiles that source itself with the policy's device compiler; and a `cuda` target without an
+    arch would fall back to sm_50, so the arch is pinned to the one the environment names.
+    """
+    import torch
+    import tvm
+    from tvm.support import nvcc
+
+    arch = os.environ.get("MKB_GPU_ARCH", "sm_90a")
+    stats = {"compiled": 0, "entry": "tvm.compile", "arch": arch}
+    pinned = tvm.target.Target({"kind": "cuda", "arch": arch})
+    real_compile = tvm.compile
+
+    def _pin(target):
+        if target is None:
+            return pinned
+        t = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+        return pinned if t.kind.name == "cuda" else t
+
+    class _NoRun:
+        def __call__(self, *args, **kwargs):
+            return None
+
+        def __getitem__(self, key):
+            return _NoRun()
+
+        def __getattr__(self, name):
+            return _NoRun()
+
+    def compile_only(mod, target=None, *args, **kwargs):
+        target = _pin(kwargs.pop("target", target))
+        with target:
+            exe = real_compile(mod, target, *args, **kwargs)
+            cuda_mods = [m for m in exe.mod.imports if m.kind == "cuda"]
+            if not cuda_mods:
+                raise RuntimeError(
+                    "the build has no CUDA device code: the kernel body would run on the host\n"
+                    "hint: start the kernel body with Tx.device_entry() and compile with tir_pipeline=\"tirx\""
+                )
+            mode = os.environ.get("TVM_CUDA_COMPILE_MODE", "nvcc")
+            for m in cuda_mods:
+                nvcc.compile_cuda(m.inspect_source(), target_format="ptx", compiler=mode)
+        stats["compiled"] += 1
+        return _NoRun()
+
+    tvm.compile = compile_only
+    _common.patch_torch_cuda_for_cpu(torch)
+    maj, minor = re.match(r"sm_(\d+?)(\d)a?$", arch).groups()
+    torch.cuda.get_device_capability = lambda device=None: (int(maj), int(minor))
+    return stats
