@@ -1,0 +1,145 @@
+"""Kimi Delta Attention (KDA): the delta rule with channel-wise (per key dimension) gated decay, bf16.
+
+The sequence-mixing core of Kimi Linear's KDA layers (FLA `chunk_kda` with q/k L2 normalisation in
+the kernel). Per batch b and head h, with S_0 = initial_state[b, h] (a [K, V] matrix), for
+t = 1..T, in fp32 (the promoted dtype):
+
+    qn = q_t / sqrt(sum(q_t**2) + 1e-6) * K**-0.5 ;  kn = k_t / sqrt(sum(k_t**2) + 1e-6)
+    S  = Diag(exp(g_t)) S_{t-1}                          (g_t in R^K, <= 0: per-channel log decay)
+    S_t = S + outer(kn, beta_t * (v_t - kn @ S))         (delta rule)
+    o_t = qn @ S_t
+
+Layouts: q, k, v bf16 [B, T, H, 128]; g fp32 [B, T, H, 128] (g = -exp(A_log) * softplus(f + dt_bias),
+computed upstream); beta bf16 [B, T, H] (sigmoid-ed); initial_state bf16 [B, H, K, V]. Outputs:
+o bf16 [B, T, H, V] and final_state bf16 [B, H, K, V], each rounded once (fp32 between tokens).
+`reference` is the exact recurrence; `eager` a chunked form (chunk 32) with exact pairwise
+per-channel decays. Full size: Kimi-Linear-48B-A3B (32 heads of 128), 2 sequences of 2048 tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from mkb.problems._contract import Output, ProblemMeta
+
+BATCH = {"full": 2, "smoke": 1}
+SEQ = {"full": 2048, "smoke": 40}
+HEADS = {"full": 32, "smoke": 2}
+DIM = {"full": 128, "smoke": 16}
+CHUNK = 32
+L2_EPS = 1e-6
+
+_f = "full"
+_B, _T, _H, _D = BATCH[_f], SEQ[_f], HEADS[_f], DIM[_f]
+
+META = ProblemMeta(
+    number=68,
+    name="channelwise_gated_delta_rule_kda_bf16",
+    family="linear_attention",
+    dtypes=("bf16", "fp32"),
+    source_model="moonshotai/Kimi-Linear-48B-A3B-Instruct (KDA layers)",
+    source_config="num_attention_heads=32, head_dim=128 (kda), q/k l2norm eps 1e-6, scale 1/sqrt(128), "
+    "per-channel gate g = -exp(A_log) * softplus(. + dt_bias), beta = sigmoid(.)",
+    inputs=("q", "k", "v", "g", "beta", "initial_state"),
+    outputs=(Output("o"), Output("final_state")),
+    # chunked: decayed q k^T and k k^T (2 * 3*C*K), T@u, T@w, attn@v_new, and four K x V state products
+    flops=float(_B * _T * _H * (6 * CHUNK * _D + 2 * CHUNK * 3 * _D + 8 * _D * _D)),
+    bytes=float(_B * _T * _H * (4 * _D * 2 + _D * 4 + 2) + 2 * _B * _H * _D * _D * 2),
+    peak="bf16_tc",
+    notes="The reference is the token-by-token recurrence (its float64 run is the anchor); eager is "
+    "a chunked form. States are bf16 in memory so a chunked kernel is judged at storage precision.",
+)
+
+
+def _l2norm(x):
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
+
+
+def _recurrence(q, k, v, g, beta, S):
+    """Exact token-by-token recurrence; g [B, T, H, K] per-channel log decay, beta None = no delta rule."""
+    out = []
+    for t in range(q.shape[1]):
+        S = S * torch.exp(g[:, t])[..., None]
+        kt = k[:, t]
+        if beta is None:
+            S = S + kt[..., :, None] * v[:, t, :, None, :]
+        else:
+            kv = torch.einsum("bhk,bhkv->bhv", kt, S)
+            S = S + kt[..., :, None] * ((v[:, t] - kv) * beta[:, t, :, None])[..., None, :]
+        out.append(torch.einsum("bhk,bhkv->bhv", q[:, t], S))
+    return torch.stack(out, dim=1), S
+
+
+def _chunked_channel(q, k, v, g, beta, S, chunk=CHUNK):
+    """Chunked form with per-channel decay (exact pairwise decays, no exp(-cumsum) overflow).
+
+    q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] log decay; beta [B, T, H] or None (no delta
+    rule: plain gated linear attention); S [B, H, K, V]. Within a chunk,
+    A[i, j] = sum_k x_i[k] k_j[k] exp(gc_i[k] - gc_j[k]) for j <= i (gc: in-chunk cumulative g).
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    pad = (-T) % chunk
+    # trailing padding with k = 0, g = 0 (and beta = 0) leaves the state unchanged
+    q, k, v, g = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for x in (q, k, v, g))
+    n = (T + pad) // chunk
+    q, k, v, g = (x.reshape(B, H, n, chunk, -1) for x in (q, k, v, g))
+    if beta is not None:
+        beta = F.pad(beta, (0, 0, 0, pad)).transpose(1, 2).reshape(B, H, n, chunk)
+    gc = g.cumsum(-2)
+    tri = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()[..., None]  # j <= i
+    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
+    o = torch.empty(B, H, n, chunk, V, dtype=q.dtype, device=q.device)
+    for i in range(n):
+        qi, ki, vi, gi = q[:, :, i], k[:, :, i], v[:, :, i], gc[:, :, i]
+        diff = gi[:, :, :, None, :] - gi[:, :, None, :, :]  # [B, H, C(i), C(j), K]
+        dec = torch.where(tri, diff, torch.full_like(diff, float("-inf"))).exp()
+        kd = ki[:, :, None, :, :] * dec  # k_j * exp(gc_i - gc_j)
+        a_qk = (qi[:, :, :, None, :] * kd).sum(-1)
+        if beta is None:
+            v_new = vi
+        else:
+            bi = beta[:, :, i]
+            L = ((ki[:, :, :, None, :] * kd).sum(-1) * bi[..., None]).tril(-1)
+            Tm = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
+            u = Tm @ (vi * bi[..., None])
+            w = Tm @ (ki * bi[..., None] * gi.exp())
+            v_new = u - w @ S
+        o[:, :, i] = (qi * gi.exp()) @ S + a_qk @ v_new
+        glast = gi[:, :, -1]  # [B, H, K]
+        S = glast.exp()[..., None] * S + (ki * (glast[:, :, None, :] - gi).exp()).transpose(-1, -2) @ v_new
+    o = o.reshape(B, H, n * chunk, V)[:, :, :T].transpose(1, 2)
+    return o, S
+
+
+def _prep(q, k, v, g, beta, initial_state):
+    ct = torch.promote_types(q.dtype, torch.float32)
+    qn = _l2norm(q.to(ct)) * q.shape[-1] ** -0.5
+    return qn, _l2norm(k.to(ct)), v.to(ct), g.to(ct), beta.to(ct), initial_state.to(ct)
+
+
+def reference(q, k, v, g, beta, initial_state):
+    o, S = _recurrence(*_prep(q, k, v, g, beta, initial_state))
+    return o.to(q.dtype), S.to(initial_state.dtype)
+
+
+def eager(q, k, v, g, beta, initial_state):
+    o, S = _chunked_channel(*_prep(q, k, v, g, beta, initial_state))
+    return o.to(q.dtype), S.to(initial_state.dtype)
+
+
+def make_inputs(seed: int, *, device="cpu", size: str = "full"):
+    B, T, H, D = BATCH[size], SEQ[size], HEADS[size], DIM[size]
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rn(*s):
+        return torch.randn(*s, generator=gen, device=device)
+
+    bf = torch.bfloat16
+    q, k, v = rn(B, T, H, D).to(bf), rn(B, T, H, D).to(bf), rn(B, T, H, D).to(bf)
+    A = 1.0 + 15.0 * torch.rand(H, 1, generator=gen, device=device)
+    g = -A * F.softplus(rn(B, T, H, D) - 4.0)  # most channels keep memory, some forget fast
+    beta = torch.sigmoid(rn(B, T, H)).to(bf)
+    initial_state = (0.5 * rn(B, H, D, D)).to(bf)
+    return q, k, v, g, beta, initial_state
