@@ -108,6 +108,7 @@ META = ProblemMeta(
     outputs=(Output("out"), Output("lse")),
     flops=_FLOPS,
     bytes=_BYTES,
+    structure_inputs=("kv_indptr", "kv_indices", "kv_last_page_len"),
     peak="memory",
     notes=f"full: 64 sequences, kv_len 128..8192 log-uniform, {_TOKENS} cached tokens, 25% spare "
     "pages in a shuffled pool. flops = 4*H*D*sum(kv_len); bytes = referenced KV pages + q + out + "

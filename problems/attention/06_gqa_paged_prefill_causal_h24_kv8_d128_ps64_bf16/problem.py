@@ -126,6 +126,7 @@ META = ProblemMeta(
     outputs=(Output("out"), Output("lse")),
     flops=_FLOPS,
     bytes=_BYTES,
+    structure_inputs=("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"),
     peak="bf16_tc",
     notes=f"full: (qo_len, kv_len) = {list(zip(*_LENS))}. flops count only unmasked (visible) "
     "query-key pairs: 4*H*D*sum_b(qo*(kv-qo) + qo*(qo+1)/2). bytes = referenced KV + q + out + lse "

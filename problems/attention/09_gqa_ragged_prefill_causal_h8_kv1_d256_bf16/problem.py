@@ -113,6 +113,7 @@ META = ProblemMeta(
     outputs=(Output("out"), Output("lse")),
     flops=_FLOPS,
     bytes=_BYTES,
+    structure_inputs=("qo_indptr", "kv_indptr"),
     peak="bf16_tc",
     notes=f"full: (qo_len, kv_len) = {list(zip(*_LENS))}. flops count only unmasked (visible) "
     "query-key pairs: 4*H*D*sum_b(qo*(kv-qo) + qo*(qo+1)/2). Causal mask aligned bottom-right; "

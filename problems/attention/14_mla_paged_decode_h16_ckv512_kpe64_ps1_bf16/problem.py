@@ -108,6 +108,7 @@ META = ProblemMeta(
     outputs=(Output("out"), Output("lse")),
     flops=_FLOPS,
     bytes=_BYTES,
+    structure_inputs=("kv_indptr", "kv_indices"),
     peak="memory",
     notes=f"full: 128 sequences, kv_len 256..8192 log-uniform, {_TOKENS} cached tokens, 25% spare "
     "pages in a shuffled pool. flops = 2*H*(512+64+512)*sum(kv_len); bytes = referenced cache rows "

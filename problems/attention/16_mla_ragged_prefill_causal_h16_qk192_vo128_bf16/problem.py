@@ -109,6 +109,7 @@ META = ProblemMeta(
     outputs=(Output("out"), Output("lse")),
     flops=_FLOPS,
     bytes=_BYTES,
+    structure_inputs=("qo_indptr", "kv_indptr"),
     peak="bf16_tc",
     notes=f"full: (qo_len, kv_len) = {list(zip(*_LENS))}. flops count only unmasked (visible) pairs: "
     "2*H*(192+128)*sum_b(qo*(kv-qo) + qo*(qo+1)/2). Causal mask aligned bottom-right; lse base 2.",

@@ -103,6 +103,7 @@ META = ProblemMeta(
     outputs=(Output("out"), Output("lse")),
     flops=_FLOPS,
     bytes=_BYTES,
+    structure_inputs=("sparse_indices",),
     peak="memory",
     notes=f"full: 128 tokens, {_COUNTS[0]} valid selections out of {_COUNTS[1]} cached tokens "
     "(contexts < 2048 are padded with -1). flops = 2*H*(512+64+512)*valid selections; bytes = "

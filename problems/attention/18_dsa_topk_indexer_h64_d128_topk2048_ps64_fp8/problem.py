@@ -110,6 +110,7 @@ META = ProblemMeta(
     outputs=(Output("topk_indices", compare="topk", topk_scores="scores", topk_dim=-1),),
     flops=_FLOPS,
     bytes=_BYTES,
+    structure_inputs=("seq_lens", "block_table"),
     peak="fp8_tc",
     notes=f"full: 64 sequences, 4096..32768 tokens each, {_TOKENS} cached tokens, block table padded "
     "with an unowned page. flops = (2*128 + 3)*64*sum(seq_lens) (dot products, relu, weighting); "
