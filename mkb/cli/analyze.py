@@ -117,7 +117,7 @@ def print_lift(lift, *, spec, title="Lift") -> None:
         console.print(f"[yellow]{under.height} of {lift.height} cells could not detect a 10% lift[/yellow] (CI half-width > 10 points): "
                       + ", ".join(f"{r['model']} {r['arm_kind']} {r['direction']}" for r in under.head(20).iter_rows(named=True))
                       + (" ..." if under.height > 20 else ""))
-    console.print("Wilcoxon: signed-rank, zero_method='pratt', on problem replicate-mean lift; McNemar: exact, pass vs pass "
+    console.print("Wilcoxon: signed-rank, zero_method='pratt', normal approximation, on problem replicate-mean lift; McNemar: exact, pass vs pass "
                   "of pairs; Holm across the model x direction cells of each arm kind.")
 
 
