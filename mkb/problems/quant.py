@@ -165,6 +165,31 @@ def nvfp4_values_and_quantum(packed: torch.Tensor, bscale: torch.Tensor, g: torc
     return e2m1_decode(codes, torch.float64) * s, spacing * s
 
 
+# ---------------------------------------------------------------- quantised linear layers
+def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, mdt: torch.dtype) -> torch.Tensor:
+    """Dynamic 1x128 fp8 quantisation of `x`, then dequant(x) @ dequant(w)^T (128x128 weight blocks) in `mdt`."""
+    xq, xs = fp8_quantize(x, (1, 128))
+    return fp8_dequantize(xq, xs, (1, 128), mdt) @ fp8_dequantize(w, w_scale, (128, 128), mdt).T
+
+
+def nvfp4_linear(x: torch.Tensor, g_x: torch.Tensor, w: torch.Tensor, w_bs: torch.Tensor, w_g: torch.Tensor, *, mdt: torch.dtype) -> torch.Tensor:
+    """nvfp4 quantisation of `x` with global scale `g_x`, then dequant(x) @ dequant(w)^T in `mdt` (W4A4)."""
+    xp, xb = nvfp4_quantize(x, g_x)
+    return nvfp4_dequantize(xp, xb, g_x, mdt) @ nvfp4_dequantize(w, w_bs, w_g, mdt).T
+
+
+def nvfp4_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A weight in nvfp4 as checkpoints store it: (packed uint8, fp8 block scales, float32 global scale)."""
+    g = nvfp4_global_scale(w)
+    packed, bs = nvfp4_quantize(w, g)
+    return packed, bs, g
+
+
+def out_dtype(cdt: torch.dtype, dtype: torch.dtype = torch.bfloat16) -> torch.dtype:
+    """The problem's output dtype for a float32 computation; the promoted dtype for the anchor."""
+    return dtype if cdt == torch.float32 else cdt
+
+
 # ---------------------------------------------------------------- input helpers
 def blocky_weight(shape: tuple[int, ...], block: tuple[int, int], gen: torch.Generator, device, *, std: float) -> torch.Tensor:
     """Gaussian float32 weights whose blocks differ in magnitude (log-uniform x0.25..x4), so block scales vary."""
@@ -187,13 +212,17 @@ __all__ = [
     "e2m1_encode",
     "expand_block_scale",
     "fp8_dequantize",
+    "fp8_linear",
     "fp8_quantize",
     "fp8_spacing",
     "fp8_values_and_quantum",
     "nvfp4_dequantize",
     "nvfp4_global_scale",
+    "nvfp4_linear",
     "nvfp4_quantize",
     "nvfp4_values_and_quantum",
+    "nvfp4_weight",
+    "out_dtype",
     "pack_nibbles",
     "unpack_nibbles",
 ]
