@@ -34,7 +34,7 @@ class FileInfo:
     kind: str
     version: str
     rows: int
-    types: tuple[tuple[str, str], ...]  # (column, arrow type) in file order
+    types: tuple[tuple[str, pa.DataType], ...]  # (column, arrow type) in file order
     compacted_from: tuple[str, ...] = ()
 
     @property
@@ -91,7 +91,7 @@ def _parse_footer(path: str, size: int, tail: bytes) -> FileInfo | str:
     return FileInfo(
         path=path, size=size, kind=kv.get(META_KIND, b"").decode(errors="replace"),
         version=kv.get(META_VERSION, b"").decode(errors="replace"), rows=meta.num_rows,
-        types=tuple((f.name, str(f.type)) for f in arrow), compacted_from=compacted,
+        types=tuple((f.name, f.type) for f in arrow), compacted_from=compacted,
     )
 
 
@@ -162,6 +162,13 @@ def inspect_files(store: Store, files: list[tuple[str, int]]) -> list[FileInfo |
         return [_cache.get(k) or _cache.get(("bad",) + k) for k in keys]
 
 
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Equal up to list item names (Parquet round-trips `list<item>` as `list<element>`)."""
+    if pa.types.is_list(a) and pa.types.is_list(b):
+        return _same_type(a.value_type, b.value_type)
+    return a.equals(b)
+
+
 def classify(schema: KindSchema, info: FileInfo | str) -> str | None:
     """None when `info` is a readable event file of the schema's kind; else why it is skipped. Raises on a newer major."""
     if isinstance(info, str):
@@ -179,9 +186,9 @@ def classify(schema: KindSchema, info: FileInfo | str) -> str | None:
         )
     if major < schema.major:
         return f"older major schema {info.version} (this mkb reads {schema.major}.x)\nhint: read it with the mkb release that wrote it"
-    canon = {f.name: str(f.type) for f in schema.arrow()}
+    canon = {f.name: f.type for f in schema.arrow()}
     for name, typ in info.types:
-        if name in canon and canon[name] != typ:
+        if name in canon and not _same_type(canon[name], typ):
             return f"column {name!r} is {typ}, the {schema.kind} schema says {canon[name]}"
     return None
 

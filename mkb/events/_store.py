@@ -69,6 +69,13 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+def _read_only(url: str) -> StoreError:
+    return StoreError(
+        f"{url!r} is readable but not a live append target (the Hub limits commits per hour)\n"
+        "hint: write to a local or object-store dataset and publish it with `mkb-analyze export`"
+    )
+
+
 def resolve_store(url: str | Store | None = None, *, for_writing: bool = False) -> Store:
     """The store `url` names, else $MKB_STORE, else `events/local` under the working directory.
 
@@ -79,6 +86,8 @@ def resolve_store(url: str | Store | None = None, *, for_writing: bool = False) 
     if isinstance(url, Store):
         return url
     url = url or os.environ.get(ENV_VAR) or DEFAULT_STORE
+    if for_writing and url.split("://", 1)[0] in READ_ONLY_PROTOCOLS:  # before url_to_fs: huggingface_hub may not be installed
+        raise _read_only(url)
     fs, root = fsspec.core.url_to_fs(url)
     if "file" in _protocols(fs):
         root = str(Path(root).expanduser().resolve())
@@ -90,8 +99,5 @@ def resolve_store(url: str | Store | None = None, *, for_writing: bool = False) 
                         f"hint: run from a project folder, or pass --store / set {ENV_VAR} to a writable dataset folder"
                     )
     if for_writing and any(p in READ_ONLY_PROTOCOLS for p in _protocols(fs)):
-        raise StoreError(
-            f"{url!r} is readable but not a live append target (the Hub limits commits per hour)\n"
-            "hint: write to a local or object-store dataset and publish it with `mkb-analyze export`"
-        )
+        raise _read_only(url)
     return Store(url=url, fs=fs, root=root.rstrip("/"))

@@ -1,0 +1,258 @@
+"""The event-store contract, run unchanged against every backend (local folder, memory://, moto S3, SeaweedFS S3)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import warnings
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mkb.events import EventWriter, NewerSchemaError, ScanReport, SchemaError, read, resolve_store, rows_to_table, schema_for, schemas, write_table
+from mkb.events._schema import META_VERSION
+
+from events_helpers import example_rows, run_child, wait_for
+
+
+def _names(store_url: str, kind: str) -> list[str]:
+    store = resolve_store(store_url)
+    d = store.kind_dir(kind)
+    store.fs.invalidate_cache()
+    return sorted(p.rsplit("/", 1)[-1] for p in store.fs.ls(d, detail=False)) if store.fs.exists(d) else []
+
+
+def _annotations(store_url: str, n: int, *, start: int = 0, attempt: str = "a0", flush: bool = True) -> EventWriter:
+    w = EventWriter(store_url, flush_every=10**9)
+    for i in range(start, start + n):
+        w.emit("annotation", attempt_id=attempt, target_attempt_id=f"t{i}", label="clean", reason=str(i), annotator="test")
+    if flush:
+        w.flush()
+    return w
+
+
+def test_every_kind_round_trips(store_url):
+    written = {}
+    with EventWriter(store_url) as w:
+        for kind in schemas():
+            rows = example_rows(kind, 4)
+            w.emit_many(kind, [dict(r, attempt_id=f"att-{i}") for i, r in enumerate(rows)])
+            written[kind] = rows
+    for kind, rows in written.items():
+        df = read(kind, store_url).sort("attempt_id")
+        assert df.height == len(rows), kind
+        assert df["kind"].unique().to_list() == [kind]
+        assert df["schema_version"].unique().to_list() == [schema_for(kind).version]
+        for col in rows[0]:
+            if col == "attempt_id":
+                continue
+            assert df[col].to_list() == [r[col] for r in rows], f"{kind}.{col}"
+
+
+def test_bad_rows_are_rejected_at_the_call_site_and_nothing_is_written(store_url):
+    good = example_rows("verdict", 1)[0]
+    w = EventWriter(store_url)
+    with pytest.raises(SchemaError, match=r"unknown column 'speedupp' \(did you mean 'speedup'\?\)[\s\S]*hint:"):
+        w.emit("verdict", **dict(good, speedupp=2.0))
+    with pytest.raises(SchemaError, match=r"required column 'passed' is missing[\s\S]*hint:"):
+        w.emit("verdict", **{k: v for k, v in good.items() if k != "passed"})
+    with pytest.raises(SchemaError, match=r"verdict row 2: column 'speedup' expects a float or int \(float64\), got str 'fast'"):
+        w.emit_many("verdict", [good, good, dict(good, speedup="fast"), good])
+    with pytest.raises(SchemaError, match=r"'problem' expects an int within int64"):
+        w.emit("verdict", **dict(good, problem=2**64))
+    with pytest.raises(SchemaError, match="unknown event kind 'verdicts'"):
+        w.emit("verdicts", **good)
+    w.close()
+    assert w.files_written == []
+    assert _names(store_url, "verdict") == []
+
+
+def test_writer_never_overwrites_a_file(store_url):
+    schema = schema_for("annotation")
+    first = rows_to_table(schema, [dict(r, event_id="e1", kind="annotation", schema_version=schema.version, ts=1, run_id="r", seq=0, writer="w", mkb_version="0") for r in example_rows("annotation", 1)])
+    path = write_table(store_url, "annotation", first, name="fixed.parquet")
+    store = resolve_store(store_url)
+    before = store.fs.cat_file(path)
+    with pytest.raises(FileExistsError, match="never overwrites"):
+        write_table(store_url, "annotation", first.slice(0, 0), name="fixed.parquet")
+    assert store.fs.cat_file(path) == before
+    assert read("annotation", store_url).height == 1
+
+
+def test_sigkill_mid_flush_leaves_no_partial_file_and_loses_nothing_flushed(store_url, multiprocess, tmp_path):
+    marker = tmp_path / "mid-flush"
+    child = run_child(
+        """
+        import os, sys, time
+        import mkb.events._commit as c
+        from mkb.events import EventWriter
+        url, marker = sys.argv[1:]
+        w = EventWriter(url, flush_every=10**9)
+        for i in range(100):
+            w.emit("annotation", attempt_id="a", target_attempt_id=f"t{i}", label="clean", reason=str(i), annotator="t")
+        w.flush()
+        for i in range(100, 150):
+            w.emit("annotation", attempt_id="a", target_attempt_id=f"t{i}", label="clean", reason=str(i), annotator="t")
+        def stall():
+            open(marker, "w").close()
+            time.sleep(120)
+        def half_local(fd, data):  # the staging file gets half its bytes, then the process dies
+            os.write(fd, data[: len(data) // 2]); os.fsync(fd); stall()
+        real_create = c._create
+        def half_remote(fs, path, data):  # the upload has begun and not completed
+            if ".mkb-probe" in path:
+                return real_create(fs, path, data)
+            f = fs.open(path, "xb"); f.write(data[: len(data) // 2]); f.flush(); stall()
+        c._write_fully, c._create = half_local, half_remote
+        w.flush()
+        """,
+        store_url, str(marker), wait=False,
+    )
+    wait_for(marker, child)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    report = ScanReport()
+    df = read("annotation", store_url, report=report)
+    assert sorted(df["reason"].cast(int).to_list()) == list(range(100))
+    assert report.skipped == {}
+    assert len(_names(store_url, "annotation")) == 1
+
+
+def test_eight_writer_processes_lose_and_duplicate_nothing(store_url, multiprocess):
+    code = """
+        import sys
+        from mkb.events import EventWriter
+        url, k = sys.argv[1], sys.argv[2]
+        with EventWriter(url, flush_every=40) as w:
+            for i in range(120):
+                w.emit("annotation", attempt_id=f"w{k}", target_attempt_id=f"t{i}", label="clean", reason=str(i), annotator=k)
+        """
+    procs = [run_child(code, store_url, str(k), wait=False) for k in range(8)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    df = read("annotation", store_url, dedupe=False)
+    assert df.height == 8 * 120
+    assert df["event_id"].n_unique() == df.height
+    for k in range(8):
+        part = df.filter(df["attempt_id"] == f"w{k}")
+        assert sorted(part["reason"].cast(int).to_list()) == list(range(120))
+        assert sorted(part["seq"].to_list()) == list(range(120))
+    assert len(_names(store_url, "annotation")) == 8 * 3
+
+
+def test_torn_or_foreign_files_are_reported_by_name_and_skipped(store_url):
+    w = _annotations(store_url, 10)
+    good = w.files_written[0]
+    store = resolve_store(store_url)
+    data = store.fs.cat_file(good)
+    d = store.kind_dir("annotation")
+    torn, foreign, junk, other_kind = (f"{d}/{n}.parquet" for n in ("0-torn", "1-foreign", "2-junk", "3-other-kind"))
+    store.fs.pipe_file(torn, data[: len(data) // 2])
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"x": [1, 2]}), sink)
+    store.fs.pipe_file(foreign, sink.getvalue().to_pybytes())
+    store.fs.pipe_file(junk, b"not parquet at all")
+    verdicts = rows_to_table(schema_for("verdict"), [dict(r, event_id="v", kind="verdict", schema_version="1.0", ts=0, run_id="r", seq=0, writer="w", mkb_version="0") for r in example_rows("verdict", 1)])
+    sink = pa.BufferOutputStream()
+    pq.write_table(verdicts, sink)
+    store.fs.pipe_file(other_kind, sink.getvalue().to_pybytes())
+    report = ScanReport()
+    with pytest.warns(UserWarning) as record:
+        df = read("annotation", store_url, report=report)
+    assert df.height == 10
+    bad = {torn, foreign, junk, other_kind}
+    assert set(report.skipped) == bad
+    said = "\n".join(str(r.message) for r in record)
+    for path in bad:
+        assert path in said
+    assert "torn" in report.skipped[torn] and "foreign" in report.skipped[foreign] and "'verdict'" in report.skipped[other_kind]
+
+
+def test_a_newer_major_version_is_refused_with_a_hint(store_url):
+    w = _annotations(store_url, 3)
+    table = pq.read_table(resolve_store(store_url).fs.open(w.files_written[0], "rb"))
+    newer = table.replace_schema_metadata({**table.schema.metadata, META_VERSION: b"2.0"})
+    write_table(store_url, "annotation", newer)
+    with pytest.raises(NewerSchemaError, match=r"schema 2\.0, newer than this mkb reads \(1\.\d+\)[\s\S]*hint: upgrade mkb"):
+        read("annotation", store_url)
+
+
+def test_an_older_minor_version_reads_with_nulls_and_a_newer_minor_without_its_extra_columns(store_url, schema_v11):
+    # written under 1.0 (no `note` column), read by an mkb whose annotation schema is 1.1 with a nullable `note`
+    old_rows = example_rows("annotation", 3)
+    table = rows_to_table(schema_v11["old"], [dict(r, event_id=f"o{i}", kind="annotation", schema_version="1.0", ts=0, run_id="r", seq=i, writer="w", mkb_version="0") for i, r in enumerate(old_rows)])
+    write_table(store_url, "annotation", table)
+    schema_v11["activate"]()
+    with EventWriter(store_url) as w:
+        w.emit("annotation", **dict(example_rows("annotation", 1)[0], note="new"))
+    # and a file from the future: minor 1.7 with a column nobody here knows
+    cur = schema_for("annotation")
+    fut = rows_to_table(cur, [dict(r, event_id="f0", kind="annotation", schema_version="1.7", ts=0, run_id="r", seq=0, writer="w", mkb_version="9", note=None) for r in example_rows("annotation", 1)])
+    fut = fut.append_column("from_the_future", pa.array([1.0])).replace_schema_metadata({**fut.schema.metadata, META_VERSION: b"1.7"})
+    future_path = write_table(store_url, "annotation", fut)
+    report = ScanReport()
+    with pytest.warns(UserWarning, match=r"columns \['from_the_future'\] are not read"):
+        df = read("annotation", store_url, report=report).sort("event_id")
+    assert df.height == 5
+    assert "from_the_future" not in df.columns
+    assert df.filter(df["schema_version"] == "1.0")["note"].to_list() == [None] * 3
+    assert df.filter(df["schema_version"] == "1.1")["note"].to_list() == ["new"]
+    assert report.newer_minor == {future_path: "1.7"}
+
+
+def test_reads_de_duplicate_on_event_id(store_url):
+    w = _annotations(store_url, 5)
+    store = resolve_store(store_url)
+    data = store.fs.cat_file(w.files_written[0])
+    store.fs.pipe_file(f"{store.kind_dir('annotation')}/copy.parquet", data)  # e.g. a file copied in twice
+    assert read("annotation", store_url, dedupe=False).height == 10
+    assert read("annotation", store_url).height == 5
+
+
+def test_compaction_preserves_rows(store_url):
+    for k in range(6):
+        _annotations(store_url, 7, start=7 * k, attempt=f"a{k}")
+    before = read("annotation", store_url).sort("event_id")
+    from mkb.events._compact import compact
+
+    [res] = compact(store_url, target_rows=1000)
+    assert (res.files_before, res.files_after, res.rows) == (6, 1, 42)
+    assert len(_names(store_url, "annotation")) == 1
+    after = read("annotation", store_url).sort("event_id")
+    assert after.equals(before)
+
+
+@pytest.mark.parametrize("kill_at", ["written", "deleted#1", "deleted#3"])
+def test_compaction_killed_half_way_changes_nothing_visible(store_url, multiprocess, tmp_path, kill_at):
+    for k in range(4):
+        _annotations(store_url, 5, start=5 * k, attempt=f"a{k}")
+    before = read("annotation", store_url).sort("event_id")
+    marker = tmp_path / "stalled"
+    child = run_child(
+        """
+        import sys, time
+        from mkb.events._compact import compact_kind
+        url, kill_at, marker = sys.argv[1:]
+        step, _, nth = kill_at.partition("#")
+        seen = {}
+        def on_step(name, path):
+            seen[name] = seen.get(name, 0) + 1
+            if name == step and seen[name] == int(nth or 1):
+                open(marker, "w").close()
+                time.sleep(120)
+        compact_kind("annotation", url, target_rows=1000, on_step=on_step)
+        """,
+        store_url, kill_at, str(marker), wait=False,
+    )
+    wait_for(marker, child)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    mid = read("annotation", store_url).sort("event_id")
+    assert mid.equals(before)
+    from mkb.events._compact import compact_kind
+
+    compact_kind("annotation", store_url, target_rows=1000)  # a second run finishes the job
+    assert read("annotation", store_url).sort("event_id").equals(before)
+    assert len(_names(store_url, "annotation")) == 1
