@@ -39,8 +39,9 @@ def compact(
             results.append(compact_kind(k, st, target_rows=target_rows))
             progress.advance(task)
     table = Table(title=f"compaction of {st.url}")
-    for col in ("kind", "files before", "files after", "rows merged", "written", "deleted", "skipped"):
-        table.add_column(col, justify="left" if col == "kind" else "right")
+    table.add_column("kind", no_wrap=True, min_width=16)
+    for col in ("files before", "after", "rows merged", "written", "deleted", "skipped"):
+        table.add_column(col, justify="right")
     for r in results:
         table.add_row(r.kind, str(r.files_before), str(r.files_after), str(r.rows), str(len(r.written)), str(len(r.deleted)), str(len(r.skipped)))
     Console().print(table)

@@ -1,0 +1,44 @@
+"""Where events go: --store / MKB_STORE resolution and the places mkb refuses to write."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from mkb.events import EventWriter, StoreError, resolve_store
+
+
+def test_default_store_is_events_local_under_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MKB_STORE", raising=False)
+    store = resolve_store(for_writing=True)
+    assert store.root == str(tmp_path.resolve() / "events" / "local")
+    assert store.is_local
+
+
+def test_mkb_store_environment_variable_is_used_when_no_url_is_given(tmp_path, monkeypatch):
+    monkeypatch.setenv("MKB_STORE", str(tmp_path / "elsewhere"))
+    assert resolve_store().root == str((tmp_path / "elsewhere").resolve())
+    assert resolve_store(str(tmp_path / "explicit")).root == str((tmp_path / "explicit").resolve())
+
+
+def test_hf_urls_are_refused_as_append_targets_with_a_hint():
+    with pytest.raises(StoreError, match=r"not a live append target[\s\S]*hint: .*mkb-analyze export"):
+        resolve_store("hf://datasets/someone/mkb-events", for_writing=True)
+
+
+def test_an_installed_mkb_never_writes_into_site_packages(monkeypatch):
+    site = Path(sysconfig.get_paths()["purelib"])
+    monkeypatch.chdir(site)
+    monkeypatch.delenv("MKB_STORE", raising=False)
+    with pytest.raises(StoreError, match=r"inside the installed package area[\s\S]*hint: .*--store"):
+        EventWriter()
+    assert not (site / "events").exists()
+
+
+def test_staging_lies_outside_the_dataset(tmp_path):
+    store = resolve_store(str(tmp_path / "events" / "local"))
+    assert Path(store.staging_dir()) == tmp_path.resolve() / "events" / ".staging" / "local"
+    assert not Path(store.staging_dir()).is_relative_to(Path(store.root))
