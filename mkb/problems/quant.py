@@ -172,9 +172,27 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, *, mdt: 
     return fp8_dequantize(xq, xs, (1, 128), mdt) @ fp8_dequantize(w, w_scale, (128, 128), mdt).T
 
 
+def bf16_mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for bfloat16 2-D operands with float32 accumulation and a float32 result (cuBLAS on CUDA)."""
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
+
 def nvfp4_linear(x: torch.Tensor, g_x: torch.Tensor, w: torch.Tensor, w_bs: torch.Tensor, w_g: torch.Tensor, *, mdt: torch.dtype) -> torch.Tensor:
-    """nvfp4 quantisation of `x` with global scale `g_x`, then dequant(x) @ dequant(w)^T in `mdt` (W4A4)."""
+    """nvfp4 quantisation of `x` with global scale `g_x`, then dequant(x) @ dequant(w)^T in `mdt` (W4A4).
+
+    With `mdt=bfloat16` (the eager baselines) the operands are e2m1 x e4m3 products, exact in
+    bfloat16, and the two global scales multiply the float32-accumulated result, so the baseline
+    differs from the float32 reference only by summation order.
+    """
     xp, xb = nvfp4_quantize(x, g_x)
+    if mdt == torch.bfloat16:
+        one = torch.ones((), dtype=torch.float32, device=x.device)
+        a = nvfp4_dequantize(xp, xb, one, torch.bfloat16)
+        b = nvfp4_dequantize(w, w_bs, one, torch.bfloat16)
+        y = bf16_mm_f32(a.reshape(-1, a.shape[-1]), b.T)
+        return y.reshape(*a.shape[:-1], b.shape[0]) * (g_x.float() * w_g.float())
     return nvfp4_dequantize(xp, xb, g_x, mdt) @ nvfp4_dequantize(w, w_bs, w_g, mdt).T
 
 
@@ -201,6 +219,7 @@ def blocky_weight(shape: tuple[int, ...], block: tuple[int, int], gen: torch.Gen
 
 
 __all__ = [
+    "bf16_mm_f32",
     "E2M1_MAX",
     "E2M1_VALUES",
     "FP8",
