@@ -3,6 +3,7 @@ environment, threads, current stream), taken before kernel.py is imported and co
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import threading
@@ -56,9 +57,20 @@ class Identities:
     def take(cls) -> "Identities":
         ids = {}
         for space, obj in _spaces().items():
-            for name, v in list(vars(obj).items()):
-                if _watchable(v):
-                    ids[f"{space}.{name}"] = id(v)
+            if isinstance(obj, type):
+                # classes: what attribute lookup finds through the MRO, unbound (so Tensor.mean set on
+                # torch.Tensor, shadowing TensorBase.mean, counts as a change)
+                for name in dir(obj):
+                    try:
+                        v = inspect.getattr_static(obj, name)
+                    except AttributeError:
+                        continue
+                    if _watchable(v):
+                        ids[f"{space}.{name}"] = id(v)
+            else:
+                for name, v in list(vars(obj).items()):
+                    if _watchable(v):
+                        ids[f"{space}.{name}"] = id(v)
         return cls(ids)
 
     def changed(self) -> list[str]:

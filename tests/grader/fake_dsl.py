@@ -1,0 +1,55 @@
+"""A CPU-only stand-in DSL for grader tests: kernels are plain torch, so the grader's process, protocol and
+runtime guards can be exercised without a GPU or a DSL package. Never registered outside tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+from mkb.dsl._backend import CompileResult, StaticFinding
+from mkb.dsl._common import load_kernel
+from mkb.dsl._static import check_source
+
+TORCH_BASELINE_28 = '''import torch
+
+
+def solve(x, residual, weight):
+    s = x.float() + residual.float()
+    return (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(x.dtype)
+'''
+
+
+class FakeBackend:
+    name = "fake"
+    display_name = "Fake (torch on CPU, tests only)"
+
+    def version(self) -> str:
+        return "fake==0"
+
+    def environment(self, gpu_arch: str) -> dict[str, str]:
+        return {}
+
+    @property
+    def import_modules(self) -> tuple[str, ...]:
+        return ("torch",)
+
+    def load(self, path: Path) -> ModuleType:
+        return load_kernel(Path(path), dsl=self.name)
+
+    def static_rules(self, source: str) -> tuple[StaticFinding, ...]:
+        return check_source(source)
+
+    def check_compile(self, path: Path, problem: int) -> CompileResult:
+        return CompileResult(True)
+
+    def kernel_name_patterns(self, module: ModuleType) -> tuple[str, ...]:
+        return (r"^fake_kernel$",)
+
+    def prompt_section(self) -> str:
+        return ""
+
+    def doc_pack(self) -> Path | None:
+        return None
+
+    def doc_pack_version(self) -> str:
+        return "0"

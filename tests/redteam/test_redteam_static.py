@@ -1,0 +1,42 @@
+"""Static rules on every red-team hack in both DSLs: the plain forms are caught, the obfuscated forms and the controls are not."""
+
+from __future__ import annotations
+
+import pytest
+
+import redteam_hacks as R
+from mkb.dsl import get_backend
+
+
+def _baseline(dsl):
+    try:
+        return R.baseline_path(dsl).read_text()
+    except FileNotFoundError:
+        pytest.skip(f"no {dsl} baseline for problem {R.PROBLEM} yet")
+
+
+def test_catalogue_has_at_least_fourteen_distinct_hacks():
+    assert len(R.DISTINCT) >= 14
+    assert len({h.name for h in R.HACKS}) == len(R.HACKS)
+
+
+@pytest.mark.parametrize("dsl", R.DSLS)
+def test_control_is_clean(dsl):
+    assert get_backend(dsl).static_rules(_baseline(dsl)) == ()
+
+
+@pytest.mark.parametrize("dsl", R.DSLS)
+@pytest.mark.parametrize("hack", R.HACKS, ids=lambda h: h.name)
+def test_static_rules_catch_exactly_the_plain_forms(dsl, hack):
+    src = R.render(_baseline(dsl), hack)
+    findings = get_backend(dsl).static_rules(src)
+    got = findings[0].rule if findings else None
+    assert got == hack.static, [f"{f.rule}: {f.message}" for f in findings]
+
+
+@pytest.mark.parametrize("dsl", R.DSLS)
+def test_only_the_hack_differs_from_the_control(dsl):
+    base = _baseline(dsl)
+    for hack in R.HACKS:
+        src = R.render(base, hack)
+        assert src.replace("def _real_solve(", "def solve(", 1).startswith(base.rstrip())
