@@ -115,9 +115,10 @@ META = ProblemMeta(
     family="attention",
     dtypes=("float32", "int32"),
     source_model="google/gemma-3n-E4B audio encoder (Gemma3nAudioAttention, HF transformers)",
-    source_config="conf_num_attention_heads=8, hidden 512 (head_dim 64), conf_attention_chunk_size=12, "
+    source_config="conf_num_attention_heads=8, conf_attention_chunk_size=12, "
     "conf_attention_context_left=13, conf_attention_context_right=0, conf_attention_logit_cap=50.0, "
-    "relative position timing signal: 256 timescales in [1, 1e4]",
+    "relative position timing signal of hidden_size/2 timescales in [1, 1e4]; hidden 512 as in the seen "
+    "problem header (8 heads x 64, 256 timescales)",
     inputs=("q", "k", "v", "per_dim_scale", "pos_proj_weight", "valid_lens"),
     outputs=(Output("out"),),
     flops=_FLOPS,
@@ -125,8 +126,9 @@ META = ProblemMeta(
     peak="memory",
     structure_inputs=("valid_lens",),
     notes="Seen shape: batch 64, seq 1721, hidden 512, 256 timescales, logit soft cap, per-row valid "
-    "lengths. The HF block form (chunk 12, 24-wide context, relative shift) is written here as its "
-    "equivalent 13-frame causal window. Padding query frames output 0 (HF would emit a uniform "
+    "lengths. The released gemma-3n-E4B audio config has hidden_size=1536 (768 timescales); the seen "
+    "hidden 512 is kept, with the released head count, window and cap. The HF block form (chunk 12, "
+    "24-wide context, relative shift) is written here as its equivalent 13-frame causal window. Padding query frames output 0 (HF would emit a uniform "
     "average there; the conformer masks those frames afterwards). flops count the 13 visible keys "
     "per query (qk, q.E, pv) plus the 13x512x512 position projection.",
 )
