@@ -1,4 +1,4 @@
-"""GQA decode attention over a paged KV cache (FlashInfer layout), Qwen3-14B heads at tensor-parallel 8, page size 1.
+"""GQA decode attention over a paged KV cache (FlashInfer layout), Qwen3-14B heads at TP 8, page size 1.
 
 One new query token per sequence attends to that sequence's whole KV cache (no mask inside a
 sequence: the cache holds exactly the tokens the query may see, the query's own token included).
@@ -102,7 +102,8 @@ META = ProblemMeta(
     family="attention",
     dtypes=("bfloat16", "int32", "float32"),
     source_model="Qwen/Qwen3-14B at tensor-parallel 8 (served by FlashInfer/vLLM)",
-    source_config="num_attention_heads=40, num_key_value_heads=8, head_dim=128, TP=8 -> 5 q / 1 kv heads per GPU; FlashInfer "
+    source_config="num_attention_heads=40, num_key_value_heads=8, head_dim=128, TP=8 -> 5 q / 1 kv "
+    "heads per GPU; FlashInfer "
     "BatchDecodeWithPagedKVCache layout (NHD pages, CSR page table), page_size=1",
     inputs=("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page_len"),
     outputs=(Output("out"), Output("lse")),

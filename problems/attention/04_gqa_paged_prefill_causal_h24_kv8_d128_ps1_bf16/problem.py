@@ -99,7 +99,8 @@ def make_inputs(seed: int, *, device, size: str = "full"):
     def i32(x):
         return torch.tensor(x, dtype=torch.int32, device=device)
 
-    return q, k_cache, v_cache, i32(cu_seqlens(qo_lens)), i32(pt.indptr), i32(pt.indices), i32(pt.last_page_len)
+    qo_indptr = i32(cu_seqlens(qo_lens))
+    return q, k_cache, v_cache, qo_indptr, i32(pt.indptr), i32(pt.indices), i32(pt.last_page_len)
 
 
 def _cost():

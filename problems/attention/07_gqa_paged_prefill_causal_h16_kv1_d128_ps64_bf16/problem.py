@@ -1,4 +1,4 @@
-"""Causal GQA prefill over a paged KV cache (FlashInfer layout), Llama-3.1-405B heads at tensor-parallel 8, page size 64.
+"""Causal GQA prefill over a paged KV cache (FlashInfer layout), Llama-3.1-405B heads at TP 8, page size 64.
 
 A batch of sequences each appends qo_len[b] new tokens after a cached prefix (chunked prefill /
 prefix caching). The new tokens' K/V are already written into the paged cache, so sequence b's
@@ -99,7 +99,8 @@ def make_inputs(seed: int, *, device, size: str = "full"):
     def i32(x):
         return torch.tensor(x, dtype=torch.int32, device=device)
 
-    return q, k_cache, v_cache, i32(cu_seqlens(qo_lens)), i32(pt.indptr), i32(pt.indices), i32(pt.last_page_len)
+    qo_indptr = i32(cu_seqlens(qo_lens))
+    return q, k_cache, v_cache, qo_indptr, i32(pt.indptr), i32(pt.indices), i32(pt.last_page_len)
 
 
 def _cost():
@@ -120,7 +121,8 @@ META = ProblemMeta(
     family="attention",
     dtypes=("bfloat16", "int32", "float32"),
     source_model="meta-llama/Llama-3.1-405B-Instruct at tensor-parallel 8 (served by FlashInfer/vLLM)",
-    source_config="num_attention_heads=128, num_key_value_heads=8, head_dim=128, TP=8 -> 16 q / 1 kv heads per GPU; FlashInfer "
+    source_config="num_attention_heads=128, num_key_value_heads=8, head_dim=128, TP=8 -> 16 q / 1 kv "
+    "heads per GPU; FlashInfer "
     "BatchPrefillWithPagedKVCache layout (NHD pages, CSR page table), page_size=64, causal",
     inputs=("q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"),
     outputs=(Output("out"), Output("lse")),

@@ -106,7 +106,8 @@ META = ProblemMeta(
     name="gqa_ragged_prefill_causal_h8_kv1_d256_bf16",
     family="attention",
     dtypes=("bfloat16", "int32", "float32"),
-    source_model="Qwen/Qwen3-Next-80B-A3B-Instruct (gated full-attention layers) at tensor-parallel 2 (served by FlashInfer/vLLM)",
+    source_model="Qwen/Qwen3-Next-80B-A3B-Instruct (gated full-attention layers) at tensor-parallel 2 "
+    "(served by FlashInfer/vLLM)",
     source_config="num_attention_heads=16, num_key_value_heads=2, head_dim=256, TP=2 -> 8 q / 1 kv "
     "heads per GPU; FlashInfer BatchPrefillWithRaggedKVCache layout (NHD, indptr), causal",
     inputs=("q", "k", "v", "qo_indptr", "kv_indptr"),

@@ -128,7 +128,8 @@ META = ProblemMeta(
     notes="Seen shape: batch 64, seq 1721, hidden 512, 256 timescales, logit soft cap, per-row valid "
     "lengths. The released gemma-3n-E4B audio config has hidden_size=1536 (768 timescales); the seen "
     "hidden 512 is kept, with the released head count, window and cap. The HF block form (chunk 12, "
-    "24-wide context, relative shift) is written here as its equivalent 13-frame causal window. Padding query frames output 0 (HF would emit a uniform "
+    "24-wide context, relative shift) is written here as its equivalent 13-frame causal window. "
+    "Padding query frames output 0 (HF would emit a uniform "
     "average there; the conformer masks those frames afterwards). flops count the 13 visible keys "
     "per query (qk, q.E, pv) plus the 13x512x512 position projection.",
 )
