@@ -1,0 +1,188 @@
+"""A whole Mamba2 mixer layer of Nemotron-H 56B (prefill): in_proj, causal conv, selective scan,
+gated group RMSNorm, out_proj; bf16 weights and activations.
+
+For hidden states u [B, T, d] (d = 8192; intermediate I = 16384 = 256 heads x 64, 8 groups of
+B/C with state N = 256), in fp32 (the promoted dtype) throughout:
+
+    z, xBC, dt = split(u @ in_proj_weight^T, [I, I + 2 G N, H])
+    xBC = silu(causal depthwise conv1d(xBC over time, conv_weight [C, 1, 4], conv_bias))   (zero history)
+    x, Bm, Cm = split(xBC, [I, G N, G N])  ->  x [.., H, P], Bm, Cm [.., G, N]; head h uses group h // (H/G)
+    dt = softplus(dt + dt_bias) ;  A = -exp(A_log)
+    S_t = exp(dt_t A) S_{t-1} + dt_t outer(x_t, B_t) ;  y_t = S_t C_t + D * x_t          (S_{-1} = 0)
+    y = y * silu(z) ;  y = per-group-of-2048 RMSNorm(y, eps 1e-5) * norm_weight        (norm_before_gate=False)
+    out = y @ out_proj_weight^T
+
+Layouts: hidden bf16 [B, T, 8192]; in_proj_weight bf16 [37120, 8192]; conv_weight bf16 [20480, 1, 4];
+conv_bias bf16 [20480]; dt_bias, A_log, D fp32 [256]; norm_weight bf16 [16384]; out_proj_weight bf16
+[8192, 16384]; n_groups int (a Python scalar, 8). Output: out bf16 [B, T, 8192] (one rounding). `reference` runs the projections in
+fp32 and the exact recurrence; `eager` is what a PyTorch model does: bf16 projections (fp32
+accumulation) and the chunked SSD (chunk 128) in fp32. Shapes are the published problem's: batch 8,
+sequence 512.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from mkb.problems._contract import Output, ProblemMeta
+
+BATCH = {"full": 8, "smoke": 1}
+SEQ = {"full": 512, "smoke": 32}
+HIDDEN = {"full": 8192, "smoke": 64}
+HEADS = {"full": 256, "smoke": 4}
+HEAD_DIM = {"full": 64, "smoke": 16}
+STATE = {"full": 256, "smoke": 16}
+GROUPS = {"full": 8, "smoke": 2}
+CONV = 4
+CHUNK = 128
+EPS = 1e-5
+
+_f = "full"
+_B, _T, _d, _H, _P, _N, _G = BATCH[_f], SEQ[_f], HIDDEN[_f], HEADS[_f], HEAD_DIM[_f], STATE[_f], GROUPS[_f]
+_I = _H * _P
+_PROJ = 2 * _I + 2 * _G * _N + _H
+_l = CHUNK
+_BT = _B * _T
+
+META = ProblemMeta(
+    number=63,
+    name="mamba2_selective_scan_nemotron_h_bf16",
+    family="linear_attention",
+    dtypes=("bf16", "fp32"),
+    source_model="nvidia/Nemotron-H-56B-Base-8K (Mamba2 mixer layer)",
+    source_config="hidden_size=8192, mamba_num_heads=256, mamba_head_dim=64, ssm_state_size=256, n_groups=8, "
+    "conv_kernel=4, chunk_size=128, expand=2 (intermediate 16384), layer_norm_epsilon=1e-5, "
+    "use_bias=false, use_conv_bias=true; published shape batch 8 x seq 512",
+    inputs=("hidden", "in_proj_weight", "conv_weight", "conv_bias", "dt_bias", "A_log", "D", "norm_weight", "out_proj_weight", "n_groups"),
+    outputs=(Output("out"),),
+    flops=float(2 * _BT * _d * _PROJ + 2 * _BT * _I * _d
+                + _BT * (_G * 2 * _l * _N + _H * (2 * _l * _P + 4 * _P * _N))
+                + _BT * (_I + 2 * _G * _N) * 2 * CONV),
+    bytes=float((_PROJ * _d + _d * _I) * 2 + 2 * _BT * _d * 2 + (_I + 2 * _G * _N) * (CONV + 1) * 2 + _I * 2 + 3 * _H * 4),
+    peak="bf16_tc",
+    notes="The two projections are ~97% of the FLOPs. The reference computes them in fp32 (the spec); "
+    "the eager baseline in bf16 with fp32 accumulation, as the model runs.",
+)
+
+
+def _segsum(x):
+    """segsum[..., i, j] = sum_{j < m <= i} x[..., m] for j <= i, -inf above the diagonal (mamba_ssm's exact form)."""
+    T = x.shape[-1]
+    xx = x[..., None].expand(*x.shape, T)
+    low = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-1)
+    xx = xx.masked_fill(~low, 0)
+    s = xx.cumsum(dim=-2)
+    return s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), float("-inf"))
+
+
+def _ssd_recurrence(x, dt, A, Bm, Cm, S):
+    """Exact selective-state recurrence. x [b, T, H, P]; dt [b, T, H] (>0); A [H] (<0);
+    Bm, Cm [b, T, G, N]; S [b, H, P, N]. Returns y [b, T, H, P] (without the D skip) and S."""
+    H, G = x.shape[2], Bm.shape[2]
+    Bh = Bm.repeat_interleave(H // G, dim=2)
+    Ch = Cm.repeat_interleave(H // G, dim=2)
+    ys = []
+    for t in range(x.shape[1]):
+        dtt = dt[:, t]
+        S = S * torch.exp(dtt * A)[..., None, None] + (dtt[..., None] * x[:, t])[..., :, None] * Bh[:, t, :, None, :]
+        ys.append(torch.einsum("bhpn,bhn->bhp", S, Ch[:, t]))
+    return torch.stack(ys, dim=1), S
+
+
+def _ssd_chunked(x, dt, A, Bm, Cm, S, chunk):
+    """Chunked SSD (mamba_ssm `ssd_minimal_discrete`, with B/C shared by groups of heads)."""
+    b, T, H, P = x.shape
+    G, N = Bm.shape[2], Bm.shape[3]
+    R = H // G
+    pad = (-T) % chunk
+    # trailing padding with dt = 0 leaves the state unchanged
+    x, Bm, Cm = (F.pad(t_, (0, 0, 0, 0, 0, pad)) for t_ in (x, Bm, Cm))
+    dt = F.pad(dt, (0, 0, 0, pad))
+    c = (T + pad) // chunk
+    X = (x * dt[..., None]).reshape(b, c, chunk, G, R, P)
+    Ad = (dt * A).reshape(b, c, chunk, G, R).permute(0, 3, 4, 1, 2)  # [b, G, R, c, l]
+    Bc, Cc = Bm.reshape(b, c, chunk, G, N), Cm.reshape(b, c, chunk, G, N)
+    Acs = Ad.cumsum(-1)
+    CB = torch.einsum("bclgn,bcsgn->bcgls", Cc, Bc)
+    Lm = torch.exp(_segsum(Ad))  # [b, G, R, c, l, s]
+    Y = torch.einsum("bcgls,bgrcls,bcsgrp->bclgrp", CB, Lm, X)
+    decay_states = torch.exp(Acs[..., -1:] - Acs)
+    states = torch.einsum("bclgn,bgrcl,bclgrp->bcgrpn", Bc, decay_states, X)
+    S0 = S.reshape(b, 1, G, R, P, N)
+    states = torch.cat([S0, states], dim=1)
+    decay_chunk = torch.exp(_segsum(F.pad(Acs[..., -1], (1, 0))))  # [b, G, R, c+1, c+1]
+    new_states = torch.einsum("bgrzc,bcgrpn->bzgrpn", decay_chunk, states)
+    states, S = new_states[:, :-1], new_states[:, -1]
+    Y = Y + torch.einsum("bclgn,bcgrpn,bgrcl->bclgrp", Cc, states, torch.exp(Acs))
+    return Y.reshape(b, c * chunk, H, P)[:, :T], S.reshape(b, H, P, N)
+
+
+def _layer(hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups, *, fast):
+    ct = torch.promote_types(hidden.dtype, torch.float32)
+    b, T, d = hidden.shape
+    H = dt_bias.shape[0]
+    I = norm_weight.shape[0]
+    P = I // H
+    GN = (conv_weight.shape[0] - I) // 2
+    G = int(n_groups)
+    if fast:  # eager: bf16 GEMM with fp32 accumulation, as the model runs it
+        zxbcdt = (hidden @ in_proj_weight.t()).to(ct)
+    else:
+        zxbcdt = hidden.to(ct) @ in_proj_weight.to(ct).t()
+    z, xBC, dt = zxbcdt.split([I, I + 2 * GN, H], dim=-1)
+    K = conv_weight.shape[-1]
+    w = conv_weight.to(ct)[:, 0, :]
+    xp = F.pad(xBC.transpose(1, 2), (K - 1, 0))
+    xBC = conv_bias.to(ct)[:, None] + sum(w[:, j, None] * xp[..., j : j + T] for j in range(K))
+    xBC = F.silu(xBC).transpose(1, 2)
+    x, Bm, Cm = xBC.split([I, GN, GN], dim=-1)
+    N = GN // G
+    x = x.reshape(b, T, H, P)
+    Bm, Cm = Bm.reshape(b, T, G, N), Cm.reshape(b, T, G, N)
+    dtp = F.softplus(dt + dt_bias.to(ct))
+    A = -torch.exp(A_log.to(ct))
+    S = torch.zeros(b, H, P, N, dtype=ct, device=hidden.device)
+    if fast:
+        y, _ = _ssd_chunked(x, dtp, A, Bm, Cm, S, CHUNK)
+    else:
+        y, _ = _ssd_recurrence(x, dtp, A, Bm, Cm, S)
+    y = (y + D.to(ct)[:, None] * x).reshape(b, T, I)
+    y = (y * F.silu(z)).reshape(b, T, G, I // G)
+    y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + EPS)).reshape(b, T, I) * norm_weight.to(ct)
+    if fast:
+        return y.to(hidden.dtype) @ out_proj_weight.t()
+    return (y @ out_proj_weight.to(ct).t()).to(hidden.dtype)
+
+
+def reference(hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups):
+    return _layer(hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups, fast=False)
+
+
+def eager(hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups):
+    return _layer(hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups, fast=True)
+
+
+def make_inputs(seed: int, *, device="cpu", size: str = "full"):
+    B, T, d, H, P, N, G = BATCH[size], SEQ[size], HIDDEN[size], HEADS[size], HEAD_DIM[size], STATE[size], GROUPS[size]
+    I = H * P
+    C = I + 2 * G * N
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rn(*s):
+        return torch.randn(*s, generator=gen, device=device)
+
+    bf = torch.bfloat16
+    hidden = rn(B, T, d).to(bf)
+    w_in = (rn(2 * I + 2 * G * N + H, d) / math.sqrt(d)).to(bf)
+    conv_w = (rn(C, 1, CONV) * 0.5).to(bf)
+    conv_b = (0.1 * rn(C)).to(bf)
+    dt0 = torch.exp(torch.empty(H, device=device).uniform_(-6.9, -2.3, generator=gen))
+    dt_bias = dt0 + torch.log(-torch.expm1(-dt0))  # softplus^-1 of dt ~ logU(1e-3, 1e-1)
+    A_log = torch.log(1.0 + 15.0 * torch.rand(H, generator=gen, device=device))
+    D = 1.0 + 0.1 * rn(H)
+    norm_w = (1.0 + 0.1 * rn(I)).to(bf)
+    w_out = (rn(d, I) / math.sqrt(I)).to(bf)
+    return hidden, w_in, conv_w, conv_b, dt_bias, A_log, D, norm_w, w_out, G
