@@ -107,54 +107,76 @@ class WorkerPool:
     """
 
     def __init__(self, dsls: tuple[str, ...] = ("cute", "tirx"), *, device: str = "cuda", prestart: bool = True,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, depth: int = 1, refill_on_take: bool = True) -> None:
         self.device = device
         self.env = env
-        self._ready: dict[str, Worker] = {}
+        self.depth = depth
+        self.refill_on_take = refill_on_take
+        self._ready: dict[str, list[Worker]] = {}
         self._lock = threading.Lock()
         self.spawned = 0
         self.closed = False
+        self.dsls = tuple(dsls)
         if prestart:
             for d in dsls:
-                self._spawn(d)
+                self.refill(d)
 
     def _spawn(self, dsl: str) -> Worker:
         w = Worker(dsl, device=self.device, env=self.env)
         self.spawned += 1
         with self._lock:
-            self._ready[dsl] = w
+            self._ready.setdefault(dsl, []).append(w)
         return w
 
+    def refill(self, dsl: str | None = None) -> None:
+        """Spawn workers until `depth` wait for each DSL (or for `dsl`)."""
+        for d in ([dsl] if dsl else self.dsls):
+            with self._lock:
+                n = len(self._ready.get(d, []))
+            for _ in range(self.depth - n):
+                self._spawn(d)
+
     def take(self, dsl: str) -> Worker:
-        """The warm worker for `dsl` (spawning one if there is none) and, at once, its successor."""
+        """The oldest warm worker for `dsl` (spawning one if there is none) and, at once, its successor.
+
+        With `refill_on_take=False` no successor is spawned until `refill()` (the benchmark does this
+        so that no worker imports while another one times a kernel).
+        """
         if self.closed:
             raise RuntimeError("the worker pool is closed")
-        with self._lock:
-            w = self._ready.pop(dsl, None)
-        if w is None or not w.alive():
-            if w is not None:
-                w.kill()
-                w.cleanup()
+        w = None
+        while True:
+            with self._lock:
+                queue = self._ready.get(dsl, [])
+                w = queue.pop(0) if queue else None
+            if w is None or w.alive():
+                break
+            w.kill()
+            w.cleanup()
+        if w is None:
             w = Worker(dsl, device=self.device, env=self.env)
             self.spawned += 1
-        self._spawn(dsl)
+        if self.refill_on_take:
+            self.refill(dsl)
+        if dsl not in self.dsls:
+            self.dsls += (dsl,)
         return w
 
     def warm(self) -> dict[str, int]:
-        """pid of each waiting worker (for tests and the benchmark)."""
+        """pid of the next waiting worker of each DSL (for tests and the benchmark)."""
         with self._lock:
-            return {d: w.pid for d, w in self._ready.items()}
+            return {d: ws[0].pid for d, ws in self._ready.items() if ws}
 
     def wait_warm(self, limit_s: float = 180.0) -> None:
         with self._lock:
-            ws = list(self._ready.values())
+            ws = [w for q in self._ready.values() for w in q]
         for w in ws:
             w.wait_ready(limit_s)
 
     def close(self) -> None:
         self.closed = True
         with self._lock:
-            ws, self._ready = list(self._ready.values()), {}
+            ws, self._ready = [w for q in self._ready.values() for w in q], {}
         for w in ws:
             w.kill()
             w.cleanup()
