@@ -69,6 +69,7 @@ META = ProblemMeta(
     bytes=float(2 * _T * (_H + 2 * _Hkv) * _D * 2 + _T * (8 + 8 + (_D // 2) * 4)),  # qkv in; q, k, v out; index + cos/sin row
     peak="memory",
     mutates=("k_cache", "v_cache"),
+    structure_inputs=("positions", "cos_sin_cache", "slot_mapping"),
     notes=f"Full: {_T} new tokens of 8 sequences (contexts up to 16k), cache pool {_PAGES} blocks. "
     "Mutated caches are also returned. Unlike HF (which rounds to bf16 before the norm weight), "
     "the spec keeps fp32 until each stored value.",

@@ -68,6 +68,7 @@ META = ProblemMeta(
     bytes=float(2 * _T * (_H * _R + _C + _R) * 2 + _T * (8 + 8 + _R * 4)),
     peak="memory",
     mutates=("kv_cache",),
+    structure_inputs=("positions", "cos_sin_cache", "slot_mapping"),
     notes=f"Full: {_T} new tokens of 8 sequences (contexts up to 16k), cache pool {_PAGES} blocks of 64. "
     "The mutated cache is also returned. Plain RoPE table (no YaRN) generated from theta.",
 )

@@ -66,6 +66,7 @@ META = ProblemMeta(
     bytes=float(2 * _T * _Hkv * _D * (2 + 1) + 2 * _T * _Hkv * 4 + _T * 8),
     peak="memory",
     mutates=("k_cache", "v_cache", "k_scale", "v_scale"),
+    structure_inputs=("slot_mapping",),
     notes=f"Full: {_T} new tokens of 64 requests, pool {_PAGES} pages. Mutated caches are also returned.",
 )
 

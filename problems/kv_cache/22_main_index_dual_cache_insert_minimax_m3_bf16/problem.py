@@ -65,6 +65,7 @@ META = ProblemMeta(
     bytes=float(2 * _T * _ROW * 2 + 2 * _T * 8),
     peak="memory",
     mutates=("k_cache", "v_cache", "index_cache"),
+    structure_inputs=("slot_mapping", "index_slot_mapping"),
     exact_reason="a scatter copy of bf16 rows into two caches: no arithmetic, the fp64 anchor equals the result",
     notes=f"Full: {_T} new tokens of 32 requests (contexts up to 32k); main pool {_P} pages of 16, "
     f"index pool {_IP} pages of 64. No public MiniMax M3 config was available: head counts follow "

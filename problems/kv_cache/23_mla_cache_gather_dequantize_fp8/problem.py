@@ -50,6 +50,7 @@ META = ProblemMeta(
     flops=float(_N * DIM["full"]),
     bytes=float(_N * DIM["full"] * (1 + 2) + _PT.batch * _PT.max_pages * 4),
     peak="memory",
+    structure_inputs=("block_table", "seq_lens", "cu_seq_lens"),
     notes=f"Full: {_PT.batch} sequences, {_N} tokens gathered from a pool of {_PT.num_pages} pages.",
 )
 

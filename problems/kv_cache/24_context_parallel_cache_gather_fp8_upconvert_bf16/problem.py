@@ -63,6 +63,7 @@ META = ProblemMeta(
     flops=float(2 * _N * _Hkv * _D),
     bytes=float(2 * _N * _Hkv * _D * (1 + 2) + _BT.size * 4),
     peak="memory",
+    structure_inputs=("block_tables", "seq_lens", "cu_seq_lens"),
     notes=f"Full: {_N} tokens over {len(_LENS)} sequences; each rank's pool has {_PAGES} pages.",
 )
 

@@ -53,6 +53,7 @@ META = ProblemMeta(
     bytes=2.0 * _COPIED + PAIRS[_f] * 2 * 8,  # read and write each copied block once
     peak="memory",
     mutates=("key_caches", "value_caches"),
+    structure_inputs=("block_mapping",),
     exact_reason="a byte copy between cache blocks: no arithmetic, the fp64 anchor equals the result",
     notes="Mutated caches are also returned (same names as the inputs). bytes counts only the "
     "copied blocks (the untouched rest of the caches need not move). Mapping (sources with "

@@ -80,6 +80,7 @@ META = ProblemMeta(
     bytes=float(_APPENDED * 4 * 2 + _T * (4 + 8) + _G * _T * (4 + 8) + _G * ROWS["full"] * 4 * 4),
     peak="memory",
     mutates=("block_tables", "num_blocks_per_row"),
+    structure_inputs=("num_blocks_per_row", "num_new_blocks", "req_indices", "positions", "block_sizes"),
     exact_reason="integer index arithmetic and copies only",
     notes=f"Full: {_T} scheduled tokens of {ACTIVE['full']} requests, {_APPENDED} blocks appended over "
     "both groups. Mutated tables are also returned.",

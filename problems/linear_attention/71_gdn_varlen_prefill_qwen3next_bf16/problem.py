@@ -66,6 +66,7 @@ META = ProblemMeta(
     bytes=float(_N * (2 * _Hk * _K + 2 * _Hv * _V + 2 * _Hv) * 2 + 2 * len(_LENS) * _Hv * _K * _V * 2),
     peak="bf16_tc",
     mutates=("ssm_state",),
+    structure_inputs=("state_indices", "has_initial_state", "cu_seqlens"),
     notes=f"Full: {len(_LENS)} sequences, {_N} tokens (lengths {_LENS}). The reference is the "
     "token-by-token recurrence; eager pads to the longest sequence and runs the chunked form. "
     "The pool is also returned.",

@@ -54,6 +54,7 @@ META = ProblemMeta(
     bytes=2.0 * _B * _Hv * _K * _V * 4 + _B * (2 * HK[_f] * _K + 2 * _Hv * _V + 2 * _Hv) * 2 + _B * 4,
     peak="memory",
     mutates=("ssm_state",),
+    structure_inputs=("state_indices",),
     notes="Decode batch 128 of a pool of 384 fp32 states (768 MiB); the state dominates traffic. "
     "The updated pool is also returned (same name as the input).",
 )

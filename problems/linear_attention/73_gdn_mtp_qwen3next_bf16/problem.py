@@ -55,6 +55,7 @@ META = ProblemMeta(
     bytes=float(_B * (1 + _T) * _Hv * _K * _V * 4 + _B * _T * (2 * HK[_f] * _K + 2 * _Hv * _V + 2 * _Hv) * 2),
     peak="memory",
     mutates=("ssm_state",),
+    structure_inputs=("state_indices",),
     notes="The state is read once and written T times per request (the minimum traffic above). "
     "The pool is also returned.",
 )
