@@ -53,9 +53,14 @@ class TirxBackend:
         return f"apache-tvm=={_common.package_version(self.dist)}"
 
     def environment(self, gpu_arch: str) -> dict[str, str]:
+        cuda = _common.cuda_path()
+        path = os.environ.get("PATH", "")
+        cuda_bin = os.path.join(cuda, "bin")
         return {
             "MKB_GPU_ARCH": normalise_arch(gpu_arch),
-            "CUDA_PATH": _common.cuda_path(),
+            "CUDA_PATH": cuda,
+            # TVM runs `nvcc` from PATH: put the toolkit's first so the pinned flags meet the pinned compiler
+            "PATH": path if path.split(os.pathsep)[:1] == [cuda_bin] else os.pathsep.join(p for p in (cuda_bin, path) if p),
             "TVM_CUDA_COMPILE_MODE": "nvcc",
             "TVM_CUDA_NVCC_NO_FAST_MATH": "1",
             "TVM_CUDA_NVRTC_EXTRA_OPTS": "--ftz=false --prec-div=true --prec-sqrt=true",
