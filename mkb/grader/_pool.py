@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from mkb.grader._backends import backend_target
+from mkb.grader._backends import backend_from_target, backend_target
 from mkb.grader._protocol import LineReader, write_msg
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -22,12 +22,14 @@ class Worker:
     """One spawned worker process in its own process group; used for exactly one job, then killed."""
 
     def __init__(self, dsl: str, *, device: str = "cuda", env: dict[str, str] | None = None,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, gpu_arch: str = "sm_90a") -> None:
         self.dsl, self.device = dsl, device
         job_r, self._job_w = os.pipe()
         self._res_r, res_w = os.pipe()
         self.log = tempfile.NamedTemporaryFile(prefix=f"mkb-worker-{dsl}-", suffix=".log", delete=False)
         full_env = dict(os.environ if env is None else env)
+        if device == "cuda":  # the DSL's environment (arch, CUDA path, math policy) before it is first imported
+            full_env.update(backend_from_target(backend_target(dsl), dsl).environment(gpu_arch))
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, full_env.get("PYTHONPATH", "")) if p)
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.spawned_at = time.monotonic()
