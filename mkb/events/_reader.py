@@ -36,6 +36,8 @@ class FileInfo:
     rows: int
     types: tuple[tuple[str, pa.DataType], ...]  # (column, arrow type) in file order
     compacted_from: tuple[str, ...] = ()
+    id_range: tuple[str, str] | None = None  # min and max event_id from the column statistics, when written
+
 
     @property
     def name(self) -> str:
@@ -89,10 +91,54 @@ def _parse_footer(path: str, size: int, tail: bytes) -> FileInfo | str:
     except ValueError:
         compacted = ()
     return FileInfo(
+        id_range=_id_range(meta),
         path=path, size=size, kind=kv.get(META_KIND, b"").decode(errors="replace"),
         version=kv.get(META_VERSION, b"").decode(errors="replace"), rows=meta.num_rows,
         types=tuple((f.name, f.type) for f in arrow), compacted_from=compacted,
     )
+
+
+def _id_range(meta: pq.FileMetaData) -> tuple[str, str] | None:
+    """(min, max) event_id over all row groups, from the footer statistics; None when any is missing."""
+    if meta.num_row_groups == 0:
+        return None
+    rg0 = meta.row_group(0)
+    idx = next((j for j in range(rg0.num_columns) if rg0.column(j).path_in_schema == "event_id"), None)
+    if idx is None:
+        return None
+    lo = hi = None
+    for i in range(meta.num_row_groups):
+        st = meta.row_group(i).column(idx).statistics
+        if st is None or not st.has_min_max:
+            return None
+        lo = st.min if lo is None or st.min < lo else lo
+        hi = st.max if hi is None or st.max > hi else hi
+    if isinstance(lo, bytes):
+        lo, hi = lo.decode(errors="replace"), hi.decode(errors="replace")
+    return (lo, hi)
+
+
+def overlap_groups(files: list[FileInfo]) -> list[list[FileInfo]]:
+    """Files grouped so that two files that could share an event_id are in one group.
+
+    Two files share an id only if their [min, max] event_id ranges overlap; files without
+    statistics overlap everything. Files mkb writes have unique ids inside (uuid7 per event,
+    compaction de-duplicates), so a file alone in its group needs no row-level de-duplication.
+    """
+    known = sorted((f for f in files if f.id_range is not None), key=lambda f: f.id_range)
+    unknown = [f for f in files if f.id_range is None]
+    groups: list[list[FileInfo]] = []
+    hi = None
+    for f in known:
+        if groups and f.id_range[0] <= hi:
+            groups[-1].append(f)
+            hi = max(hi, f.id_range[1])
+        else:
+            groups.append([f])
+            hi = f.id_range[1]
+    if unknown:
+        groups = [[f for g in groups for f in g] + unknown]
+    return groups
 
 
 def _footer_len(tail: bytes) -> int:
@@ -233,7 +279,8 @@ def scan(kind: str, store: str | Store | None = None, *, report: ScanReport | No
     Files of older minor versions lack newer columns; those read as null. Files of a newer minor
     version read without their extra columns (warned). A torn or foreign file is named in a
     warning (and in `report`) and skipped; a newer major version raises NewerSchemaError.
-    Rows are de-duplicated on event_id (a compaction that was interrupted leaves copies).
+    Rows are de-duplicated on event_id (a copied file, or two compactions racing, leave copies);
+    only files whose event_id ranges overlap are de-duplicated row by row (see overlap_groups).
     """
     import polars as pl
 
@@ -244,16 +291,28 @@ def scan(kind: str, store: str | Store | None = None, *, report: ScanReport | No
     canon = schema.polars()
     if not live:
         return pl.LazyFrame(schema=canon)
-    paths = [i.path for i in live]
-    if store.is_local:
-        lf = pl.scan_parquet(paths, schema=canon, missing_columns="insert", extra_columns="ignore", hive_partitioning=False)
-    else:  # polars cannot open memory:// (or every fsspec protocol); pyarrow reads through the fs object and null-fills by schema
-        import pyarrow.dataset as ds
+    if not dedupe:
+        return _scan_paths(store, schema, [i.path for i in live])
+    groups = overlap_groups(live)
+    alone = [g[0].path for g in groups if len(g) == 1]
+    shared = [f.path for g in groups if len(g) > 1 for f in g]
+    parts = []
+    if alone:
+        parts.append(_scan_paths(store, schema, alone))
+    if shared:
+        parts.append(_scan_paths(store, schema, shared).unique(subset="event_id", keep="first", maintain_order=True))
+    return parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical")
 
-        lf = pl.scan_pyarrow_dataset(ds.dataset(paths, schema=schema.arrow(), filesystem=store.fs, format="parquet"))
-    if dedupe:
-        lf = lf.unique(subset="event_id", keep="first", maintain_order=True)
-    return lf
+
+def _scan_paths(store: Store, schema: KindSchema, paths: list[str]):
+    import polars as pl
+
+    if store.is_local:
+        return pl.scan_parquet(paths, schema=schema.polars(), missing_columns="insert", extra_columns="ignore", hive_partitioning=False)
+    # polars cannot open memory:// (or every fsspec protocol); pyarrow reads through the fs object and null-fills by schema
+    import pyarrow.dataset as ds
+
+    return pl.scan_pyarrow_dataset(ds.dataset(paths, schema=schema.arrow(), filesystem=store.fs, format="parquet"))
 
 
 def read(kind: str, store: str | Store | None = None, **kw):

@@ -94,6 +94,8 @@ class EventWriter:
         self._n_buffered = 0
         self._seq: dict[str | None, int] = {}
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._pending: list[tuple[str, str, bytes, int]] = []  # (kind, target, bytes, rows) cut but not yet published
         self.files_written: list[str] = []
         _open_writers.add(self)
 
@@ -152,24 +154,44 @@ class EventWriter:
         return [r["event_id"] for r in built]
 
     def flush(self) -> list[str]:
-        """Write each buffered kind as one new file; returns the paths written."""
-        with self._lock:
-            buffers, self._buffers, self._n_buffered = self._buffers, {}, 0
-        written = []
-        try:
-            while buffers:
-                kind, rows = next(iter(buffers.items()))
-                table = rows_to_table(schema_for(kind), rows)
-                written.append(write_table(self.store, kind, table))
-                del buffers[kind]
-        finally:
-            if buffers:  # put back what was not written, ahead of anything emitted meanwhile
-                with self._lock:
+        """Write each buffered kind as one new file; returns the paths written.
+
+        Each batch gets its file name and bytes once; a batch whose publish failed is retried
+        under the same name at the next flush, and a FileExistsError holding the same bytes counts
+        as done. So a PUT that landed although the client saw a timeout is not written twice.
+        """
+        with self._flush_lock:
+            with self._lock:
+                buffers, self._buffers, self._n_buffered = self._buffers, {}, 0
+            cut = []
+            try:
+                for kind, rows in buffers.items():
+                    data = table_bytes(rows_to_table(schema_for(kind), rows))
+                    cut.append((kind, f"{self.store.kind_dir(kind)}/{uuid7()}.parquet", data, len(rows)))
+            except BaseException:
+                with self._lock:  # nothing of this flush was cut: put every row back, ahead of newer ones
                     for kind, rows in buffers.items():
                         self._buffers[kind] = rows + self._buffers.get(kind, [])
                         self._n_buffered += len(rows)
-            self.files_written += written
-        return written
+                raise
+            self._pending += cut
+            written = []
+            while self._pending:
+                kind, target, data, _ = self._pending[0]
+                try:
+                    commit(self.store, target, data)
+                except FileExistsError:
+                    if self.store.fs.cat_file(target) != data:
+                        raise
+                written.append(target)
+                self._pending.pop(0)
+                self.files_written.append(target)
+            return written
+
+    @property
+    def pending_events(self) -> int:
+        """Events buffered or in batches whose publish has not succeeded yet."""
+        return self._n_buffered + sum(p[3] for p in self._pending)
 
     def close(self) -> None:
         self.flush()

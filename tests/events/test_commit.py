@@ -86,3 +86,27 @@ def test_an_object_store_flush_that_fails_keeps_the_buffer_for_a_retry(monkeypat
         w.flush()
     assert w.flush() and read("annotation", url).height == 1
     fsspec.filesystem("memory").rm("/mkb-retry", recursive=True)
+
+
+def test_a_put_that_landed_but_reported_failure_is_not_written_twice(monkeypatch):
+    url = "memory://mkb-landed/ds"
+    w = EventWriter(url)
+    w.emit("annotation", target_attempt_id="t", label="clean", reason="r", annotator="a")
+    real = commit_mod._create
+    calls = {"n": 0}
+
+    def lands_then_times_out(fs, path, data):
+        real(fs, path, data)
+        if ".mkb-probe" not in path and calls["n"] == 0:
+            calls["n"] += 1
+            raise TimeoutError("read timeout after the server stored the object")
+
+    monkeypatch.setattr(commit_mod, "_create", lands_then_times_out)
+    with pytest.raises(TimeoutError):
+        w.flush()
+    assert w.pending_events == 1
+    w.flush()  # retried under the same name: the existing identical object counts as done
+    assert w.pending_events == 0
+    assert read("annotation", url, dedupe=False).height == 1
+    assert len(fsspec.filesystem("memory").ls("/mkb-landed/ds/kind=annotation")) == 1
+    fsspec.filesystem("memory").rm("/mkb-landed", recursive=True)
