@@ -105,7 +105,7 @@ def grade(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, store
     for this call and nothing is left running afterwards.
     """
     from mkb.grader._backends import backend_from_target, backend_target
-    from mkb.events import EventWriter, uuid7
+    from mkb.grader._jsonl import uuid7
 
     cfg = config or GraderConfig()
     t_req = time.monotonic()
@@ -138,7 +138,10 @@ def grade(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, store
 
     verdict = _verdict(evaluation_id, number, dsl, sha, stages, failure, log, book, t_req)
     own_writer = writer is None
-    writer = writer or EventWriter(store)
+    if own_writer:
+        from mkb.events import EventWriter
+
+        writer = EventWriter(store)
     try:
         _emit(writer, verdict, attempt_id=attempt_id, scope=scope, failure_log=log)
     finally:
