@@ -196,8 +196,18 @@ def nvfp4_linear(x: torch.Tensor, g_x: torch.Tensor, w: torch.Tensor, w_bs: torc
     return nvfp4_dequantize(xp, xb, g_x, mdt) @ nvfp4_dequantize(w, w_bs, w_g, mdt).T
 
 
-def nvfp4_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A weight in nvfp4 as checkpoints store it: (packed uint8, fp8 block scales, float32 global scale)."""
+def nvfp4_weight(w: torch.Tensor, seed: int | None = None, index: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A weight in nvfp4 as checkpoints store it: (packed uint8, fp8 block scales, float32 global scale).
+
+    With `seed`, the weight is first scaled by 2^(4 f - 2), in [1/4, 4], where f is a Knuth
+    multiplicative hash of (seed, index) in [0, 1) (exact integer arithmetic, any 64-bit seed): the
+    amax of a Gaussian matrix barely moves between draws, so without this the global scale would be
+    nearly constant and a kernel that mishandled it could pass; the golden-ratio hash keeps the
+    scales of neighbouring seeds far apart.
+    """
+    if seed is not None:
+        frac = ((int(seed) * 2654435761 + index * 2147483648) % 2**32) / 2**32
+        w = w * 2.0 ** (4 * frac - 2)
     g = nvfp4_global_scale(w)
     packed, bs = nvfp4_quantize(w, g)
     return packed, bs, g

@@ -46,6 +46,7 @@ META = ProblemMeta(
     source_config="hidden_size 2048, num_experts 128, num_experts_per_tok 8, norm_topk_prob true, softmax router, router_aux_loss_coef 0.001",
     inputs=("x", "w_gate", "probs", "topk_idx", "expert_out", "grad_y", "grad_expert_in"),
     outputs=(Output("grad_x"), Output("grad_w_gate")),
+    structure_inputs=("topk_idx",),
     flops=_T * TOP_K * _H * 2 + _T * TOP_K * _H + 2 * (2 * _T * _E * _H),
     bytes=(_T * _H * 2 * 2 + _E * _H * 2 + _T * _E * 4 + _T * TOP_K * 8 + 2 * _T * TOP_K * _H * 2
            + _T * _H * 2 + _E * _H * 4),

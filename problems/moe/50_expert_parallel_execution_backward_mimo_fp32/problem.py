@@ -40,6 +40,7 @@ META = ProblemMeta(
     source_config="hidden_size 4096, moe_intermediate_size 2048, n_routed_experts 256, num_experts_per_tok 8, hidden_act silu; EP 32 (8 local experts)",
     inputs=("x", "counts", "w13", "w2", "h", "prob", "grad_y"),
     outputs=(Output("grad_x"), Output("grad_w13"), Output("grad_w2"), Output("grad_prob")),
+    structure_inputs=("counts",),
     flops=14 * _N * _H * _I,
     bytes=(_N * _H * 4 * 2 + _EL * 3 * _H * _I * 4 + _N * 2 * _I * 4 + _N * 4) + (_N * _H * 4 + _EL * 3 * _H * _I * 4 + _N * 4),
     peak="fp32_simt",

@@ -64,8 +64,8 @@ def make_inputs(seed, *, device, size="full"):
     n, m, h = SIZES[size]
     gen = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(n, m, generator=gen, device=device).to(torch.bfloat16)
-    w1, w1_bs, w1_g = nvfp4_weight(torch.randn(m, m, generator=gen, device=device) * m**-0.5)
-    w2, w2_bs, w2_g = nvfp4_weight(torch.randn(h, m, generator=gen, device=device) * m**-0.5)
+    w1, w1_bs, w1_g = nvfp4_weight(torch.randn(m, m, generator=gen, device=device) * m**-0.5, seed)
+    w2, w2_bs, w2_g = nvfp4_weight(torch.randn(h, m, generator=gen, device=device) * m**-0.5, seed, 1)
     b1 = (torch.randn(m, generator=gen, device=device) * 0.1).to(torch.bfloat16)
     b2 = (torch.randn(h, generator=gen, device=device) * 0.1).to(torch.bfloat16)
     g_x = nvfp4_global_scale(x)

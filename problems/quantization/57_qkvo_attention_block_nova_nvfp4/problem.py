@@ -5,7 +5,7 @@ Inputs (batch B, sequence S, hidden H = 2048, 16 heads of D = 128, multi-head at
 - x        bfloat16 [B, S, H]       normalised hidden states (input RMSNorm is upstream)
 - g_x      float32 []               static global scale of x's nvfp4 quantisation
 - w_qkv    uint8 [3H, H/2], w_qkv_bs float8_e4m3fn [3H, H/16], w_qkv_g float32 []  q, k, v rows in nvfp4
-- cos, sin float32 [S, D/2]         rotary table (theta 100000, linear scaling 4 already applied)
+- cos, sin float32 [S, D/2]         rotary table of the chunk's positions (theta 100000, linear scaling 4 applied)
 - g_o      float32 []               static global scale of the attention output's nvfp4 quantisation
 - w_o      uint8 [H, H/2], w_o_bs float8_e4m3fn [H, H/16], w_o_g float32 []    o_proj in nvfp4
 
@@ -93,9 +93,10 @@ def make_inputs(seed, *, device, size="full"):
     d = h // nh
     gen = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(b, s, h, generator=gen, device=device).to(torch.bfloat16)
-    w_qkv, w_qkv_bs, w_qkv_g = nvfp4_weight(torch.randn(3 * h, h, generator=gen, device=device) * (2 * h**-0.5))
-    w_o, w_o_bs, w_o_g = nvfp4_weight(torch.randn(h, h, generator=gen, device=device) * h**-0.5)
-    pos = torch.arange(s, device=device, dtype=torch.float64) / ROPE_LINEAR
+    w_qkv, w_qkv_bs, w_qkv_g = nvfp4_weight(torch.randn(3 * h, h, generator=gen, device=device) * (2 * h**-0.5), seed)
+    w_o, w_o_bs, w_o_g = nvfp4_weight(torch.randn(h, h, generator=gen, device=device) * h**-0.5, seed, 1)
+    start = torch.randint(0, 8192, (), generator=gen, device=device).double()  # chunk offset in the sequence
+    pos = (start + torch.arange(s, device=device, dtype=torch.float64)) / ROPE_LINEAR
     inv = ROPE_THETA ** (-torch.arange(0, d, 2, device=device, dtype=torch.float64) / d)
     ang = pos[:, None] * inv[None, :]
     g_x = nvfp4_global_scale(x)

@@ -55,7 +55,7 @@ def eager(*inputs):
 def make_inputs(seed, *, device, size="full"):
     t, a, h = SIZES[size]
     gen = torch.Generator(device=device).manual_seed(seed)
-    attn = (torch.randn(t, a, generator=gen, device=device) * 0.5).to(torch.bfloat16)
-    w, w_bs, w_g = nvfp4_weight(torch.randn(h, a, generator=gen, device=device) * a**-0.5)
-    residual = torch.randn(t, h, generator=gen, device=device).to(torch.bfloat16)
+    attn = torch.randn(t, a, generator=gen, device=device).to(torch.bfloat16)
+    w, w_bs, w_g = nvfp4_weight(torch.randn(h, a, generator=gen, device=device) * a**-0.5, seed)
+    residual = (torch.randn(t, h, generator=gen, device=device) * 0.5).to(torch.bfloat16)
     return attn, nvfp4_global_scale(attn), w, w_bs, w_g, residual

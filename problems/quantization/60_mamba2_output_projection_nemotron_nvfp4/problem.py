@@ -69,6 +69,6 @@ def make_inputs(seed, *, device, size="full"):
     y = torch.randn(t, d, generator=gen, device=device).to(torch.bfloat16)
     z = (torch.randn(t, d, generator=gen, device=device) * 2).to(torch.bfloat16)
     norm_w = (1 + 0.2 * torch.randn(d, generator=gen, device=device)).to(torch.bfloat16)
-    w, w_bs, w_g = nvfp4_weight(torch.randn(h, d, generator=gen, device=device) * d**-0.5)
+    w, w_bs, w_g = nvfp4_weight(torch.randn(h, d, generator=gen, device=device) * d**-0.5, seed)
     g_a = nvfp4_global_scale(_gated_norm(y, z, norm_w, torch.float32))
     return y, z, norm_w, g_a, w, w_bs, w_g

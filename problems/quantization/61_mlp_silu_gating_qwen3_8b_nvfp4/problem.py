@@ -4,18 +4,18 @@ Inputs (T tokens, hidden H = 4096, intermediate I = 12288)
 - x          bfloat16 [T, H]
 - g_x        float32 []            static (calibrated) global scale of x's nvfp4 quantisation
 - w_gate_up  uint8 [2I, H/2], w_bs float8_e4m3fn [2I, H/16], w_g float32 []   rows 0..I-1 gate, I..2I-1 up
+- g_a        float32 []            static global scale of the gated activation's nvfp4 quantisation
 
 nvfp4 (mkb.problems.quant): e2m1 codes two per byte (element 2j in the low nibble, 2j+1 high),
 one e4m3 scale per 16 consecutive elements of a row, value = e2m1 * block_scale * g. Quantising v
 with global scale g: block_scale = e4m3(min(amax/(6 g), 448)), code = e2m1(v / (block_scale * g)),
 float32 division, round to nearest with ties to the even code, saturating at 6.
 Numerics: [gate, up] = dequant(nvfp4(x, g_x)) @ dequant(w_gate_up)^T in float32 (the reference
-promotes to float64 for the anchor); a = silu(gate) * up, rounded to float32; its global scale is
-dynamic, g_a = amax(|a|) / (6 * 448); a is quantised to nvfp4 with g_a.
+promotes to float64 for the anchor); a = silu(gate) * up, rounded to float32, is quantised to nvfp4
+with the static global scale g_a (an input, calibrated offline as down_proj's input_scale).
 Outputs
-- a_fp4  uint8 [T, I/2]             compare: quantized (dequantised with a_bs and g_a)
+- a_fp4  uint8 [T, I/2]             compare: quantized (values e2m1 * a_bs, in units of g_a)
 - a_bs   float8_e4m3fn [T, I/16]    compare: quantized (one quantum = e4m3 spacing)
-- g_a    float32 []
 """
 
 import torch
@@ -41,16 +41,19 @@ META = ProblemMeta(
     family="quantization",
     dtypes=("bfloat16", "uint8", "float8_e4m3fn", "float32"),
     source_model="Qwen/Qwen3-8B (nvfp4)",
-    source_config="hidden_size 4096, intermediate_size 12288, hidden_act silu; nvfp4 block 16, e4m3 block scales, fp32 global scales (static for x, dynamic for the gated activation)",
-    inputs=("x", "g_x", "w_gate_up", "w_bs", "w_g"),
+    source_config="hidden_size 4096, intermediate_size 12288, hidden_act silu; nvfp4 block 16, e4m3 block scales, fp32 global scales (static, calibrated, for x and for the gated activation)",
+    inputs=("x", "g_x", "w_gate_up", "w_bs", "w_g", "g_a"),
     outputs=(
         Output("a_fp4", compare="quantized", dequantize="dequantize_a"),
         Output("a_bs", compare="quantized", dequantize="dequantize_bs"),
-        Output("g_a"),
     ),
     flops=2 * _T * _H * 2 * _I + 6 * _T * _I,
-    bytes=_T * _H * 2 + 2 * _I * _H * (0.5 + 1 / 16) + _T * _I * (0.5 + 1 / 16) + 4,
+    bytes=_T * _H * 2 + 2 * _I * _H * (0.5 + 1 / 16) + _T * _I * (0.5 + 1 / 16) + 3 * 4,
     peak="bf16_tc",
+    exact_reason=(
+        "both outputs are nvfp4 encodings (codes and e4m3 block scales) compared by the quantized rule; float rounding "
+        "before the encoding only moves a code at a rounding boundary, so there is no float gap to measure"
+    ),
     notes=(
         "T = 4096 tokens. Hopper has no fp4 tensor cores: the applicable peak is bf16 (a solution unpacks the codes; "
         "e2m1 x e4m3 products are exact in bf16, so a bf16 GEMM with the global scales applied afterwards is exact "
@@ -60,23 +63,21 @@ META = ProblemMeta(
 
 
 def dequantize_a(outputs):
-    a_fp4, a_bs, g_a = outputs
-    return nvfp4_values_and_quantum(a_fp4, a_bs, g_a)
+    a_fp4, a_bs = outputs
+    return nvfp4_values_and_quantum(a_fp4, a_bs, torch.ones((), dtype=torch.float64, device=a_fp4.device))
 
 
 def dequantize_bs(outputs):
-    _, a_bs, _ = outputs
+    _, a_bs = outputs
     return a_bs.to(torch.float64), fp8_spacing(a_bs)
 
 
-def _mlp(x, g_x, w_gate_up, w_bs, w_g, *, mdt=None):
+def _mlp(x, g_x, w_gate_up, w_bs, w_g, g_a, *, mdt=None):
     cdt = compute_dtype(x)
     gu = nvfp4_linear(x, g_x, w_gate_up, w_bs, w_g, mdt=mdt or cdt).to(cdt)
     inter = gu.shape[-1] // 2
     a = (F.silu(gu[:, :inter]) * gu[:, inter:]).float()
-    g_a = nvfp4_global_scale(a)
-    a_fp4, a_bs = nvfp4_quantize(a, g_a)
-    return a_fp4, a_bs, g_a
+    return nvfp4_quantize(a, g_a)
 
 
 def reference(*inputs):
@@ -92,5 +93,8 @@ def make_inputs(seed, *, device, size="full"):
     t, h, inter = SIZES[size]
     gen = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(t, h, generator=gen, device=device).to(torch.bfloat16)
-    w, w_bs, w_g = nvfp4_weight(torch.randn(2 * inter, h, generator=gen, device=device) * h**-0.5)
-    return x, nvfp4_global_scale(x), w, w_bs, w_g
+    w, w_bs, w_g = nvfp4_weight(torch.randn(2 * inter, h, generator=gen, device=device) * h**-0.5, seed)
+    g_x = nvfp4_global_scale(x)
+    gu = nvfp4_linear(x, g_x, w, w_bs, w_g, mdt=torch.float32)
+    g_a = nvfp4_global_scale(F.silu(gu[:, :inter]) * gu[:, inter:])  # calibrated on this batch
+    return x, g_x, w, w_bs, w_g, g_a
