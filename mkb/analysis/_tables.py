@@ -62,38 +62,38 @@ class Tables:
                 "or verdict and count as passed=false, S=0")
 
 
-def _latest(lf: pl.LazyFrame, key: str) -> pl.LazyFrame:
-    return lf.sort("ts").unique(subset=key, keep="last")
-
-
 def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> Tables:
     """Read a store and build the tables; refuse mixed versions unless `stratify` (then every key carries a stratum)."""
     store = store if isinstance(store, Store) else resolve_store(store)
-    rep = ScanReport()
-    started = scan("attempt_started", store, report=rep)
-    skipped = dict(rep.skipped)
+    skipped: dict[str, str] = {}
     scans = {}
-    for kind in ("attempt_finished", "verdict", "annotation"):
+    for kind in ("attempt_started", "attempt_finished", "verdict", "annotation"):
         r = ScanReport()
-        scans[kind] = scan(kind, store, report=r)
+        # no event_id de-duplication here: every kind is reduced to one row per attempt (latest) below,
+        # which a duplicated event cannot change, and it saves a hash pass over every row
+        scans[kind] = scan(kind, store, report=r, dedupe=False)
         skipped.update(r.skipped)
-    started = started.select(
+    started = scans["attempt_started"].select(
         "attempt_id", "ts", "mkb_version", "experiment", "model", "problem", "problem_name", "family", "problem_hash",
         "target_dsl", "source_dsl", "arm_kind", "replicate", "gpu", "budget_submissions", "budget_turns",
         "budget_output_tokens", "budget_wall_s", "grader_version", "dsl_version", "doc_pack_version", "skill_sha256",
         "skill_source_attempt", "skill_empty", "wrong_source_problem",
     ).filter(pl.col("attempt_id").is_not_null())
-    started = started.sort("ts").unique(subset="attempt_id", keep="first").drop("ts")
-    fin = _latest(scans["attempt_finished"].select(
+    fin = scans["attempt_finished"].select(
         "attempt_id", "ts", "status", "submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd",
-        "wall_s", "final_kernel_sha256", "error"), "attempt_id").drop("ts")
+        "wall_s", "final_kernel_sha256", "error")
     ver = scans["verdict"].filter(pl.col("scope").is_in(["attempt", "pair"])).select(
         "attempt_id", "ts", "scope", "passed", "reason", "speedup", "s", "kernel_sha256")
-    ver = ver.sort("ts").unique(subset=["attempt_id", "scope"], keep="last")
+    ann = scans["annotation"].select(pl.col("target_attempt_id").alias("attempt_id"), "ts", "label",
+                                     pl.col("reason").alias("annotation_reason"))
+    started, fin, ver, ann = pl.collect_all([started, fin, ver, ann])
+    counts = {"attempt_started": started.height, "attempt_finished": fin.height, "verdict": ver.height, "annotation": ann.height}
+    started = started.sort("ts").unique(subset="attempt_id", keep="first").drop("ts").lazy()
+    fin = fin.sort("ts").unique(subset="attempt_id", keep="last").drop("ts").lazy()
+    ver = ver.sort("ts").unique(subset=["attempt_id", "scope"], keep="last").lazy()
+    ann = ann.sort("ts").unique(subset="attempt_id", keep="last").drop("ts").lazy()
     v_pair = ver.filter(pl.col("scope") == "pair").drop("ts", "scope").rename(lambda c: c if c == "attempt_id" else f"pv_{c}")
     v_att = ver.filter(pl.col("scope") == "attempt").drop("ts", "scope").rename(lambda c: c if c == "attempt_id" else f"av_{c}")
-    ann = _latest(scans["annotation"].select(pl.col("target_attempt_id").alias("attempt_id"), "ts", "label",
-                                             pl.col("reason").alias("annotation_reason")), "attempt_id").drop("ts")
     a = (started.join(fin, on="attempt_id", how="left").join(v_pair, on="attempt_id", how="left")
          .join(v_att, on="attempt_id", how="left").join(ann, on="attempt_id", how="left"))
     has_pv = pl.col("pv_passed").is_not_null()
@@ -135,9 +135,6 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
             "or pass --stratify to analyse each version stratum separately")
     attempts = _add_stratum(attempts, stratify=bool(mix))
     pairs = build_pairs(attempts)
-    counts = {}
-    for kind, lf in (("attempt_started", started), *scans.items()):
-        counts[kind] = lf.select(pl.len()).collect().item()
     return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts)
 
 

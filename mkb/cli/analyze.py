@@ -94,20 +94,27 @@ def _p(v) -> str:
     return "" if v is None else (f"{v:.3f}" if v >= 0.001 else f"{v:.1e}")
 
 
-def print_lift(lift, *, spec, title="Lift") -> None:
+def print_lift(lift, *, spec, title="Lift", max_rows: int | None = 120) -> None:
+    full = lift
+    if max_rows is not None and lift.height > max_rows:
+        lift = lift.head(max_rows)
+    multi = full["stratum"].n_unique() > 1
     tbl = Table(title=title, show_lines=False)
-    for c in ("stratum", "model", "arm", "direction", "pairs", "probs", "S solo", "S arm", "lift [95% CI]",
+    for c in (("stratum",) if multi else ()) + ("model", "arm", "direction", "pairs", "probs", "S solo", "S arm", "lift [95% CI]",
               "rel. lift [95% CI]", "±", "reg/imp/tie (problems)", "pairs reg/imp/tie", "p Wilcoxon (Holm)", "p McNemar (Holm)", "10%?"):
         tbl.add_column(c, justify="right" if c not in ("model", "arm", "direction", "stratum") else "left")
-    multi = lift["stratum"].n_unique() > 1
     for r in lift.iter_rows(named=True):
-        tbl.add_row(r["stratum"] if multi else "", r["model"], r["arm_kind"], r["direction"], str(r["n_pairs"]), str(r["n_problems"]),
+        tbl.add_row(*([r["stratum"]] if multi else []), r["model"], r["arm_kind"], r["direction"], str(r["n_pairs"]), str(r["n_problems"]),
                     _f(r["S_solo"]), _f(r["S_arm"]), f"{_f(r['lift'], 2)} [{_f(r['lift_lo'], 2)}, {_f(r['lift_hi'], 2)}]",
                     f"{_pct(r['rel_lift'])} [{_pct(r['rel_lo'])}, {_pct(r['rel_hi'])}]", _f(100 * r["rel_halfwidth"]) if r["rel_halfwidth"] is not None else "",
                     f"{_f(100 * r['regression_rate'], 0)}/{_f(100 * r['improvement_rate'], 0)}/{_f(100 * r['tie_rate'], 0)}%",
                     f"{_f(100 * r['pair_regress'], 0)}/{_f(100 * r['pair_improve'], 0)}/{_f(100 * r['pair_tie'], 0)}%",
                     _p(r.get("p_wilcoxon_holm")), _p(r.get("p_mcnemar_holm")), "yes" if r["detects_10pct"] else "[red]no[/red]")
     console.print(tbl)
+    if full.height > lift.height:
+        console.print(f"[yellow]showing {lift.height} of {full.height} cells[/yellow] (ordered by arm, then model): "
+                      "--all prints every one, --csv FILE writes them")
+    lift = full
     hw = lift["rel_halfwidth"].drop_nulls()
     console.print(f"{spec.describe()}. CI half-width of relative lift: median {100 * hw.median():.1f} points "
                   f"(range {100 * hw.min():.1f}-{100 * hw.max():.1f})." if hw.len() else spec.describe())
@@ -146,6 +153,7 @@ def _spec(seed, resamples):
 @app.command()
 def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SEED, resamples: int = RESAMPLES,
          by_family: bool = typer.Option(False, "--by-family", help="Also per problem family."),
+         all_rows: bool = typer.Option(False, "--all", help="Print every cell (default: the first 120)."),
          csv: Optional[str] = typer.Option(None, "--csv", help="Write the lift table to this CSV too.")) -> None:
     """Lift and relative lift per model x arm x direction, with problem-clustered CIs, rates and tests."""
     t = _load(store, stratify)
@@ -155,7 +163,7 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
 
     spec = _spec(seed, resamples)
     lt = lift_table(t.pairs, spec=spec)
-    print_lift(lt, spec=spec)
+    print_lift(lt, spec=spec, max_rows=None if all_rows else 120)
     if by_family:
         fam = lift_table(t.pairs, by=("family",), spec=spec, tests=False)
         tbl = Table(title="Relative lift by family")
