@@ -29,6 +29,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from mkb.problems import Output, ProblemMeta
 from mkb.problems.paged import draw_lengths, page_table, structure_rng
@@ -65,6 +66,46 @@ def reference(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len):
     p = torch.exp(s - lse[..., None])
     out = torch.einsum("bhgl,blhd->bhgd", p, v).reshape(batch, num_heads, head_dim)
     return out.to(q.dtype), (lse / math.log(2.0)).reshape(batch, num_heads)
+
+
+def _scores_f32(a, b):
+    """a @ b^T for bf16 batches [n, m, d] x [n, k, d] -> float32 [n, m, k] with fp32 accumulation.
+
+    The lse output is float32 and judged at fp32 precision, so scores rounded to bf16 would not do.
+    On CUDA this is one tensor-core GEMM with an fp32 result (bmm's out_dtype); CPU bmm has no
+    out_dtype, so the operands are upcast there (the products of bf16 values are exact either way).
+    """
+    if a.is_cuda:
+        return torch.bmm(a, b.transpose(1, 2), out_dtype=torch.float32)
+    return torch.bmm(a.float(), b.float().transpose(1, 2))
+
+
+def eager(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len):
+    """The eager baseline: bf16 SDPA over a padded batch gathered page by page; lse from fp32 scores.
+
+    Each group of query heads sharing a kv head is one SDPA "sequence" of `group` query rows (no mask
+    between a decode query and its cache), so no GQA expansion is needed; a boolean mask hides the
+    padding past each sequence's kv_len.
+    """
+    batch, num_heads, head_dim = q.shape
+    _, page_size, kv_heads, _ = k_cache.shape
+    group = num_heads // kv_heads
+    n_pages = (kv_indptr[1:] - kv_indptr[:-1]).long()
+    kv_len = (n_pages - 1) * page_size + kv_last_page_len.long()
+    max_pages = int(n_pages.max())
+    max_len = max_pages * page_size
+    pos = kv_indptr[:-1].long()[:, None] + torch.arange(max_pages, device=q.device)
+    pages = kv_indices.long()[pos.clamp(max=kv_indices.numel() - 1)]  # [batch, max_pages]
+    # [batch, max_pages, page_size, kv_heads, head_dim] -> [batch, kv_heads, max_len, head_dim]
+    k = k_cache[pages].permute(0, 3, 1, 2, 4).reshape(batch, kv_heads, max_len, head_dim)
+    v = v_cache[pages].permute(0, 3, 1, 2, 4).reshape(batch, kv_heads, max_len, head_dim)
+    valid = (torch.arange(max_len, device=q.device) < kv_len[:, None])[:, None, None, :]
+    qg = q.view(batch, kv_heads, group, head_dim)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=valid, scale=SM_SCALE)
+    s = _scores_f32(qg.reshape(batch * kv_heads, group, head_dim), k.reshape(batch * kv_heads, max_len, head_dim))
+    s = s.view(batch, kv_heads, group, max_len).mul_(SM_SCALE).masked_fill_(~valid, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1).reshape(batch, num_heads)
+    return out.reshape(batch, num_heads, head_dim), lse / math.log(2.0)
 
 
 def make_inputs(seed: int, *, device, size: str = "full"):
@@ -112,5 +153,8 @@ META = ProblemMeta(
     peak="memory",
     notes=f"full: 64 sequences, kv_len 128..8192 log-uniform, {_TOKENS} cached tokens, 25% spare "
     "pages in a shuffled pool. flops = 4*H*D*sum(kv_len); bytes = referenced KV pages + q + out + "
-    "lse + page table (spare pages not counted). lse is base 2 (FlashInfer convention).",
+    "lse + page table (spare pages not counted). lse is base 2 (FlashInfer convention). "
+    "Eager baseline: bf16 torch SDPA over a padded batch gathered page by page (each kv head's query "
+    "group as query rows, a boolean padding mask); lse from fp32 scores (a bf16 GEMM with fp32 "
+    "result) on the side.",
 )

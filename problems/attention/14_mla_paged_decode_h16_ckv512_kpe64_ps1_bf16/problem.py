@@ -66,6 +66,39 @@ def reference(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices):
     return out.to(q_nope.dtype), lse / math.log(2.0)
 
 
+def _scores_f32(a, b):
+    """a @ b^T for bf16 batches [n, m, d] x [n, k, d] -> float32 [n, m, k] with fp32 accumulation.
+
+    The lse output is float32 and judged at fp32 precision, so scores rounded to bf16 would not do.
+    On CUDA this is one tensor-core GEMM with an fp32 result (bmm's out_dtype); CPU bmm has no
+    out_dtype, so the operands are upcast there (the products of bf16 values are exact either way).
+    """
+    if a.is_cuda:
+        return torch.bmm(a, b.transpose(1, 2), out_dtype=torch.float32)
+    return torch.bmm(a.float(), b.float().transpose(1, 2))
+
+
+def eager(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices):
+    """The eager baseline, in the form of DeepSeek's own eager MLA: bf16 GEMMs, fp32 scores and softmax.
+
+    Over a padded batch: scores from two GEMMs with fp32 results (latent and RoPE parts), a masked
+    fp32 softmax whose normaliser is the lse output, and bf16 probabilities times the latent cache.
+    """
+    page_size = ckv_cache.shape[1]
+    kv_len = (kv_indptr[1:] - kv_indptr[:-1]).long() * page_size
+    max_len = int(kv_len.max())
+    t = torch.arange(max_len, device=q_nope.device)
+    valid = t[None, :] < kv_len[:, None]  # [batch, max_len]
+    slot = kv_indices.long()[(kv_indptr[:-1].long()[:, None] + t[None, :]).clamp(max=kv_indices.numel() - 1)]
+    ckv = ckv_cache.reshape(-1, ckv_cache.shape[-1])[slot]  # [batch, max_len, 512] bf16
+    kpe = kpe_cache.reshape(-1, kpe_cache.shape[-1])[slot]
+    s = _scores_f32(q_nope, ckv).add_(_scores_f32(q_pe, kpe)).mul_(SM_SCALE)
+    s.masked_fill_(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s.sub_(lse[..., None])).to(q_nope.dtype)
+    return torch.bmm(p, ckv), lse / math.log(2.0)
+
+
 def make_inputs(seed: int, *, device, size: str = "full"):
     pt = _structure(size)
     g = torch.Generator(device=device).manual_seed(seed)
@@ -112,5 +145,7 @@ META = ProblemMeta(
     peak="memory",
     notes=f"full: 128 sequences, kv_len 256..8192 log-uniform, {_TOKENS} cached tokens, 25% spare "
     "pages in a shuffled pool. flops = 2*H*(512+64+512)*sum(kv_len); bytes = referenced cache rows "
-    "+ q + out + lse + page table. lse base 2.",
+    "+ q + out + lse + page table. lse base 2. "
+    "Eager baseline: DeepSeek-style eager MLA over a padded batch: bf16 GEMMs with fp32 scores, "
+    "masked fp32 softmax (its normaliser is lse), bf16 probabilities times the latents.",
 )
