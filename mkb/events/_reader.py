@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow._parquet import ParquetReader  # pq.read_metadata adds ~100 us a file of Python bookkeeping
 
 from mkb.events._schema import META_COMPACTED_FROM, META_KIND, META_VERSION, KindSchema, NewerSchemaError, SchemaError, parse_version, schema_for
 from mkb.events._store import Store, _protocols, resolve_store
@@ -81,11 +82,13 @@ def _parse_footer(path: str, size: int, tail: bytes) -> FileInfo | str:
         return "not a complete Parquet file (no PAR1 footer: torn or not Parquet)"
     buf = tail if len(tail) >= size else b"PAR1" + tail  # pyarrow wants a leading magic; offsets in the footer are not followed
     try:
-        meta = pq.read_metadata(pa.py_buffer(buf))
-        arrow = meta.schema.to_arrow_schema()
+        reader = ParquetReader()
+        reader.open(pa.py_buffer(buf))
+        meta = reader.metadata
+        kv = meta.metadata or {}
+        types = _types(meta, kv.get(b"ARROW:schema"))
     except Exception as exc:
         return f"unreadable Parquet footer ({type(exc).__name__}: {exc})"
-    kv = meta.metadata or {}
     try:
         compacted = tuple(json.loads(kv.get(META_COMPACTED_FROM, b"[]")))
     except ValueError:
@@ -94,7 +97,7 @@ def _parse_footer(path: str, size: int, tail: bytes) -> FileInfo | str:
         id_range=_id_range(meta),
         path=path, size=size, kind=kv.get(META_KIND, b"").decode(errors="replace"),
         version=kv.get(META_VERSION, b"").decode(errors="replace"), rows=meta.num_rows,
-        types=tuple((f.name, f.type) for f in arrow), compacted_from=compacted,
+        types=types, compacted_from=compacted,
     )
 
 
@@ -141,11 +144,32 @@ def overlap_groups(files: list[FileInfo]) -> list[list[FileInfo]]:
     return groups
 
 
+_types_by_blob: dict[bytes, tuple[tuple[str, pa.DataType], ...]] = {}
+
+
+def _types(meta: pq.FileMetaData, blob: bytes | None) -> tuple[tuple[str, pa.DataType], ...]:
+    """Column types; converting the Parquet schema costs ~50 us a file, and files of one schema version share one ARROW:schema blob."""
+    if blob is not None and blob in _types_by_blob:
+        return _types_by_blob[blob]
+    types = tuple((f.name, f.type) for f in meta.schema.to_arrow_schema())
+    if blob is not None:
+        _types_by_blob[blob] = types
+    return types
+
+
 def _footer_len(tail: bytes) -> int:
     return int.from_bytes(tail[-8:-4], "little") if len(tail) >= 8 else 0
 
 
-def _read_tails_local(files: list[tuple[str, int]]) -> list[bytes | Exception]:
+def _inspect_local(files: list[tuple[str, int]]) -> list[FileInfo | str]:
+    """Read and parse footers in a thread pool (pyarrow releases the GIL while it parses)."""
+
+    def info(item):
+        tail = one(item)
+        if isinstance(tail, BaseException):
+            return f"unreadable ({type(tail).__name__}: {tail})"
+        return _parse_footer(item[0], item[1], tail)
+
     def one(item):
         path, size = item
         try:
@@ -161,9 +185,9 @@ def _read_tails_local(files: list[tuple[str, int]]) -> list[bytes | Exception]:
             return exc
 
     if len(files) < 64:
-        return [one(x) for x in files]
-    with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 2) * 4)) as pool:
-        return list(pool.map(one, files))
+        return [info(x) for x in files]
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
+        return list(pool.map(info, files, chunksize=32))
 
 
 def _read_tails_remote(store: Store, files: list[tuple[str, int]]) -> list[bytes | Exception]:
@@ -193,13 +217,17 @@ def inspect_files(store: Store, files: list[tuple[str, int]]) -> list[FileInfo |
         todo = [i for i, k in enumerate(keys) if k not in _cache]
     if todo:
         sub = [files[i] for i in todo]
-        tails = _read_tails_local(sub) if store.is_local else _read_tails_remote(store, sub)
-        with _cache_lock:
-            for i, (path, size), tail in zip(todo, sub, tails):
+        if store.is_local:
+            infos = _inspect_local(sub)
+        else:
+            infos = []
+            for (path, size), tail in zip(sub, _read_tails_remote(store, sub)):
                 if isinstance(tail, BaseException) or not isinstance(tail, (bytes, bytearray)):
-                    info: FileInfo | str = f"unreadable ({type(tail).__name__}: {tail})"
+                    infos.append(f"unreadable ({type(tail).__name__}: {tail})")
                 else:
-                    info = _parse_footer(path, size, bytes(tail))
+                    infos.append(_parse_footer(path, size, bytes(tail)))
+        with _cache_lock:
+            for i, info in zip(todo, infos):
                 if isinstance(info, FileInfo):  # only good verdicts are cached: a file listed mid-write may heal
                     _cache[keys[i]] = info
                 else:
