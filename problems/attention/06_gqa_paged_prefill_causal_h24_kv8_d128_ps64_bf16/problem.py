@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from mkb.problems import Output, ProblemMeta
 from mkb.problems.paged import cu_seqlens, draw_lengths, page_table, structure_rng
@@ -85,6 +87,54 @@ def reference(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_pag
     return out.to(q.dtype), lse / math.log(2.0)
 
 
+def _scores_f32(a, b):
+    """a @ b^T for bf16 batches [n, m, d] x [n, k, d] -> float32 [n, m, k] with fp32 accumulation.
+
+    The lse output is float32 and judged at fp32 precision, so scores rounded to bf16 would not do.
+    On CUDA this is one tensor-core GEMM with an fp32 result (bmm's out_dtype); CPU bmm has no
+    out_dtype, so the operands are upcast there (the products of bf16 values are exact either way).
+    """
+    if a.is_cuda:
+        return torch.bmm(a, b.transpose(1, 2), out_dtype=torch.float32)
+    return torch.bmm(a.float(), b.float().transpose(1, 2))
+
+
+def _causal_lse(qb, kb, scale):
+    """Base-2 lse of one sequence's bottom-right causal scores: qb [H, q_len, D], kb [kv_heads, kv_len, D] -> [q_len, H]."""
+    num_heads, q_len, head_dim = qb.shape
+    kv_heads, kv_len, _ = kb.shape
+    s = _scores_f32(qb.reshape(kv_heads, num_heads // kv_heads * q_len, head_dim), kb)
+    s = s.view(num_heads, q_len, kv_len).mul_(scale)
+    i = torch.arange(q_len, device=qb.device)[:, None]
+    t = torch.arange(kv_len, device=qb.device)[None, :]
+    s.masked_fill_(t > i + (kv_len - q_len), float("-inf"))
+    return torch.logsumexp(s, dim=-1).T / math.log(2.0)
+
+
+def eager(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    """The eager baseline: per sequence (a batch of a few), gather its pages and run bf16 SDPA.
+
+    The bottom-right causal mask is torch's `causal_lower_right` bias (flash or memory-efficient
+    attention on the GPU, GQA native); lse comes from fp32 scores on the side.
+    """
+    _, num_heads, head_dim = q.shape
+    _, page_size, kv_heads, _ = k_cache.shape
+    qo, kvp, last = qo_indptr.tolist(), kv_indptr.tolist(), kv_last_page_len.tolist()
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    for b in range(len(qo) - 1):
+        pages = kv_indices[kvp[b] : kvp[b + 1]].long()
+        kv_len = (pages.numel() - 1) * page_size + last[b]
+        kb = k_cache[pages].reshape(-1, kv_heads, head_dim)[:kv_len].transpose(0, 1)  # [kv_heads, kv_len, D]
+        vb = v_cache[pages].reshape(-1, kv_heads, head_dim)[:kv_len].transpose(0, 1)
+        qb = q[qo[b] : qo[b + 1]].transpose(0, 1)  # [H, q_len, D]
+        mask = causal_lower_right(qb.shape[1], kv_len)
+        ob = F.scaled_dot_product_attention(qb[None], kb[None], vb[None], attn_mask=mask, scale=SM_SCALE, enable_gqa=True)
+        out[qo[b] : qo[b + 1]] = ob[0].transpose(0, 1)
+        lse[qo[b] : qo[b + 1]] = _causal_lse(qb, kb, SM_SCALE)
+    return out, lse
+
+
 def make_inputs(seed: int, *, device, size: str = "full"):
     qo_lens, pt = _structure(size)
     g = torch.Generator(device=device).manual_seed(seed)
@@ -131,5 +181,7 @@ META = ProblemMeta(
     peak="bf16_tc",
     notes=f"full: (qo_len, kv_len) = {list(zip(*_LENS))}. flops count only unmasked (visible) "
     "query-key pairs: 4*H*D*sum_b(qo*(kv-qo) + qo*(qo+1)/2). bytes = referenced KV + q + out + lse "
-    "+ index tensors. Causal mask aligned bottom-right; lse base 2.",
+    "+ index tensors. Causal mask aligned bottom-right; lse base 2. "
+    "Eager baseline: per sequence, bf16 torch SDPA with the causal_lower_right bias (enable_gqa), "
+    "pages gathered per sequence; lse from fp32 scores (a bf16 GEMM with fp32 result) on the side.",
 )
