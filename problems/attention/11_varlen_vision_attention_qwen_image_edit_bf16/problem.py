@@ -24,6 +24,7 @@ Sizes: full = 4 edit images at about 1 MP and 0.25-0.6 MP, patch grids (74x74, 6
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from mkb.problems import Output, ProblemMeta
 from mkb.problems.paged import cu_seqlens
@@ -74,6 +75,23 @@ def reference(q, k, v, cos, sin, cu_seqlens):
     return out.to(q.dtype)
 
 
+def eager(q, k, v, cos, sin, cu_seqlens):
+    """The eager baseline, as HF runs it: RoPE in fp32 rounded back to bf16, then bf16 SDPA per image.
+
+    A handful of images per batch, so a loop of SDPA calls (flash attention on the GPU).
+    """
+    c, s_ = cos[:, None, :], sin[:, None, :]
+    qr = (q.float() * c + _rotate_half(q.float()) * s_).to(q.dtype).transpose(0, 1)  # [H, total, D]
+    kr = (k.float() * c + _rotate_half(k.float()) * s_).to(k.dtype).transpose(0, 1)
+    vt = v.transpose(0, 1)
+    out = torch.empty_like(q)
+    cu = cu_seqlens.tolist()
+    for n in range(len(cu) - 1):
+        a, b = cu[n], cu[n + 1]
+        out[a:b] = F.scaled_dot_product_attention(qr[None, :, a:b], kr[None, :, a:b], vt[None, :, a:b])[0].transpose(0, 1)
+    return out
+
+
 def make_inputs(seed: int, *, device, size: str = "full"):
     grids = _GRIDS[size]
     total = sum(h * w for h, w in grids)
@@ -115,5 +133,6 @@ META = ProblemMeta(
     structure_inputs=("cos", "sin", "cu_seqlens"),
     notes="full: patch grids (74x74, 64x86, 36x36, 46x60): an edit image of about 1 MP (Qwen-Image-Edit "
     "resizes to ~1024x1024 area), two other aspect ratios and smaller images, 15,036 patches. "
-    "flops = 4*H*D*sum(L_n^2) (no mask). cos/sin depend only on the patch grids.",
+    "flops = 4*H*D*sum(L_n^2) (no mask). cos/sin depend only on the patch grids. "
+    "Eager baseline: as HF runs it, RoPE in fp32 rounded to bf16, then bf16 torch SDPA per image.",
 )

@@ -75,6 +75,48 @@ def reference(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indic
     return out.to(q_nope.dtype), lse / math.log(2.0)
 
 
+def _scores_f32(a, b):
+    """a @ b^T for bf16 batches [n, m, d] x [n, k, d] -> float32 [n, m, k] with fp32 accumulation.
+
+    The lse output is float32 and judged at fp32 precision, so scores rounded to bf16 would not do.
+    On CUDA this is one tensor-core GEMM with an fp32 result (bmm's out_dtype); CPU bmm has no
+    out_dtype, so the operands are upcast there (the products of bf16 values are exact either way).
+    """
+    if a.is_cuda:
+        return torch.bmm(a, b.transpose(1, 2), out_dtype=torch.float32)
+    return torch.bmm(a.float(), b.float().transpose(1, 2))
+
+
+def eager(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices):
+    """The eager baseline, in the form of DeepSeek's own eager MLA: bf16 GEMMs, fp32 scores and softmax.
+
+    Per sequence (a batch of a few): every head reads the same latent cache, so the heads fold into
+    the query rows of two GEMMs with fp32 results; a bottom-right causal fp32 softmax whose
+    normaliser is the lse output; bf16 probabilities times the latent cache.
+    """
+    num_heads = q_nope.shape[1]
+    ckv_flat = ckv_cache.reshape(-1, ckv_cache.shape[-1])
+    kpe_flat = kpe_cache.reshape(-1, kpe_cache.shape[-1])
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    out = torch.empty_like(q_nope)
+    lse = torch.empty(q_nope.shape[:2], dtype=torch.float32, device=q_nope.device)
+    for b in range(len(qo) - 1):
+        qn, qp = q_nope[qo[b] : qo[b + 1]], q_pe[qo[b] : qo[b + 1]]
+        slot = kv_indices[kvp[b] : kvp[b + 1]].long()  # page size 1: one token per page
+        ckv, kpe = ckv_flat[slot][None], kpe_flat[slot][None]  # [1, kv_len, d] bf16
+        q_len, kv_len = qn.shape[0], ckv.shape[1]
+        s = _scores_f32(qn.reshape(1, q_len * num_heads, -1), ckv)
+        s = s.add_(_scores_f32(qp.reshape(1, q_len * num_heads, -1), kpe)).mul_(SM_SCALE).view(q_len, num_heads, kv_len)
+        i = torch.arange(q_len, device=qn.device)[:, None, None]
+        t = torch.arange(kv_len, device=qn.device)[None, None, :]
+        s.masked_fill_(t > i + (kv_len - q_len), float("-inf"))
+        m = torch.logsumexp(s, dim=-1)  # [q_len, heads]
+        p = torch.exp(s.sub_(m[..., None])).to(q_nope.dtype).view(1, q_len * num_heads, kv_len)
+        out[qo[b] : qo[b + 1]] = torch.bmm(p, ckv).view(q_len, num_heads, -1)
+        lse[qo[b] : qo[b + 1]] = m
+    return out, lse / math.log(2.0)
+
+
 def make_inputs(seed: int, *, device, size: str = "full"):
     qo_lens, pt = _structure(size)
     g = torch.Generator(device=device).manual_seed(seed)
@@ -120,5 +162,8 @@ META = ProblemMeta(
     structure_inputs=("qo_indptr", "kv_indptr", "kv_indices"),
     peak="bf16_tc",
     notes=f"full: (qo_len, kv_len) = {list(zip(*_LENS))}. flops count only unmasked (visible) pairs: "
-    "2*H*(512+64+512)*sum_b(qo*(kv-qo) + qo*(qo+1)/2). Causal mask aligned bottom-right; lse base 2.",
+    "2*H*(512+64+512)*sum_b(qo*(kv-qo) + qo*(qo+1)/2). Causal mask aligned bottom-right; lse base 2. "
+    "Eager baseline: DeepSeek-style eager MLA per sequence, heads folded into query rows, "
+    "bottom-right causal mask: bf16 GEMMs with fp32 scores, masked fp32 softmax (its normaliser is "
+    "lse), bf16 probabilities times the latents.",
 )

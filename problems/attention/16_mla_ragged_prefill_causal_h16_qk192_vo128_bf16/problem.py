@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from mkb.problems import Output, ProblemMeta
 from mkb.problems.paged import cu_seqlens, draw_lengths, structure_rng
@@ -66,6 +68,50 @@ def reference(q, k, v, qo_indptr, kv_indptr):
         out[qo[b] : qo[b + 1]] = torch.einsum("hqk,khd->qhd", p, vb)
         lse[qo[b] : qo[b + 1]] = m.T
     return out.to(q.dtype), lse / math.log(2.0)
+
+
+def _scores_f32(a, b):
+    """a @ b^T for bf16 batches [n, m, d] x [n, k, d] -> float32 [n, m, k] with fp32 accumulation.
+
+    The lse output is float32 and judged at fp32 precision, so scores rounded to bf16 would not do.
+    On CUDA this is one tensor-core GEMM with an fp32 result (bmm's out_dtype); CPU bmm has no
+    out_dtype, so the operands are upcast there (the products of bf16 values are exact either way).
+    """
+    if a.is_cuda:
+        return torch.bmm(a, b.transpose(1, 2), out_dtype=torch.float32)
+    return torch.bmm(a.float(), b.float().transpose(1, 2))
+
+
+def _causal_lse(qb, kb, scale):
+    """Base-2 lse of one sequence's bottom-right causal scores: qb [H, q_len, D], kb [kv_heads, kv_len, D] -> [q_len, H]."""
+    num_heads, q_len, head_dim = qb.shape
+    kv_heads, kv_len, _ = kb.shape
+    s = _scores_f32(qb.reshape(kv_heads, num_heads // kv_heads * q_len, head_dim), kb)
+    s = s.view(num_heads, q_len, kv_len).mul_(scale)
+    i = torch.arange(q_len, device=qb.device)[:, None]
+    t = torch.arange(kv_len, device=qb.device)[None, :]
+    s.masked_fill_(t > i + (kv_len - q_len), float("-inf"))
+    return torch.logsumexp(s, dim=-1).T / math.log(2.0)
+
+
+def eager(q, k, v, qo_indptr, kv_indptr):
+    """The eager baseline: per sequence (a batch of a few), bf16 SDPA on its ragged slices.
+
+    The bottom-right causal mask is torch's `causal_lower_right` bias (flash or memory-efficient
+    attention on the GPU, GQA native); lse comes from fp32 scores on the side.
+    """
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    out = torch.empty((*q.shape[:2], v.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    for b in range(len(qo) - 1):
+        qb = q[qo[b] : qo[b + 1]].transpose(0, 1)  # [H, q_len, D]
+        kb, vb = k[kvp[b] : kvp[b + 1]].transpose(0, 1), v[kvp[b] : kvp[b + 1]].transpose(0, 1)
+        mask = causal_lower_right(qb.shape[1], kb.shape[1])
+        ob = F.scaled_dot_product_attention(qb[None], kb[None], vb[None], attn_mask=mask, scale=SM_SCALE,
+                                            enable_gqa=kb.shape[0] != qb.shape[0])
+        out[qo[b] : qo[b + 1]] = ob[0].transpose(0, 1)
+        lse[qo[b] : qo[b + 1]] = _causal_lse(qb, kb, SM_SCALE)
+    return out, lse
 
 
 def make_inputs(seed: int, *, device, size: str = "full"):
@@ -112,5 +158,7 @@ META = ProblemMeta(
     structure_inputs=("qo_indptr", "kv_indptr"),
     peak="bf16_tc",
     notes=f"full: (qo_len, kv_len) = {list(zip(*_LENS))}. flops count only unmasked (visible) pairs: "
-    "2*H*(192+128)*sum_b(qo*(kv-qo) + qo*(qo+1)/2). Causal mask aligned bottom-right; lse base 2.",
+    "2*H*(192+128)*sum_b(qo*(kv-qo) + qo*(qo+1)/2). Causal mask aligned bottom-right; lse base 2. "
+    "Eager baseline: per sequence, bf16 torch SDPA with the causal_lower_right bias; lse from fp32 "
+    "scores (a bf16 GEMM with fp32 result) on the side.",
 )

@@ -66,6 +66,36 @@ def reference(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices):
     return out.to(q_nope.dtype), lse / math.log(2.0)
 
 
+def _scores_f32(a, b):
+    """a @ b^T for bf16 batches [n, m, d] x [n, k, d] -> float32 [n, m, k] with fp32 accumulation.
+
+    The lse output is float32 and judged at fp32 precision, so scores rounded to bf16 would not do.
+    On CUDA this is one tensor-core GEMM with an fp32 result (bmm's out_dtype); CPU bmm has no
+    out_dtype, so the operands are upcast there (the products of bf16 values are exact either way).
+    """
+    if a.is_cuda:
+        return torch.bmm(a, b.transpose(1, 2), out_dtype=torch.float32)
+    return torch.bmm(a.float(), b.float().transpose(1, 2))
+
+
+def eager(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices):
+    """The eager baseline, in the form of DeepSeek's own eager MLA: bf16 GEMMs, fp32 scores and softmax.
+
+    The selected rows are gathered into a dense [num_tokens, topk] batch (-1 entries masked); scores
+    from two GEMMs with fp32 results, an fp32 softmax whose normaliser is the lse output, and bf16
+    probabilities times the gathered latents.
+    """
+    valid = sparse_indices >= 0  # [num_tokens, topk]
+    slot = sparse_indices.long().clamp(min=0)
+    ckv = ckv_cache.reshape(-1, ckv_cache.shape[-1])[slot]  # [num_tokens, topk, 512] bf16
+    kpe = kpe_cache.reshape(-1, kpe_cache.shape[-1])[slot]
+    s = _scores_f32(q_nope, ckv).add_(_scores_f32(q_pe, kpe)).mul_(SM_SCALE)
+    s.masked_fill_(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s.sub_(lse[..., None])).to(q_nope.dtype)
+    return torch.bmm(p, ckv), lse / math.log(2.0)
+
+
 def make_inputs(seed: int, *, device, size: str = "full"):
     pt, idx = _structure(size)
     g = torch.Generator(device=device).manual_seed(seed)
@@ -107,5 +137,8 @@ META = ProblemMeta(
     peak="memory",
     notes=f"full: 128 tokens, {_COUNTS[0]} valid selections out of {_COUNTS[1]} cached tokens "
     "(contexts < 2048 are padded with -1). flops = 2*H*(512+64+512)*valid selections; bytes = "
-    "selected cache rows + q + out + lse + indices. lse base 2.",
+    "selected cache rows + q + out + lse + indices. lse base 2. "
+    "Eager baseline: DeepSeek-style eager MLA over the gathered selections (-1 masked): bf16 GEMMs "
+    "with fp32 scores, masked fp32 softmax (its normaliser is lse), bf16 probabilities times the "
+    "latents.",
 )
