@@ -1,0 +1,197 @@
+"""The problem audit: at smoke size on the CPU, checks that a problem cannot be passed by a trivial output.
+
+DESIGN (Problem contract, Audit): all-zeros, a constant and a copy of an input must fail the
+comparison; outputs must change with every input and with the seed; the fp64 gap must be > 0
+unless the problem says why it is exact; the smoke reference runs in <= 0.1 s on the CPU; `eager`
+agrees with `reference`. A problem that fails gets better inputs, never a looser check.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from mkb.measure import as_tuple, clone_inputs, compare, expect, inputs_unchanged
+from mkb.problems._loader import Problem
+
+SMOKE_LIMIT_S = 0.1
+
+
+@dataclass(frozen=True)
+class AuditCheck:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    problem: int
+    slug: str
+    checks: tuple[AuditCheck, ...]
+    reference_s: float  # fastest of a few smoke reference runs on the CPU
+    fp64_gap: float | None
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def failures(self) -> str:
+        return "\n".join(f"{c.name}: {c.detail}" for c in self.checks if not c.ok)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.is_floating_point() and a.element_size() == 1:
+            a, b = a.float(), b.float()
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b)) if a.is_floating_point() else (a == b)).all())
+    return type(a) is type(b) and a == b
+
+
+def _run(problem: Problem, fn, inputs: Sequence[Any]):
+    """Call fn on copies of inputs; returns (outputs, the copies after the call)."""
+    args = clone_inputs(inputs)
+    return fn(*args), args
+
+
+def _differs(problem: Problem, exp, fn, inputs) -> tuple[bool, str]:
+    """Whether fn(inputs) fails the comparison against `exp` (i.e. is distinguishable from it)."""
+    out, after = _run(problem, fn, inputs)
+    res = compare(exp, out, inputs_after=after, input_names=problem.meta.inputs)
+    return (not res.ok), res.message
+
+
+def _degenerate_candidates(ref: torch.Tensor, inputs: Sequence[Any], names: Sequence[str]):
+    yield "all zeros", torch.zeros_like(ref)
+    if ref.is_floating_point():
+        finite = ref[torch.isfinite(ref)] if ref.element_size() > 1 else ref.float()
+        mean = finite.float().mean() if finite.numel() else torch.tensor(1.0)
+        yield "a constant (the mean)", torch.full_like(ref, float(mean) if float(mean) != 0 else 1.0)
+    else:
+        yield "a constant (1)", torch.ones_like(ref)
+    for name, v in zip(names, inputs):
+        if isinstance(v, torch.Tensor) and v.numel() == ref.numel():
+            try:
+                yield f"a copy of input {name}", v.reshape(ref.shape).to(ref.dtype).clone()
+            except (RuntimeError, TypeError):
+                continue
+
+
+def audit_problem(problem: Problem, *, seeds: tuple[int, int] = (0, 1), smoke_limit_s: float = SMOKE_LIMIT_S) -> AuditReport:
+    """Run every audit check on `problem` at smoke size on the CPU; never raises for a problem's fault."""
+    checks: list[AuditCheck] = []
+    try:
+        return _audit(problem, seeds, smoke_limit_s, checks)
+    except Exception as exc:  # a check that crashes is a failed check, reported with what was found so far
+        checks.append(AuditCheck("audit_crashed", False, f"{type(exc).__name__}: {exc}"))
+        return AuditReport(problem.number, problem.slug, tuple(checks), float("nan"), None)
+
+
+def _audit(problem: Problem, seeds, smoke_limit_s, checks: list[AuditCheck]) -> AuditReport:
+    m = problem.meta
+    add = lambda name, ok, detail="": checks.append(AuditCheck(name, bool(ok), detail))  # noqa: E731
+    ref_s, gap = float("nan"), None
+    try:
+        a = problem.make_inputs(seeds[0], device="cpu", size="smoke")
+        a2 = problem.make_inputs(seeds[0], device="cpu", size="smoke")
+        b = problem.make_inputs(seeds[1], device="cpu", size="smoke")
+    except Exception as exc:
+        add("make_inputs", False, f"{type(exc).__name__}: {exc}")
+        return AuditReport(m.number, problem.slug, tuple(checks), ref_s, gap)
+    add("make_inputs_count", len(a) == len(m.inputs), f"{len(a)} values for {len(m.inputs)} names in META.inputs")
+    add("make_inputs_deterministic", all(_same(x, y) for x, y in zip(a, a2)), "the same seed gave different inputs")
+    shapes_a = [(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in a]
+    shapes_b = [(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in b]
+    add("shapes_depend_only_on_size", shapes_a == shapes_b, "shapes, dtypes or scalars differ between seeds")
+    for name in m.structure_inputs:
+        k = m.inputs.index(name)
+        add(f"structure_fixed[{name}]", _same(a[k], b[k]), "a declared structure input changes with the seed")
+    try:
+        exp = expect(problem.module, a)
+        ref_out, ref_after = _run(problem, problem.reference, a)
+        ref_out = as_tuple(ref_out)
+    except Exception as exc:
+        add("reference", False, f"{type(exc).__name__}: {exc}")
+        return AuditReport(m.number, problem.slug, tuple(checks), ref_s, gap)
+    # the reference passes its own comparison, and changes no input outside META.mutates
+    res = compare(exp, ref_out, inputs_after=ref_after, input_names=m.inputs)
+    add("reference_self_consistent", res.ok, res.message)
+    res = inputs_unchanged(a, ref_after, names=m.inputs, mutates=m.mutates)
+    add("reference_mutates_only_declared_inputs", res.ok, res.message)
+    for name, v in zip(m.mutates, exp.reference[exp.n_outputs:]):
+        k = m.inputs.index(name)
+        add(f"mutates_changes[{name}]", not _same(v, a[k]), "the reference leaves this declared input unchanged")
+    # degenerate outputs fail
+    for k, o in enumerate(m.outputs):
+        ref = ref_out[k]
+        if not isinstance(ref, torch.Tensor):
+            continue
+        flat = ref.reshape(-1).float() if ref.is_floating_point() or ref.dtype == torch.bool else ref.reshape(-1)
+        nonzero = bool(flat.ne(0).any()) if flat.numel() else False
+        constant = flat.numel() > 1 and bool((flat == flat[0]).all())
+        add(f"reference_nontrivial[{o.name}]", nonzero and not constant, "the reference output itself is all zero or constant")
+        for what, cand in _degenerate_candidates(ref, a, m.inputs):
+            outs = list(ref_out)
+            outs[k] = cand
+            r = compare(exp, tuple(outs) if len(outs) > 1 else outs[0], inputs_after=ref_after, input_names=m.inputs)
+            add(f"fails_on[{o.name}: {what}]", not r.ok, "the comparison accepted it")
+    # a candidate that leaves a mutated input untouched fails
+    for name in m.mutates:
+        k = m.inputs.index(name)
+        after = list(ref_after)
+        after[k] = a[k].clone()
+        r = compare(exp, tuple(ref_out) if len(ref_out) > 1 else ref_out[0], inputs_after=after, input_names=m.inputs)
+        add(f"fails_on[{name} not updated]", not r.ok, "the comparison accepted an un-updated input")
+    # outputs change with every input and with the seed
+    for k, name in enumerate(m.inputs):
+        if not isinstance(a[k], torch.Tensor):
+            continue
+        if name in m.structure_inputs:
+            continue
+        if _same(a[k], b[k]):
+            add(f"input_changes_with_seed[{name}]", False,
+                "this input is identical for two seeds; draw its values from the seed, or declare it in META.structure_inputs")
+            continue
+        x = list(a)
+        x[k] = b[k].clone()
+        try:
+            differs, _ = _differs(problem, exp, problem.reference, x)
+        except Exception as exc:
+            differs = False
+            add(f"output_depends_on[{name}]", False, f"reference raised on swapped input: {type(exc).__name__}: {exc}")
+            continue
+        add(f"output_depends_on[{name}]", differs, "redrawing this input leaves every output within tolerance")
+    differs, _ = _differs(problem, exp, problem.reference, b)
+    add("output_depends_on_seed", differs, "two seeds give outputs within tolerance of each other")
+    # fp64 gap
+    gaps = exp.fp64_gap()
+    gap = max(gaps.values()) if gaps else None
+    if m.exact_reason:
+        add("fp64_gap", True, f"exact: {m.exact_reason}")
+    else:
+        add("fp64_gap", gap is not None and gap > 0,
+            f"fp64 gap is {gap}: the reference's dtype loses nothing, so the tolerance is set by eps alone; "
+            "give a reason in META.exact_reason or make the numerics non-trivial")
+    # smoke speed
+    times = []
+    for _ in range(3):
+        args = clone_inputs(a)
+        t0 = time.perf_counter()
+        problem.reference(*args)
+        times.append(time.perf_counter() - t0)
+    ref_s = min(times)
+    add("smoke_reference_fast", ref_s <= smoke_limit_s, f"smoke reference took {ref_s * 1e3:.1f} ms (limit {smoke_limit_s * 1e3:.0f} ms)")
+    # eager agrees
+    if problem.has_eager:
+        try:
+            out, after = _run(problem, problem.module.eager, a)
+            r = compare(exp, out, inputs_after=after, input_names=m.inputs)
+            add("eager_agrees", r.ok, r.message)
+        except Exception as exc:
+            add("eager_agrees", False, f"{type(exc).__name__}: {exc}")
+    return AuditReport(m.number, problem.slug, tuple(checks), ref_s, gap)
