@@ -112,7 +112,7 @@ class TirxBackend:
 
 
 def _compile_only_patches() -> dict:
-    """Patch TVM in this process so that `solve` builds its kernels down to PTX and launches nothing.
+    """Patch TVM in this process so that `solve` builds its kernels down to a cubin (ptxas included) and launches nothing.
 
     Without a GPU, TVM's build keeps only CUDA source (the CUDA runtime is absent), so the check
     compiles that source itself with the policy's device compiler; and a `cuda` target without an
@@ -155,7 +155,7 @@ def _compile_only_patches() -> dict:
                 )
             mode = os.environ.get("TVM_CUDA_COMPILE_MODE", "nvcc")
             for m in cuda_mods:
-                nvcc.compile_cuda(m.inspect_source(), target_format="ptx", compiler=mode)
+                nvcc.compile_cuda(m.inspect_source(), target_format="cubin", compiler=mode)
         stats["compiled"] += 1
         return _NoRun()
 
