@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -20,6 +21,11 @@ class InputShape:
 
 
 def describe_inputs(problem: Problem, *, size: str = "full") -> tuple[InputShape, ...]:
+    return _describe(problem.path, problem.hash, problem, size)
+
+
+@lru_cache(maxsize=512)
+def _describe(path, hash_, problem: Problem, size: str) -> tuple[InputShape, ...]:
     """Names, shapes and dtypes of `make_inputs(size=...)`.
 
     Tried on the meta device first (no memory, no time); a problem whose structure needs real
