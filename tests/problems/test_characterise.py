@@ -32,6 +32,6 @@ def test_a_failing_problem_is_recorded_and_does_not_stop_the_rest(monkeypatch, t
 
 def test_slow_problems_get_fewer_timed_calls_but_never_below_twenty():
     assert _plan_calls(1e-4, 5.0) == (10, 50)
-    w, n = _plan_calls(0.05, 5.0)
+    w, n = _plan_calls(0.05, 2.0)
     assert w == 3 and 20 <= n < 50
     assert _plan_calls(1.0, 5.0) == (3, 20)
