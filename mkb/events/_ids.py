@@ -6,7 +6,6 @@ import os
 import random
 import threading
 import time
-import uuid
 
 _lock = threading.Lock()
 _last_ms = 0
@@ -44,4 +43,5 @@ def uuid7() -> str:
             ms = _last_ms
         rand_b = _rng.getrandbits(62)
         value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | _counter << 64 | 0b10 << 62 | rand_b
-    return str(uuid.UUID(int=value))
+    h = f"{value:032x}"  # str(uuid.UUID(int=...)) costs 3x more
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

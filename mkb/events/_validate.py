@@ -109,11 +109,12 @@ def _missing(schema: KindSchema, where: str, name: str) -> SchemaError:
     )
 
 
-def check_row(schema: KindSchema, row: dict[str, Any], *, where: str = "row", trusted: frozenset[str] = frozenset()) -> dict[str, Any]:
+def check_row(schema: KindSchema, row: dict[str, Any], *, where: str = "row", user: dict[str, Any] | None = None) -> dict[str, Any]:
     """Raise SchemaError naming `where`, the column and the value when `row` does not fit; else return it.
 
-    `trusted` columns (the envelope the writer fills in itself) are not re-checked. JSON columns
-    given a dict or list are serialised here, in place, so what is checked is what is written.
+    Names and required columns are checked on the whole row; value types only on `user` (the
+    caller's values; default the whole row), since the envelope the writer fills in is right by
+    construction. JSON columns given a dict or list are serialised into `row`, so what is checked is what is written.
     """
     plan = _plan(schema)
     keys = row.keys()
@@ -122,9 +123,7 @@ def check_row(schema: KindSchema, row: dict[str, Any], *, where: str = "row", tr
     if not plan.required.issubset(keys):
         raise _missing(schema, where, sorted(plan.required - set(keys))[0])
     fast, checks = plan.fast, plan.checks
-    for name, v in row.items():
-        if name in trusted:
-            continue
+    for name, v in (row if user is None else user).items():
         if v is None:
             if name in plan.required:
                 raise _missing(schema, where, name)

@@ -100,26 +100,20 @@ class EventWriter:
         _open_writers.add(self)
 
     def _envelope(self, schema: KindSchema, attempt_id: str | None, payload: dict[str, Any], ts: int) -> dict[str, Any]:
-        clash = _ENVELOPE_AUTO.intersection(payload)
-        if clash:
-            raise SchemaError(f"envelope columns {sorted(clash)} are filled in by the writer\nhint: do not pass them")
-        row = dict(payload)
-        row["event_id"] = uuid7()
-        row["kind"] = schema.kind
-        row["schema_version"] = schema.version
-        row["ts"] = ts
-        row["run_id"] = self.run_id
-        row["attempt_id"] = attempt_id
-        row["writer"] = self.writer_id
-        row["mkb_version"] = mkb.__version__
-        return row
+        if not _ENVELOPE_AUTO.isdisjoint(payload):
+            raise SchemaError(f"envelope columns {sorted(_ENVELOPE_AUTO.intersection(payload))} are filled in by the writer\nhint: do not pass them")
+        return {
+            **payload, "event_id": uuid7(), "kind": schema.kind, "schema_version": schema.version, "ts": ts, "run_id": self.run_id,
+            "attempt_id": attempt_id, "seq": 0, "writer": self.writer_id, "mkb_version": mkb.__version__,
+        }
 
     def emit(self, kind: str, *, attempt_id: str | None = None, **payload: Any) -> str:
         """Buffer one event; returns its event_id. Raises SchemaError here, at the call site, for a bad row."""
         schema = schema_for(kind)
         row = self._envelope(schema, attempt_id, payload, time.time_ns() // 1000)
-        row["seq"] = 0
-        check_row(schema, row, where="event", trusted=_ENVELOPE_AUTO)
+        if attempt_id is not None:
+            payload["attempt_id"] = attempt_id  # `payload` is this call's own dict: type-check attempt_id with it
+        check_row(schema, row, where="event", user=payload)
         with self._lock:
             row["seq"] = self._seq.get(attempt_id, 0)
             self._seq[attempt_id] = row["seq"] + 1
@@ -137,9 +131,11 @@ class EventWriter:
         built = []
         for i, payload in enumerate(rows):
             payload = dict(payload)
-            row = self._envelope(schema, payload.pop("attempt_id", None), payload, ts)
-            row["seq"] = 0
-            check_row(schema, row, where=f"row {i}", trusted=_ENVELOPE_AUTO)
+            attempt_id = payload.pop("attempt_id", None)
+            row = self._envelope(schema, attempt_id, payload, ts)
+            if attempt_id is not None:
+                payload["attempt_id"] = attempt_id
+            check_row(schema, row, where=f"row {i}", user=payload)
             built.append(row)
         with self._lock:
             for row in built:
