@@ -20,7 +20,7 @@ def compact(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
     from rich.table import Table
 
-    from mkb.events._compact import compact_kind
+    from mkb.events._compact import clean_staging, compact_kind
     from mkb.events._schema import schemas
     from mkb.events._store import resolve_store
 
@@ -45,6 +45,9 @@ def compact(
     for r in results:
         table.add_row(r.kind, str(r.files_before), str(r.files_after), str(r.rows), str(len(r.written)), str(len(r.deleted)), str(len(r.skipped)))
     Console().print(table)
+    stale = clean_staging(st)
+    if stale:
+        console.print(f"removed {len(stale)} staging files left by killed writers (older than 1 h)")
     for r in results:
         for path, why in r.skipped.items():
             console.print(f"[yellow]left as is[/] {path}: {why}")

@@ -137,6 +137,25 @@ def compact_kind(
     return result
 
 
+def clean_staging(store: str | Store | None = None, *, older_than_s: float = 3600.0) -> list[str]:
+    """Remove staging files a killed writer left behind (local stores only); young ones may belong to a live writer."""
+    import time
+
+    store = resolve_store(store, for_writing=True)
+    if not store.is_local or not os.path.isdir(store.staging_dir()):
+        return []
+    removed = []
+    cutoff = time.time() - older_than_s
+    for entry in os.scandir(store.staging_dir()):
+        if entry.name.endswith(".partial") and entry.is_file() and entry.stat().st_mtime < cutoff:
+            try:
+                os.unlink(entry.path)
+                removed.append(entry.path)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
 def compact(
     store: str | Store | None = None, *, kinds: list[str] | None = None, target_rows: int = DEFAULT_TARGET_ROWS,
     on_step: Callable[[str, str], None] | None = None,

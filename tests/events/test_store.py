@@ -42,3 +42,20 @@ def test_staging_lies_outside_the_dataset(tmp_path):
     store = resolve_store(str(tmp_path / "events" / "local"))
     assert Path(store.staging_dir()) == tmp_path.resolve() / "events" / ".staging" / "local"
     assert not Path(store.staging_dir()).is_relative_to(Path(store.root))
+
+
+def test_clean_staging_removes_only_old_leftovers(tmp_path):
+    import os
+    import time
+
+    from mkb.events._compact import clean_staging
+
+    store = resolve_store(str(tmp_path / "ds"))
+    os.makedirs(store.staging_dir())
+    old, young = (Path(store.staging_dir()) / n for n in ("a.parquet.1.x.partial", "b.parquet.2.y.partial"))
+    old.write_bytes(b"half")
+    young.write_bytes(b"half")
+    past = time.time() - 7200
+    os.utime(old, (past, past))
+    assert clean_staging(store) == [str(old)]
+    assert young.exists() and not old.exists()
