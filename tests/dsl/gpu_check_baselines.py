@@ -89,7 +89,9 @@ def check(num: int, dsl: str) -> dict:
             ref_err = (r.double() - a64).abs().max().item()
             tol = 3 * max(ref_err, EPS[r.dtype] * a64.abs().max().item())
             good = bool(torch.isfinite(g).all()) and err <= tol
-            outs.append({"name": o.name, "err_vs_fp64": err, "ref_err_vs_fp64": ref_err, "tol": tol, "ok": good})
+            diff = (g.double() - r.double()).abs()
+            outs.append({"name": o.name, "err_vs_fp64": err, "ref_err_vs_fp64": ref_err, "tol": tol, "ok": good,
+                         "max_diff_vs_ref": diff.max().item(), "frac_differs_from_ref": (diff > 0).double().mean().item()})
         ok = ok and good
     rec["outputs"] = outs
     rec["correct"] = ok

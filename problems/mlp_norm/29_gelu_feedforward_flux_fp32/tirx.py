@@ -3,8 +3,8 @@
 No tensor cores: the problem is fp32 without TF32 (TF32 would exceed the tolerance), so this is a
 classic register-blocked SIMT GEMM: 128x128 output tile per CTA, K step 8, 256 threads with an
 8x8 micro-tile each (two 4-wide column and row groups, so shared-memory reads are float4 and
-conflict-free), A and W tiles loaded with float4 global loads and stored k-major in shared memory.
-No double buffering. Two launches: h = gelu(x W1^T + b1), then y = h W2^T + b2.
+conflict-free), A and W tiles loaded with float4 global loads into registers one K step ahead
+(prefetch) and stored k-major in shared memory. Two launches: h = gelu(x W1^T + b1), then y = h W2^T + b2.
 """
 
 import math
@@ -36,30 +36,36 @@ def _make(gelu: bool):
         acc = Tx.alloc_local((64,), "float32")
         ar = Tx.alloc_local((8,), "float32")
         wr = Tx.alloc_local((8,), "float32")
-        ld = Tx.alloc_local((4,), "float32")
+        la = Tx.alloc_local((4,), "float32")
+        lw = Tx.alloc_local((4,), "float32")
         ty: Tx.let[Tx.int32] = tx // 16
         tc: Tx.let[Tx.int32] = tx % 16
         lr: Tx.let[Tx.int32] = tx // 2
         lk: Tx.let[Tx.int32] = (tx % 2) * 4
         for i in Tx.unroll(64):
             acc[i] = Tx.float32(0)
+        # prologue: the first K tile into registers (A row lr, k-quad lk; W likewise)
+        if bm * BM + lr < M:
+            la.vstore([0], A.vload([bm * BM + lr, lk], dtype="float32x4"))
+        else:
+            for e in Tx.unroll(4):
+                la[e] = Tx.float32(0)
+        if bn * BN + lr < N:
+            lw.vstore([0], W.vload([bn * BN + lr, lk], dtype="float32x4"))
+        else:
+            for e in Tx.unroll(4):
+                lw[e] = Tx.float32(0)
         for kb in Tx.serial(K // BK):
-            # A tile: row lr, k lk..lk+3 (float4), stored k-major
-            if bm * BM + lr < M:
-                ld.vstore([0], A.vload([bm * BM + lr, kb * BK + lk], dtype="float32x4"))
-            else:
-                for e in Tx.unroll(4):
-                    ld[e] = Tx.float32(0)
             for e in Tx.unroll(4):
-                As[lk + e, lr] = ld[e]
-            if bn * BN + lr < N:
-                ld.vstore([0], W.vload([bn * BN + lr, kb * BK + lk], dtype="float32x4"))
-            else:
-                for e in Tx.unroll(4):
-                    ld[e] = Tx.float32(0)
-            for e in Tx.unroll(4):
-                Ws[lk + e, lr] = ld[e]
+                As[lk + e, lr] = la[e]
+                Ws[lk + e, lr] = lw[e]
             Tx.cuda.cta_sync()
+            # prefetch the next K tile into registers while this one is multiplied
+            if kb + 1 < K // BK:
+                if bm * BM + lr < M:
+                    la.vstore([0], A.vload([bm * BM + lr, (kb + 1) * BK + lk], dtype="float32x4"))
+                if bn * BN + lr < N:
+                    lw.vstore([0], W.vload([bn * BN + lr, (kb + 1) * BK + lk], dtype="float32x4"))
             for kk in Tx.unroll(BK):
                 ar.vstore([0], As.vload([kk, ty * 4], dtype="float32x4"))
                 ar.vstore([4], As.vload([kk, 64 + ty * 4], dtype="float32x4"))
