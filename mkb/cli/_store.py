@@ -15,7 +15,11 @@ def compact(
     kind: Optional[list[str]] = typer.Option(None, "--kind", help="Only this kind (repeatable); default every kind in the store."),
     target_rows: int = typer.Option(250_000, "--target-rows", min=2, help="Rows per merged file at most."),
 ) -> None:
-    """Merge small event files into larger ones; readers see the same rows before, during and after."""
+    """Merge small event files into larger ones; readers see the same rows before, during and after.
+
+    A scan that listed the files before the sources were deleted fails when it reads them (it
+    never returns wrong rows); run it again. Killing the compaction at any point is safe.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
     from rich.table import Table
@@ -24,8 +28,15 @@ def compact(
     from mkb.events._schema import schemas
     from mkb.events._store import resolve_store
 
+    from mkb.events._schema import SchemaError
+    from mkb.events._store import StoreError
+
     console = Console(stderr=True)
-    st = resolve_store(store, for_writing=True)
+    try:
+        st = resolve_store(store, for_writing=True)
+    except StoreError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
     kinds = kind or st.kinds()
     unknown = [k for k in kinds if k not in schemas()]
     if unknown:
@@ -36,7 +47,12 @@ def compact(
         task = progress.add_task("compacting", total=len(kinds))
         for k in kinds:
             progress.update(task, description=f"compacting {k}")
-            results.append(compact_kind(k, st, target_rows=target_rows))
+            try:
+                results.append(compact_kind(k, st, target_rows=target_rows))
+            except SchemaError as exc:  # e.g. a file of a newer major version: refuse to rewrite what we cannot read
+                progress.stop()
+                console.print(f"[red]error:[/] {k}: {exc}")
+                raise typer.Exit(1) from None
             progress.advance(task)
     table = Table(title=f"compaction of {st.url}")
     table.add_column("kind", no_wrap=True, min_width=16)

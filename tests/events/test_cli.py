@@ -34,3 +34,25 @@ def test_compact_command_merges_files_and_keeps_rows(tmp_path):
     assert "annotation" in out.output
     assert len(list((tmp_path / "ds" / "kind=annotation").iterdir())) == 1
     assert read("annotation", url).sort("event_id").equals(before)
+
+
+def test_compact_refuses_a_store_with_a_newer_major_version_and_says_why(tmp_path):
+    import pyarrow.parquet as pq
+
+    from mkb.events import write_table
+    from mkb.events._schema import META_VERSION
+
+    url = str(tmp_path / "ds")
+    with EventWriter(url) as w:
+        w.emit("annotation", target_attempt_id="t", label="clean", reason="r", annotator="a")
+    table = pq.read_table(w.files_written[0])
+    write_table(url, "annotation", table.replace_schema_metadata({**table.schema.metadata, META_VERSION: b"9.0"}))
+    out = CliRunner().invoke(app, ["compact", "--store", url])
+    assert out.exit_code == 1
+    assert "newer than this mkb reads" in out.output and "hint:" in out.output
+    assert len(list((tmp_path / "ds" / "kind=annotation").iterdir())) == 2
+
+
+def test_compact_refuses_an_hf_store_with_a_hint():
+    out = CliRunner().invoke(app, ["compact", "--store", "hf://datasets/x/y"])
+    assert out.exit_code == 1 and "hint:" in out.output
