@@ -39,7 +39,6 @@ class FileInfo:
     compacted_from: tuple[str, ...] = ()
     id_range: tuple[str, str] | None = None  # min and max event_id from the column statistics, when written
 
-
     @property
     def name(self) -> str:
         return self.path.rsplit("/", 1)[-1]

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import warnings
 
 import pyarrow as pa
 import pyarrow.parquet as pq
