@@ -77,7 +77,10 @@ def reference(k, v, slot_mapping, k_cache, v_cache, k_scale, v_scale):
         xf = x.to(ct)
         s = xf.abs().amax(dim=-1).clamp_min(AMAX_FLOOR) / FP8_MAX  # [T, Hkv]
         codes = (xf / s[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-        cache.flatten(0, 1)[slot_mapping] = codes.to(cache.dtype)
+        if cache.dtype == FP8:  # scatter raw bytes: fp8 index_put is not implemented everywhere
+            cache.view(torch.uint8).flatten(0, 1)[slot_mapping] = codes.view(torch.uint8)
+        else:  # the fp64 anchor run
+            cache.flatten(0, 1)[slot_mapping] = codes.to(cache.dtype)
         scale.flatten(0, 1)[slot_mapping] = s.to(scale.dtype)
     return k_cache, v_cache, k_scale, v_scale
 
