@@ -11,7 +11,7 @@ slots. For every new token t:
 Layouts: k, v bf16 [T, 8, 128]; index_k bf16 [T, 128]; slot_mapping, index_slot_mapping int64 [T];
 k_cache, v_cache bf16 [num_blocks, 16, 8, 128]; index_cache bf16 [num_index_blocks, 64, 128].
 All three caches are updated in place (META.mutates) and returned; other slots keep stale contents.
-A pure copy (exact). The batch: 32 requests (decode steps and prefill chunks of unequal lengths),
+A pure copy (exact). The batch: 64 requests (decode steps and prefill chunks of unequal lengths),
 pages of both caches scattered through their own shuffled pools.
 """
 
@@ -26,9 +26,9 @@ from mkb.problems.paged import draw_lengths, page_table, structure_rng, token_sl
 KV_HEADS = {"full": 8, "smoke": 2}
 HEAD_DIM = {"full": 128, "smoke": 32}
 INDEX_DIM = {"full": 128, "smoke": 32}
-SEQS = {"full": 32, "smoke": 4}
+SEQS = {"full": 64, "smoke": 4}
 NEW = {"full": (1, 4096), "smoke": (1, 9)}
-CTX = {"full": (1, 32768), "smoke": (1, 150)}
+CTX = {"full": (1, 16384), "smoke": (1, 150)}
 BLOCK = 16
 INDEX_BLOCK = 64
 
@@ -67,7 +67,7 @@ META = ProblemMeta(
     mutates=("k_cache", "v_cache", "index_cache"),
     structure_inputs=("slot_mapping", "index_slot_mapping"),
     exact_reason="a scatter copy of bf16 rows into two caches: no arithmetic, the fp64 anchor equals the result",
-    notes=f"Full: {_T} new tokens of 32 requests (contexts up to 32k); main pool {_P} pages of 16, "
+    notes=f"Full: {_T} new tokens of 64 requests (contexts up to 16k); main pool {_P} pages of 16, "
     f"index pool {_IP} pages of 64. No public MiniMax M3 config was available: head counts follow "
     "MiniMax-M2 and the index cache DeepSeek-V3.2's indexer. Mutated caches are also returned.",
 )
