@@ -3,8 +3,9 @@
 No tensor cores: the problem is fp32 without TF32 (TF32 would exceed the tolerance), so this is a
 classic register-blocked SIMT GEMM: 128x128 output tile per CTA, K step 8, 256 threads with an
 8x8 micro-tile each (two 4-wide row and column groups, so shared-memory reads are 128-bit and
-conflict-free), A and W tiles loaded with 128-bit global loads into registers one K step ahead
-(prefetch) and stored k-major in shared memory. Two launches: h = gelu(x W1^T + b1), then y = h W2^T + b2.
+conflict-free), A and W tiles loaded with 128-bit global loads and stored k-major in shared
+memory. No double buffering and no prefetch (a register-prefetch variant of this kernel measured
+slower on the H200: 22.5 ms against 19.5 ms at full size). Two launches: h = gelu(x W1^T + b1), then y = h W2^T + b2.
 Operands are viewed as [rows, K/4, 4] so every 4-float group is a 16-byte aligned vector.
 """
 
@@ -36,36 +37,30 @@ def linear_act_kernel(mA: cute.Tensor, mW: cute.Tensor, mBias: cute.Tensor, mC: 
     a1 = cute.make_rmem_tensor(cute.make_layout(4), Float32)
     w0 = cute.make_rmem_tensor(cute.make_layout(4), Float32)
     w1 = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-    la = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-    lw = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+    ld = cute.make_rmem_tensor(cute.make_layout(4), Float32)
     ty = tidx // 16
     tc = tidx % 16
     lr = tidx // 2
     lq = tidx % 2
     for i in cutlass.range_constexpr(64):
         acc[i] = Float32(0.0)
-    # prologue: the first K tile into registers (A row lr, k-quad lq; W likewise)
-    if bm * BM + lr < M:
-        cute.copy(atom, mA[bm * BM + lr, lq, None], la)
-    else:
-        for e in cutlass.range_constexpr(4):
-            la[e] = Float32(0.0)
-    if bn * BN + lr < N:
-        cute.copy(atom, mW[bn * BN + lr, lq, None], lw)
-    else:
-        for e in cutlass.range_constexpr(4):
-            lw[e] = Float32(0.0)
     for kb in range(KQ // 2):
+        # A tile: row lr, k-quad lq (16 bytes), stored k-major
+        if bm * BM + lr < M:
+            cute.copy(atom, mA[bm * BM + lr, kb * 2 + lq, None], ld)
+        else:
+            for e in cutlass.range_constexpr(4):
+                ld[e] = Float32(0.0)
         for e in cutlass.range_constexpr(4):
-            As[lq * 4 + e, lr // 4, lr % 4] = la[e]
-            Ws[lq * 4 + e, lr // 4, lr % 4] = lw[e]
+            As[lq * 4 + e, lr // 4, lr % 4] = ld[e]
+        if bn * BN + lr < N:
+            cute.copy(atom, mW[bn * BN + lr, kb * 2 + lq, None], ld)
+        else:
+            for e in cutlass.range_constexpr(4):
+                ld[e] = Float32(0.0)
+        for e in cutlass.range_constexpr(4):
+            Ws[lq * 4 + e, lr // 4, lr % 4] = ld[e]
         cute.arch.sync_threads()
-        # prefetch the next K tile into registers while this one is multiplied
-        if kb + 1 < KQ // 2:
-            if bm * BM + lr < M:
-                cute.copy(atom, mA[bm * BM + lr, (kb + 1) * 2 + lq, None], la)
-            if bn * BN + lr < N:
-                cute.copy(atom, mW[bn * BN + lr, (kb + 1) * 2 + lq, None], lw)
         for kk in cutlass.range_constexpr(BK):
             cute.copy(atom, As[kk, ty, None], a0)
             cute.copy(atom, As[kk, 16 + ty, None], a1)
