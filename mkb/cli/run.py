@@ -37,3 +37,7 @@ _register()
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

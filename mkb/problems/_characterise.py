@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from mkb.measure import expect, gpu_name, gpu_state, speed_of_light, time_problem_fn
+from mkb.measure import clone_inputs, compare, expect, gpu_name, gpu_state, speed_of_light, time_problem_fn
 from mkb.problems._loader import Problem, get_problem, problems
 
 BAND_US = (50.0, 50_000.0)
@@ -78,6 +78,13 @@ def characterise_problem(problem: Problem, *, size: str = "full", device: str | 
         gaps = exp.fp64_gap()
         row["fp64_gap"] = max(gaps.values()) if gaps else (0.0 if m.exact_reason else None)
         row["fp64_gap_detail"] = json.dumps(gaps)
+        if problem.has_eager:  # the baseline every speedup divides by must itself be correct at full size
+            cand_inputs = clone_inputs(inputs)
+            verdict = compare(exp, fn(*cand_inputs), inputs_after=cand_inputs, input_names=m.inputs)
+            row["eager_ok"] = verdict.ok
+            if not verdict.ok:
+                raise AssertionError(f"eager disagrees with reference at size={size}: {verdict.reason}: {verdict.message}")
+            del cand_inputs, verdict
         del exp, inputs
         _free(dev)
         # eager timing under the grader's policy
