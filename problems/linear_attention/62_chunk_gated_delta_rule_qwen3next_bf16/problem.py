@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from mkb.problems._contract import Output, ProblemMeta
 
 BATCH = {"full": 2, "smoke": 1}
-SEQ = {"full": 4096, "smoke": 40}
+SEQ = {"full": 4096, "smoke": 150}
 HK = {"full": 16, "smoke": 1}
 HV = {"full": 32, "smoke": 2}
 DK = {"full": 128, "smoke": 16}

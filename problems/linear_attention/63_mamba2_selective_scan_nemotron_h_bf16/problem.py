@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from mkb.problems._contract import Output, ProblemMeta
 
 BATCH = {"full": 8, "smoke": 1}
-SEQ = {"full": 512, "smoke": 32}
+SEQ = {"full": 512, "smoke": 160}
 HIDDEN = {"full": 8192, "smoke": 64}
 HEADS = {"full": 256, "smoke": 4}
 HEAD_DIM = {"full": 64, "smoke": 16}

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from mkb.problems._contract import Output, ProblemMeta
 
 BATCH = {"full": 2, "smoke": 1}
-SEQ = {"full": 4096, "smoke": 40}
+SEQ = {"full": 4096, "smoke": 300}
 HEADS = {"full": 128, "smoke": 4}
 HEAD_DIM = {"full": 64, "smoke": 8}
 STATE = {"full": 128, "smoke": 16}

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from mkb.problems._contract import Output, ProblemMeta
 
 BATCH = {"full": 2, "smoke": 1}
-SEQ = {"full": 2048, "smoke": 40}
+SEQ = {"full": 2048, "smoke": 80}
 HEADS = {"full": 32, "smoke": 2}
 DIM = {"full": 128, "smoke": 16}
 CHUNK = 32

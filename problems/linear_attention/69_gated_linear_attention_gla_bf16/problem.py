@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from mkb.problems._contract import Output, ProblemMeta
 
 BATCH = {"full": 4, "smoke": 1}
-SEQ = {"full": 2048, "smoke": 40}
+SEQ = {"full": 2048, "smoke": 80}
 HEADS = {"full": 4, "smoke": 2}
 DK = {"full": 256, "smoke": 16}
 DV = {"full": 512, "smoke": 32}

@@ -30,7 +30,7 @@ from mkb.problems._contract import Output, ProblemMeta
 from mkb.problems.paged import cu_seqlens, draw_lengths, structure_rng
 
 SEQS = {"full": 8, "smoke": 3}
-LENS = {"full": (256, 4096), "smoke": (3, 17)}
+LENS = {"full": (256, 4096), "smoke": (20, 150)}
 SLOTS = {"full": 32, "smoke": 6}
 HK = {"full": 16, "smoke": 1}
 HV = {"full": 32, "smoke": 2}

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from mkb.problems._contract import Output, ProblemMeta
 
 BATCH = {"full": 4, "smoke": 1}
-SEQ = {"full": 4096, "smoke": 40}
+SEQ = {"full": 4096, "smoke": 150}
 HEADS = {"full": 16, "smoke": 2}
 DIM = {"full": 128, "smoke": 16}
 CHUNK = 64
