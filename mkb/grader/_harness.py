@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 import time
 import traceback
-from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,9 +21,11 @@ import torch
 
 from mkb.grader._config import GraderConfig
 from mkb.grader._guards import Guard, native_threads, python_threads
-from mkb.grader._problems import load_problem, problem_number
+from mkb.grader._problems import load_problem
 from mkb.grader._trace import classify, profile_call
-from mkb.measure import L2Flusher, as_tuple, clone_inputs, compare, expect, gpu_state, inputs_unchanged, summarize
+from mkb.measure import (
+    InputStream, L2Flusher, clone_inputs, compare, expect, gpu_state, inputs_unchanged, summarize,
+)
 
 # Bound before any candidate code exists; the harness only ever calls these objects.
 _perf = time.perf_counter
@@ -38,6 +38,31 @@ _tensor_type = torch.Tensor
 _is_floating = torch.Tensor.is_floating_point
 _empty_like = torch.empty_like
 _fill = torch.Tensor.fill_
+
+
+_WARM: dict[str, Any] = {}
+
+
+def warm_start(device: str) -> None:
+    """Work that does not depend on the job, done while the worker waits for one: the profiler's (CUPTI)
+    first-use initialisation and the harness stream's id as the profiler names it."""
+    if device == "cuda" and "streams" not in _WARM:
+        t0 = _perf()
+        _WARM["streams"] = _Device("cuda").harness_streams()
+        _WARM["profiler_init_s"] = _perf() - t0
+
+
+class _Phases:
+    """Seconds spent per named step, recorded in the events so overhead can be attributed."""
+
+    def __init__(self) -> None:
+        self.s: dict[str, float] = {}
+        self._t = _perf()
+
+    def mark(self, name: str) -> None:
+        now = _perf()
+        self.s[name] = round(self.s.get(name, 0.0) + now - self._t, 4)
+        self._t = now
 
 
 class Fail(Exception):
@@ -149,11 +174,13 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
         make = lambda seed: tuple(mod.make_inputs(seed, device=dev.torch_device, size=cfg.size))  # noqa: E731
         eager_fn = getattr(mod, "eager", None) or mod.reference
         t_trusted = _perf()
+        ph = _Phases()
         draws = []
         for _ in range(cfg.draws):
             inputs = make(fresh_seed())
             draws.append((inputs, expect(mod, inputs)))
         compile_inputs = make(fresh_seed())
+        ph.mark("draws")
         n_warm = cfg.n_warmup + rng.randrange(cfg.warmup_jitter + 1)
         n_timed = cfg.n_timed
         n_re = max(1, round(cfg.recheck_fraction * n_timed))
@@ -164,37 +191,50 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
             recheck_sets[k] = (inputs, expect(mod, inputs))
         final_inputs = make(fresh_seed())
         final_expected = expect(mod, final_inputs)
+        ph.mark("recheck_sets")
         # profiled calls at secret positions after timed call k; the last repeats an earlier re-check set's content
         first_re = min(recheck)
         prof_after = sorted(rng.sample(range(n_timed), min(cfg.n_profiled, n_timed)))
         probe_pos = rng.randrange(first_re, n_timed)
         probe_src = rng.choice([k for k in recheck if k <= probe_pos])
-        # eager baseline and launch floor, same window, before import
-        dev.warm_clocks(cfg.clock_warm_s)
-        eager_times = []
-        ring: deque = deque(maxlen=2)
+        # eager baseline and launch floor, same window and input policy, before import
         flusher_flush = _flusher(dev)
-        for i in range(n_warm + (cfg.eager_timed or n_timed)):
-            args = make(fresh_seed())
-            ring.append(args)
+        budget = _input_budget(dev)
+        eager_n = cfg.eager_timed or n_timed
+        e_stream = InputStream(lambda i: make(fresh_seed()), n_calls=n_warm + eager_n, max_bytes=budget)
+        ph.mark("eager_inputs")
+        dev.warm_clocks(cfg.clock_warm_s)
+        ph.mark("clock_warm")
+        eager_times = []
+        for i in range(n_warm + eager_n):
+            args = e_stream(i)
             flusher_flush()
             _, us = dev.window(lambda: eager_fn(*args))
             if i >= n_warm:
                 eager_times.append(us)
+        del e_stream, args
         eager = summarize(eager_times, n_warmup=n_warm)
+        ph.mark("eager_timing")
         floor_times = [dev.window(lambda: None)[1] for _ in range(30)]
         dsl_floor = _dsl_launch_floor(backend, dev)
-        streams = dev.harness_streams()
+        ph.mark("floors")
+        warm_start(dev.kind)
+        streams = _WARM.get("streams")
+        ph.mark("profiler_warm")
         gpu_before = gpu_state().as_dict() if dev.kind == "cuda" else {"name": "cpu"}
+        ph.mark("gpu_state")
         trusted_s = _perf() - t_trusted
         guard = Guard.take(dev.kind)
         threads0 = native_threads()
+        ph.mark("guard_snapshot")
     except Exception as exc:  # the harness or the problem failed: not the candidate's fault
         stage("compile", False, "infra_error", _fmt_exc(exc))
         return
 
     kernel_path = Path(job["kernel_path"])
-    figures_common = {"trusted_s": trusted_s}
+    figures_common = {"trusted_s": trusted_s, "trusted_phases_s": dict(ph.s),
+                      "profiler_init_at_warm_start_s": _WARM.get("profiler_init_s")}
+    ph = _Phases()
     try:
         # ---------------- compile: import + first call (the JIT build) ----------------
         send({"type": "phase", "phase": "compile"})
@@ -265,20 +305,28 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
         stage("verification", True, None, "", draws=len(draws), max_abs_err=worst_err, tolerance=worst_tol, details=details)
 
         # ---------------- timing: fresh values and addresses, L2 flushed, secret re-checks ----------------
-        dev.warm_clocks(cfg.clock_warm_s)
+        ph.mark("verification")
         flush = flusher_flush
         times, prof_results, rechecked = [], [], 0
-        ring = deque(maxlen=2)  # the last two input sets stay alive: a new set never reuses their addresses
         t_timed = 0.0
 
         def _fresh(src: tuple) -> tuple:
             return clone_inputs(src)
 
+        # every call's set made up front when they fit (no allocator traffic between calls, so the
+        # candidate's own allocations behave the same in every window); else a ring of fresh sets.
+        # Re-check calls get fresh copies of their pre-import inputs: same allocation pattern as the rest.
+        def _source(i: int) -> tuple:
+            k = i - n_warm
+            return _fresh(recheck_sets[k][0]) if k in recheck_sets else make(fresh_seed())
+
+        c_stream = InputStream(_source, n_calls=n_warm + n_timed, base_seed=0, max_bytes=budget)
+        ph.mark("timing_inputs")
+        dev.warm_clocks(cfg.clock_warm_s)
+        ph.mark("clock_warm")
         for i in range(n_warm + n_timed):
             k = i - n_warm
-            src = recheck_sets[k][0] if k in recheck_sets else make(fresh_seed())
-            args = _fresh(src)
-            ring.append(args)
+            args = c_stream(i)
             flush()
             dev.sync()
             before = python_threads()
@@ -319,10 +367,15 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
                         cmp = compare(recheck_sets[probe_src][1], p_out, inputs_after=p_args, input_names=meta.inputs)
                         if not cmp.ok:
                             raise Fail("timing", "integrity_recheck", f"repeated-content call: {cmp.reason}: {cmp.message}")
+                    ph.mark("timing_loop")
                     prof_results.append({"after_timed": k, "content_repeat": is_probe, "reason": reason, "message": msg,
                                          "kernels": [l.name for l in launches], "streams": sorted({l.stream for l in launches if l.stream is not None})})
                     del p_out
+                    ph.mark("profiled_calls")
         dev.sync()
+        cap = c_stream.capacity
+        del c_stream, args
+        ph.mark("timing_loop")
         bad = guard.check()
         if bad:
             raise Fail("integrity", *bad)
@@ -341,6 +394,7 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
         del out
         cand = summarize(times, n_warmup=n_warm)
         gpu_after = gpu_state().as_dict() if dev.kind == "cuda" else {"name": "cpu"}
+        ph.mark("final_check")
         stage(
             "timing", True, None, "",
             median_us=cand.median_us, iqr_us=cand.iqr_us, cv=cand.cv, eager_median_us=eager.median_us,
@@ -349,6 +403,7 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
             window_floor_us=float(sorted(floor_times)[len(floor_times) // 2]), dsl_launch_floor_us=dsl_floor,
             gpu=gpu_before.get("name"), clocks={"before": gpu_before, "after": gpu_after},
             rechecked=rechecked + 1, timed_s=t_timed, times_us=[round(t, 3) for t in times],
+            input_sets_alive=cap, run_phases_s=dict(ph.s),
         )
 
         # ---------------- integrity: profiled calls, then the native thread count ----------------
@@ -362,6 +417,14 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
         if f.stage == "integrity" and "compile" not in reached:
             stage("compile", True, None, "", **figures_common)
         stage(f.stage, False, f.reason, f.message)
+
+
+def _input_budget(dev: _Device) -> int | None:
+    """Bytes the pre-made input sets of one timing loop may take: a quarter of the free device memory."""
+    if dev.kind != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info()
+    return free // 4
 
 
 def _flusher(dev: _Device) -> Callable[[], None]:
