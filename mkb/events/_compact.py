@@ -43,7 +43,7 @@ class CompactResult:
 
 
 def plan_groups(files: list[FileInfo], *, target_rows: int, target_bytes: int = DEFAULT_TARGET_BYTES) -> list[list[FileInfo]]:
-    """Runs of consecutive (by name, so by time) files whose rows and bytes fit a target; only runs of 2 or more."""
+    """Small files in name (so time) order, cut into groups whose rows and bytes fit the target; files already at the target stay, and only groups of 2 or more are merged."""
     groups: list[list[FileInfo]] = []
     cur: list[FileInfo] = []
     rows = size = 0
