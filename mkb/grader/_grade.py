@@ -78,7 +78,8 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig) -> tuple[list[Stag
     if worker.reader.bad_lines and failure is None:
         failure = Reason.INTEGRITY_RESULT_CHANNEL
         notes.append(f"unparseable lines on the result channel: {worker.reader.bad_lines[:3]}")
-    rc = worker.kill()
+    log = worker.log_text()  # before the kill: the worker's own output is complete once it has ended or reported done
+    rc = worker.kill(wait=not done)
     book["exit_status"] = rc
     if not done and failure is None:
         # the process ended without the harness's completion message
@@ -88,7 +89,8 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig) -> tuple[list[Stag
         else:
             failure = Reason.CRASH if phase != "setup" else Reason.INFRA_ERROR
             notes.append(f"the worker died (exit status {rc}) during the {phase} phase")
-    log = worker.log_text()
+    if not done:
+        log = worker.log_text()
     worker.cleanup()
     if notes:
         log = "\n".join(notes) + "\n--- worker output ---\n" + log

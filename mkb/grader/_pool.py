@@ -75,12 +75,22 @@ class Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def kill(self) -> int | None:
-        """Kill the whole process group (the worker and anything it started); returns the exit status."""
+    def kill(self, *, wait: bool = True) -> int | None:
+        """Kill the whole process group (the worker and anything it started); returns the exit status.
+
+        `wait=False` reaps in the background: tearing down a large CUDA context takes a while, and the
+        verdict of a worker that finished its job does not depend on how it ends.
+        """
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        if not wait:
+            threading.Thread(target=self._reap, name=f"mkb-reap-{self.proc.pid}", daemon=True).start()
+            return None
+        return self._reap()
+
+    def _reap(self) -> int | None:
         try:
             rc = self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
