@@ -63,10 +63,13 @@ META = ProblemMeta(
     source_config="num_attention_heads=96, num_key_value_heads=8, head_dim=128, use_qk_norm=true, "
     "rms_norm_eps=1e-5, partial_rotary_factor=0.5 (NeoX rotate-half on dims 0..63), rope_theta=1e6; "
     "vLLM paged cache, block_size=16",
-    inputs=("qkv", "q_norm_weight", "k_norm_weight", "positions", "cos_sin_cache", "slot_mapping", "k_cache", "v_cache"),
+    inputs=(
+        "qkv", "q_norm_weight", "k_norm_weight", "positions", "cos_sin_cache", "slot_mapping", "k_cache", "v_cache",
+    ),
     outputs=(Output("q_out"), Output("k_cache"), Output("v_cache")),
     flops=float(_T * (_H + _Hkv) * _D * 8),  # norm (~4/elem) + rope (~4/elem on half the dims, counted generously)
-    bytes=float(2 * _T * (_H + 2 * _Hkv) * _D * 2 + _T * (8 + 8 + (_D // 2) * 4)),  # qkv in; q, k, v out; index + cos/sin row
+    # qkv in; q, k, v out; per token the position, the slot and one cos/sin row
+    bytes=float(2 * _T * (_H + 2 * _Hkv) * _D * 2 + _T * (8 + 8 + (_D // 2) * 4)),
     peak="memory",
     mutates=("k_cache", "v_cache"),
     structure_inputs=("positions", "cos_sin_cache", "slot_mapping"),

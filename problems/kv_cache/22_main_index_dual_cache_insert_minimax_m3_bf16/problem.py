@@ -60,7 +60,9 @@ META = ProblemMeta(
     source_config="num_key_value_heads=8, head_dim=128 (MiniMax-M2); index_head_dim=128, index page size 64, "
     "main page size 16",
     inputs=("k", "v", "index_k", "slot_mapping", "index_slot_mapping", "k_cache", "v_cache", "index_cache"),
-    outputs=(Output("k_cache", compare="exact"), Output("v_cache", compare="exact"), Output("index_cache", compare="exact")),
+    outputs=(
+        Output("k_cache", compare="exact"), Output("v_cache", compare="exact"), Output("index_cache", compare="exact"),
+    ),
     flops=0.0,
     bytes=float(2 * _T * _ROW * 2 + 2 * _T * 8),
     peak="memory",

@@ -70,7 +70,10 @@ META = ProblemMeta(
     source_model="openai/gpt-oss-120b served by vLLM v1 (hybrid KV cache manager: full + sliding-window groups)",
     source_config="2 KV cache groups, block sizes 16 and 64 (the hybrid allocator may give groups different "
     "block sizes), max_num_reqs=512, max blocks per request 2048",
-    inputs=("block_tables", "num_blocks_per_row", "new_block_ids", "num_new_blocks", "req_indices", "positions", "block_sizes"),
+    inputs=(
+        "block_tables", "num_blocks_per_row", "new_block_ids", "num_new_blocks", "req_indices", "positions",
+        "block_sizes",
+    ),
     outputs=(
         Output("block_tables", compare="exact"),
         Output("num_blocks_per_row", compare="exact"),

@@ -112,7 +112,8 @@ def _chunked(q, k, v, g, beta, S, chunk=CHUNK):
         v_new = u[:, :, i] - w[:, :, i] @ S
         o[:, :, i] = (qi * gc[:, :, i, :, None].exp()) @ S + attn @ v_new
         glast = gc[:, :, i, -1]
-        S = S * glast.exp()[..., None, None] + (ki * (glast[..., None] - gc[:, :, i]).exp()[..., None]).transpose(-1, -2) @ v_new
+        k_tail = ki * (glast[..., None] - gc[:, :, i]).exp()[..., None]  # k_j decayed to the chunk end
+        S = S * glast.exp()[..., None, None] + k_tail.transpose(-1, -2) @ v_new
     o = o.reshape(B, H, n * chunk, V)[:, :, :T].transpose(1, 2)
     return o, S
 

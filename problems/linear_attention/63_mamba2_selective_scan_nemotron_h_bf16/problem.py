@@ -14,10 +14,10 @@ B/C with state N = 256), in fp32 (the promoted dtype) throughout:
 
 Layouts: hidden bf16 [B, T, 8192]; in_proj_weight bf16 [37120, 8192]; conv_weight bf16 [20480, 1, 4];
 conv_bias bf16 [20480]; dt_bias, A_log, D fp32 [256]; norm_weight bf16 [16384]; out_proj_weight bf16
-[8192, 16384]; n_groups int (a Python scalar, 8). Output: out bf16 [B, T, 8192] (one rounding). `reference` runs the projections in
-fp32 and the exact recurrence; `eager` is what a PyTorch model does: bf16 projections (fp32
-accumulation) and the chunked SSD (chunk 128) in fp32. Shapes are the published problem's: batch 8,
-sequence 512.
+[8192, 16384]; n_groups int (a Python scalar, 8). Output: out bf16 [B, T, 8192] (one rounding).
+`reference` runs the projections in fp32 and the exact recurrence; `eager` is what a PyTorch model
+does: bf16 projections (fp32 accumulation) and the chunked SSD (chunk 128) in fp32. Shapes are the
+published problem's: batch 8, sequence 512.
 """
 
 from __future__ import annotations
@@ -56,12 +56,16 @@ META = ProblemMeta(
     source_config="hidden_size=8192, mamba_num_heads=256, mamba_head_dim=64, ssm_state_size=256, n_groups=8, "
     "conv_kernel=4, chunk_size=128, expand=2 (intermediate 16384), layer_norm_epsilon=1e-5, "
     "use_bias=false, use_conv_bias=true; published shape batch 8 x seq 512",
-    inputs=("hidden", "in_proj_weight", "conv_weight", "conv_bias", "dt_bias", "A_log", "D", "norm_weight", "out_proj_weight", "n_groups"),
+    inputs=(
+        "hidden", "in_proj_weight", "conv_weight", "conv_bias", "dt_bias", "A_log", "D", "norm_weight",
+        "out_proj_weight", "n_groups",
+    ),
     outputs=(Output("out"),),
     flops=float(2 * _BT * _d * _PROJ + 2 * _BT * _I * _d
                 + _BT * (_G * 2 * _l * _N + _H * (2 * _l * _P + 4 * _P * _N))
                 + _BT * (_I + 2 * _G * _N) * 2 * CONV),
-    bytes=float((_PROJ * _d + _d * _I) * 2 + 2 * _BT * _d * 2 + (_I + 2 * _G * _N) * (CONV + 1) * 2 + _I * 2 + 3 * _H * 4),
+    bytes=float((_PROJ * _d + _d * _I) * 2 + 2 * _BT * _d * 2  # weights; hidden in, out
+                + (_I + 2 * _G * _N) * (CONV + 1) * 2 + _I * 2 + 3 * _H * 4),
     peak="bf16_tc",
     notes="The two projections are ~97% of the FLOPs. The reference computes them in fp32 (the spec); "
     "the eager baseline in bf16 with fp32 accumulation, as the model runs.",
@@ -120,7 +124,9 @@ def _ssd_chunked(x, dt, A, Bm, Cm, S, chunk):
     return Y.reshape(b, c * chunk, H, P)[:, :T], S.reshape(b, H, P, N)
 
 
-def _layer(hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups, *, fast):
+def _layer(
+    hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups, *, fast
+):
     ct = torch.promote_types(hidden.dtype, torch.float32)
     b, T, d = hidden.shape
     H = dt_bias.shape[0]
@@ -157,12 +163,16 @@ def _layer(hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, no
     return (y @ out_proj_weight.to(ct).t()).to(hidden.dtype)
 
 
-def reference(hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups):
-    return _layer(hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups, fast=False)
+def reference(
+    hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups
+):
+    args = (hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups)
+    return _layer(*args, fast=False)
 
 
 def eager(hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups):
-    return _layer(hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups, fast=True)
+    args = (hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups)
+    return _layer(*args, fast=True)
 
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):

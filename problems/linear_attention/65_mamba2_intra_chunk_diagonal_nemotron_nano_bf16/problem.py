@@ -5,7 +5,8 @@ its own chunk (the block-diagonal part of the semiseparable matrix; the off-diag
 from the passed states and is not computed here). Tokens are split into chunks of 128; for token
 i in chunk c and head h (group g = h // (H / G)), in fp32 (the promoted dtype):
 
-    y[i, h] = sum_{j in chunk c, j <= i} (C[i, g] . B[j, g]) * exp(sum_{j < m <= i} dt[m, h] * A[h]) * dt[j, h] * x[j, h]
+    y[i, h] = sum_{j in chunk c, j <= i} (C[i, g] . B[j, g]) * exp(sum_{j < m <= i} dt[m, h] * A[h])
+                                        * dt[j, h] * x[j, h]
 
 (the decay is exp(segsum(dt * A)) with the segment sum taken over exact partial sums, as in
 mamba_ssm's `segsum`). Layouts: x bf16 [B, T, H, P]; dt fp32 [B, T, H] (after softplus, > 0);

@@ -60,7 +60,9 @@ META = ProblemMeta(
     source_config="linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, "
     "linear_value_head_dim=128; g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), q/k l2norm "
     "eps 1e-6, scale 1/sqrt(128); bf16 state pool (mamba_ssm_cache_dtype auto), fp32 compute",
-    inputs=("q", "k", "v", "a", "b", "A_log", "dt_bias", "ssm_state", "state_indices", "has_initial_state", "cu_seqlens"),
+    inputs=(
+        "q", "k", "v", "a", "b", "A_log", "dt_bias", "ssm_state", "state_indices", "has_initial_state", "cu_seqlens",
+    ),
     outputs=(Output("o"), Output("ssm_state")),
     flops=float(_N * _Hv * (4 * CHUNK * _K + 2 * CHUNK * (2 * _V + _K) + 8 * _K * _V)),
     bytes=float(_N * (2 * _Hk * _K + 2 * _Hv * _V + 2 * _Hv) * 2 + 2 * len(_LENS) * _Hv * _K * _V * 2),
@@ -115,7 +117,8 @@ def _chunked(q, k, v, g, beta, S, chunk=CHUNK):
         v_new = u[:, :, i] - w[:, :, i] @ S
         o[:, :, i] = (qi * gc[:, :, i, :, None].exp()) @ S + attn @ v_new
         glast = gc[:, :, i, -1]
-        S = S * glast.exp()[..., None, None] + (ki * (glast[..., None] - gc[:, :, i]).exp()[..., None]).transpose(-1, -2) @ v_new
+        k_tail = ki * (glast[..., None] - gc[:, :, i]).exp()[..., None]  # k_j decayed to the chunk end
+        S = S * glast.exp()[..., None, None] + k_tail.transpose(-1, -2) @ v_new
     o = o.reshape(B, H, n * chunk, V)[:, :, :T].transpose(1, 2)
     return o, S
 
@@ -150,13 +153,15 @@ def _finish(o, S, valid, idx, q, ssm_state):
 
 
 def reference(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens):
-    qp, kp, vp, gp, bp, S, valid, idx = _padded(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens)
+    args = (q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens)
+    qp, kp, vp, gp, bp, S, valid, idx = _padded(*args)
     o, S = _recurrence(qp, kp, vp, gp, bp, S)
     return _finish(o, S, valid, idx, q, ssm_state)
 
 
 def eager(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens):
-    qp, kp, vp, gp, bp, S, valid, idx = _padded(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens)
+    args = (q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens)
+    qp, kp, vp, gp, bp, S, valid, idx = _padded(*args)
     o, S = _chunked(qp, kp, vp, gp, bp, S)
     return _finish(o, S, valid, idx, q, ssm_state)
 
