@@ -10,4 +10,3 @@ for p in (HERE, HERE.parent / "grader"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-pytest_plugins: list[str] = []
