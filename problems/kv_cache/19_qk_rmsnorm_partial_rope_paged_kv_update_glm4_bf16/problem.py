@@ -117,7 +117,7 @@ def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     slots, pos, pages = _structure(size)
     h, hkv, d = HEADS[size], KV_HEADS[size], HEAD_DIM[size]
     t = len(slots)
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
     bf = torch.bfloat16
     qkv = torch.randn(t, (h + 2 * hkv) * d, generator=g, device=device)
     qkv[:, : (h + hkv) * d] *= 3.0  # pre-norm q/k are not unit scale

@@ -102,7 +102,7 @@ def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     slots, pos, pages = _structure(size)
     h, c, r = HEADS[size], LORA[size], ROPE[size]
     t = len(slots)
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
     bf = torch.bfloat16
 
     def rn(*s):

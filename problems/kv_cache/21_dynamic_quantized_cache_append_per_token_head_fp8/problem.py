@@ -110,7 +110,7 @@ def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     slots, pages = _structure(size)
     hkv, d = KV_HEADS[size], HEAD_DIM[size]
     t = len(slots)
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def rn(*s):
         return torch.randn(*s, generator=g, device=device)

@@ -86,7 +86,7 @@ def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     slots, islots, pages, ipages = _structure(size)
     hkv, d, di = KV_HEADS[size], HEAD_DIM[size], INDEX_DIM[size]
     t = len(slots)
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
     bf = torch.bfloat16
 
     def rn(*s):

@@ -74,7 +74,7 @@ def reference(kv_cache, scale, block_table, seq_lens, cu_seq_lens):
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     pt = _structure(size)
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
     d = DIM[size]
     # latent codes use the full e4m3 range (the scale was chosen from the latent amax)
     kv = (torch.randn(pt.num_pages, BLOCK[size], d, generator=g, device=device) * 96).clamp(-448, 448).to(FP8)

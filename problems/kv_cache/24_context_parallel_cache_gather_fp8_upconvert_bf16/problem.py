@@ -93,7 +93,7 @@ def reference(k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, cu_seq
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     lens, bt, pages = _structure(size)
     cp, h, d = CP[size], KV_HEADS[size], HEAD_DIM[size]
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def codes(spread):
         x = torch.randn(cp, pages, BLOCK, h, d, generator=g, device=device) * spread

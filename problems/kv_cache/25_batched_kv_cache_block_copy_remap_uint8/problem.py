@@ -84,7 +84,7 @@ def _mapping(size: str) -> torch.Tensor:
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     L, nb, h, d, bs = LAYERS[size], BLOCKS[size], KV_HEADS[size], HEAD[size], BLOCK_SIZE[size]
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
     key = torch.randint(0, 256, (L, nb, h, d // X, bs, X), generator=g, device=device, dtype=torch.uint8)
     value = torch.randint(0, 256, (L, nb, h, d, bs), generator=g, device=device, dtype=torch.uint8)
     return key, value, _mapping(size).to(device)

@@ -132,7 +132,7 @@ def eager(q, k, v, g, beta, initial_state):
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     B, T, hk, hv, dk, dv = BATCH[size], SEQ[size], HK[size], HV[size], DK[size], DV[size]
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def rn(*s):
         return torch.randn(*s, generator=gen, device=device)

@@ -179,7 +179,7 @@ def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     B, T, d, H, P, N, G = BATCH[size], SEQ[size], HIDDEN[size], HEADS[size], HEAD_DIM[size], STATE[size], GROUPS[size]
     I = H * P
     C = I + 2 * G * N
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def rn(*s):
         return torch.randn(*s, generator=gen, device=device)

@@ -129,7 +129,7 @@ def eager(x, dt, dt_bias, A_log, Bm, Cm, D, initial_state):
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     B, T, H, P, N = BATCH[size], SEQ[size], HEADS[size], HEAD_DIM[size], STATE[size]
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def rn(*s):
         return torch.randn(*s, generator=gen, device=device)

@@ -80,7 +80,7 @@ def reference(x, dt, A, Bm, Cm, chunk_size):
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     B, T, H, P, N, G = BATCH[size], SEQ[size], HEADS[size], HEAD_DIM[size], STATE[size], GROUPS[size]
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def rn(*s):
         return torch.randn(*s, generator=gen, device=device)

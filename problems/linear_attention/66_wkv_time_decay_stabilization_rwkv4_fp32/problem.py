@@ -119,7 +119,7 @@ def eager(time_decay, time_first, k, v):
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     B, T, C = BATCH[size], SEQ[size], CH[size]
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
     r = torch.arange(C, device=device, dtype=torch.float32) / max(1, C - 1)
     ratio = 0.5  # layer 12 of 24
     decay = -5.0 + 8.0 * r ** (0.7 + 1.3 * ratio) + 0.3 * torch.randn(C, generator=gen, device=device)

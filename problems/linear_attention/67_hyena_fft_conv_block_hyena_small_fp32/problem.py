@@ -75,7 +75,7 @@ def reference(u, short_filter_weight, short_filter_bias, long_filter, long_bias)
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     B, L, D = BATCH[size], SEQ[size], DIM[size]
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def rn(*s):
         return torch.randn(*s, generator=gen, device=device)

@@ -127,7 +127,7 @@ def eager(q, k, v, g):
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     B, T, H, K, V = BATCH[size], SEQ[size], HEADS[size], DK[size], DV[size]
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def rn(*s):
         return torch.randn(*s, generator=gen, device=device)

@@ -170,7 +170,7 @@ def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     lens, idx, has = _structure(size)
     n = sum(lens)
     hk, hv, dk, dv = HK[size], HV[size], DK[size], DV[size]
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def rn(*s):
         return torch.randn(*s, generator=gen, device=device)

@@ -89,7 +89,7 @@ def _indices(size: str) -> torch.Tensor:
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     B, S, hk, hv, dk, dv = BATCH[size], SLOTS[size], HK[size], HV[size], DK[size], DV[size]
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def rn(*shape):
         return torch.randn(*shape, generator=g, device=device)

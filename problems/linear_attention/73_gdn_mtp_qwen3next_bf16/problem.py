@@ -94,7 +94,7 @@ def _indices(size: str) -> torch.Tensor:
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     B, T, S, hk, hv, dk, dv = BATCH[size], TOKENS[size], SLOTS[size], HK[size], HV[size], DK[size], DV[size]
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def rn(*shape):
         return torch.randn(*shape, generator=gen, device=device)

@@ -119,7 +119,7 @@ def eager(q, k, v, beta):
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     B, T, H, D = BATCH[size], SEQ[size], HEADS[size], DIM[size]
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def rn(*s):
         return torch.randn(*s, generator=gen, device=device)
