@@ -88,15 +88,15 @@ def _chunked_channel(q, k, v, g, beta, S, chunk=CHUNK):
     o = torch.empty(B, H, n, chunk, V, dtype=q.dtype, device=q.device)
     for i in range(n):
         qi, ki, vi, gi = q[:, :, i], k[:, :, i], v[:, :, i], gc[:, :, i]
-        diff = gi[:, :, :, None, :] - gi[:, :, None, :, :]  # [B, H, C(i), C(j), K]
-        dec = torch.where(tri, diff, torch.full_like(diff, float("-inf"))).exp()
-        kd = ki[:, :, None, :, :] * dec  # k_j * exp(gc_i - gc_j)
-        a_qk = (qi[:, :, :, None, :] * kd).sum(-1)
+        dec = gi[:, :, :, None, :] - gi[:, :, None, :, :]  # [B, H, C(i), C(j), K]: gc_i - gc_j
+        dec = dec.masked_fill_(~tri, float("-inf")).exp_()
+        # A[i, j] = sum_k x_i[k] dec[i, j, k] k_j[k], contracted as a batched matvec over (b, h, i)
+        a_qk = torch.einsum("bhijk,bhjk->bhij", qi[:, :, :, None, :] * dec, ki)
         if beta is None:
             v_new = vi
         else:
             bi = beta[:, :, i]
-            L = ((ki[:, :, :, None, :] * kd).sum(-1) * bi[..., None]).tril(-1)
+            L = (torch.einsum("bhijk,bhjk->bhij", ki[:, :, :, None, :] * dec, ki) * bi[..., None]).tril(-1)
             Tm = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
             u = Tm @ (vi * bi[..., None])
             w = Tm @ (ki * bi[..., None] * gi.exp())
