@@ -43,36 +43,57 @@ def separate_topk(
     topk_group: int = 1,
     step: float = 0.05,
     max_iter: int = 400,
+    lower: bool = False,
 ) -> torch.Tensor:
     """Raise selected router logits until the selection has a margin >= `margin` in score units.
 
     `score_fn` maps float64 logits [T, E] to the selection scores (softmax, sigmoid + bias, ...),
     which must be monotone in each logit. Returns float64 logits; the caller casts them.
+
+    Raising alone cannot separate a saturating score (sigmoid + bias): once the selected logits are
+    large, their scores stop growing and a dropped competitor with a larger bias stays within the
+    margin for ever. With `lower=True` the competitors are also pushed down: every expert of a
+    dropped group (which cannot change the expert selection, those experts are masked) and every
+    unselected expert of a kept group whose score is within the margin of the k-th. Only rows that
+    still tie are touched, so a row's logits change only as much as its separation needs.
     """
     x = logits.to(torch.float64).clone()
     t, e = x.shape
+    rows = torch.arange(t, device=x.device)  # rows that may still tie (a separated row is never touched again)
     for _ in range(max_iter):
-        s = score_fn(x)
-        bad_rows = torch.zeros(t, dtype=torch.bool, device=x.device)
-        raise_mask = torch.zeros(t, e, dtype=torch.bool, device=x.device)
+        s = score_fn(x[rows])  # score_fn is row-wise, so only the rows that may still tie are scored
+        n = rows.numel()
+        bad_rows = torch.zeros(n, dtype=torch.bool, device=x.device)
+        raise_mask = torch.zeros(n, e, dtype=torch.bool, device=x.device)
+        lower_mask = torch.zeros(n, e, dtype=torch.bool, device=x.device)
         if n_group > 1:
-            gs = s.view(t, n_group, e // n_group).topk(2, dim=-1).values.sum(-1)
+            gs = s.view(n, n_group, e // n_group).topk(2, dim=-1).values.sum(-1)
             gsv, gsi = gs.sort(dim=-1, descending=True)
             gbad = (gsv[:, topk_group - 1] - gsv[:, topk_group]) < margin
-            gsel = torch.zeros(t, n_group, dtype=torch.bool, device=x.device).scatter_(1, gsi[:, :topk_group], True)
+            gsel = torch.zeros(n, n_group, dtype=torch.bool, device=x.device).scatter_(1, gsi[:, :topk_group], True)
             emask = gsel.repeat_interleave(e // n_group, dim=1)
             raise_mask |= emask & gbad[:, None]
+            lower_mask |= ~emask & gbad[:, None]
             bad_rows |= gbad
             s = s.masked_fill(~emask, float("-inf"))
         sv, si = s.sort(dim=-1, descending=True)
         ebad = (sv[:, top_k - 1] - sv[:, top_k]) < margin
-        sel = torch.zeros(t, e, dtype=torch.bool, device=x.device).scatter_(1, si[:, :top_k], True)
+        sel = torch.zeros(n, e, dtype=torch.bool, device=x.device).scatter_(1, si[:, :top_k], True)
         raise_mask |= sel & ebad[:, None]
+        close = ~sel & (s > (sv[:, top_k - 1] - margin)[:, None])  # unselected kept experts within the margin
+        lower_mask |= close & ebad[:, None]
         bad_rows |= ebad
         if not bool(bad_rows.any()):
             return x
-        x = x + step * raise_mask.to(x.dtype)
-    raise RuntimeError(f"separate_topk: {int(bad_rows.sum())} rows still tie after {max_iter} steps; hint: raise step")
+        delta = step * raise_mask.to(x.dtype)
+        if lower:
+            delta = delta - step * lower_mask.to(x.dtype)
+        x[rows] += delta
+        rows = rows[bad_rows]
+    raise RuntimeError(
+        f"separate_topk: {rows.numel()} rows still tie after {max_iter} steps; "
+        "hint: raise step or max_iter, or pass lower=True for a saturating score"
+    )
 
 
 def skewed_logits(t: int, e: int, *, gen: torch.Generator, popularity: torch.Tensor, std: float = 1.0) -> torch.Tensor:
@@ -115,4 +136,35 @@ def routed_swiglu(x, idx, wts, w_gate_up, w_down, *, cdt, mdt) -> torch.Tensor:
     return out
 
 
-__all__ = ["expert_popularity", "group_mask", "routed_swiglu", "select_topk", "separate_topk", "skewed_logits"]
+def routed_swiglu_padded(x, idx, wts, w_gate_up, w_down, *, cdt) -> torch.Tensor:
+    """`routed_swiglu` as an eager baseline writes it: tokens sorted by expert into padded groups, two bmm's.
+
+    A per-expert Python loop costs ~10 launches per expert, far too slow for hundreds of experts; here
+    the launch count is fixed. Each expert's tokens are gathered into a zero-padded [E, C, H] block
+    (C = the busiest expert's count, one host sync), the GEMMs run as batched bf16 matmuls with fp32
+    accumulation (padding rows cost FLOPs but not weight bytes, which dominate), and the hidden
+    activation is rounded to bfloat16 exactly where `routed_swiglu(..., mdt=bfloat16)` rounds it.
+    """
+    t, h = x.shape
+    k = idx.shape[1]
+    e_count, inter = w_down.shape[0], w_down.shape[-1]
+    mdt = w_down.dtype
+    flat = idx.flatten()
+    order = flat.argsort(stable=True)
+    exp_sorted = flat[order]
+    counts = torch.bincount(flat, minlength=e_count)
+    starts = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(flat.numel(), device=x.device) - starts[exp_sorted]
+    cap = int(counts.max())
+    tok = order // k
+    xg = torch.zeros(e_count, cap, h, dtype=mdt, device=x.device)
+    xg[exp_sorted, pos] = x[tok].to(mdt)
+    gu = torch.bmm(xg, w_gate_up.transpose(1, 2))  # [E, C, 2I]
+    a = (torch.nn.functional.silu(gu[..., :inter].to(cdt)) * gu[..., inter:].to(cdt)).to(mdt)
+    y = torch.bmm(a, w_down.transpose(1, 2))  # [E, C, H]
+    out = torch.zeros(t, h, dtype=cdt, device=x.device)
+    out.index_add_(0, tok, y[exp_sorted, pos].to(cdt) * wts.flatten()[order].to(cdt)[:, None])
+    return out
+
+
+__all__ = ["expert_popularity", "group_mask", "routed_swiglu", "routed_swiglu_padded", "select_topk", "separate_topk", "skewed_logits"]

@@ -40,7 +40,9 @@ META = ProblemMeta(
     notes=(
         "T = 16384 tokens (a prefill batch). The model runs in bf16 but its router is fp32 (router_dtype), so the "
         "routing inputs are fp32. Logits carry a fixed per-expert popularity skew and are nudged so the kept groups "
-        "beat the 5th group and the 8th expert beats the 9th by >= 1e-3."
+        "beat the 5th group and the 8th expert beats the 9th by >= 1e-3 (selected logits raised and close "
+        "competitors lowered: raising alone cannot separate a saturated sigmoid from a competitor with a larger "
+        "bias, which made make_inputs fail at full size on CUDA)."
     ),
 )
 
@@ -66,5 +68,5 @@ def make_inputs(seed, *, device, size="full"):
     bias = ((torch.rand(e, generator=gen, device=device) - 0.5) * 0.2).float()
     b64 = bias.double()
     logits = separate_topk(logits, lambda z: torch.sigmoid(z) + b64, top_k=TOP_K, margin=1e-3,
-                           n_group=N_GROUP, topk_group=TOPK_GROUP).float()
+                           n_group=N_GROUP, topk_group=TOPK_GROUP, lower=True).float()
     return logits, bias
