@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,12 @@ class DslBackend(Protocol):
       launch to count as this DSL's, derived from the candidate's own compiled kernels.
     - `prompt_section()` is the DSL-specific part of a task statement; `doc_pack()` the folder of
       reference docs an agent may read, and `doc_pack_version()` a hash of it.
+    - `empty_kernel()` returns a zero-argument callable that launches one empty kernel of this DSL
+      on torch's current CUDA stream, through the same launch path candidates use (TVM-FFI), so the
+      grader can time the DSL's launch floor in the same window as candidates. The first call per
+      process and device compiles (imports the DSL then, never at module import); later calls
+      return the cached callable. Added in the protocol after v1: callers that must accept older
+      backends look it up with `getattr(backend, "empty_kernel", None)`.
     """
 
     name: str
@@ -75,3 +81,5 @@ class DslBackend(Protocol):
     def doc_pack(self) -> Path | None: ...
 
     def doc_pack_version(self) -> str: ...
+
+    def empty_kernel(self) -> Callable[[], None]: ...

@@ -4,6 +4,7 @@ Run as `python -m mkb.dsl._check <dsl> <kernel.py> <problem>` by `DslBackend.che
 fresh process whose environment the backend set. Nothing is launched: the DSL's compile entry
 point (`cute.compile`, `tvm.compile`) really compiles, for the real GPU arch, and returns a
 stand-in whose calls do nothing. The last stdout line is `MKB_CHECK {"ok": ..., "messages": [...]}`.
+`python -m mkb.dsl._check <dsl> --empty-kernel` builds the backend's `empty_kernel()` the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +19,49 @@ def _emit(ok: bool, messages: list[str] | tuple[str, ...]) -> None:
     print("MKB_CHECK " + json.dumps({"ok": ok, "messages": list(messages)}), flush=True)
 
 
+def _patches(dsl: str):
+    if dsl == "cute":
+        from mkb.dsl.cute import _compile_only_patches
+    elif dsl == "tirx":
+        from mkb.dsl.tirx import _compile_only_patches
+    else:
+        return None
+    return _compile_only_patches
+
+
+def check_empty_kernel(dsl: str) -> int:
+    """Build `empty_kernel()` with launching stubbed: it must compile exactly one kernel, once."""
+    from mkb.dsl._errors import format_exception
+
+    label = Path(f"{dsl}_empty_kernel.py")
+    try:
+        patches = _patches(dsl)
+        if patches is None:
+            _emit(False, [f"unknown DSL {dsl!r}"])
+            return 0
+        stats = patches()
+        from mkb.dsl import get_backend
+
+        backend = get_backend(dsl)
+        launch = backend.empty_kernel()
+        launch()
+        again = backend.empty_kernel()
+        again()
+    except BaseException as e:  # noqa: BLE001 - every failure becomes a message
+        _emit(False, format_exception(e, label))
+        return 0
+    if again is not launch or stats["compiled"] != 1:
+        _emit(False, [f"{dsl} empty kernel: {stats['compiled']} builds for two empty_kernel() calls (want 1, cached)"])
+        return 0
+    kernels = stats.get("kernels")
+    extra = f"; kernels: {', '.join(kernels)}" if kernels else ""
+    _emit(True, [f"{dsl} empty kernel: 1 kernel build compiled for {stats['arch']}{extra}"])
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[1:2] == ["--empty-kernel"]:
+        return check_empty_kernel(argv[0])
     dsl, kernel_path, problem = argv[0], Path(argv[1]), int(argv[2])
     from mkb.dsl._errors import format_exception
 

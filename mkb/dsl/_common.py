@@ -95,13 +95,22 @@ def module_source(module: ModuleType) -> str:
 def run_check(dsl: str, path: Path, problem: int, env: dict[str, str], *, timeout: float = CHECK_TIMEOUT_S) -> CompileResult:
     """Run `python -m mkb.dsl._check` in a fresh process with the DSL's environment."""
     path = Path(path).resolve()
+    return _run_check_process([dsl, str(path), str(problem)], path.name, env, timeout=timeout)
+
+
+def run_empty_kernel_check(dsl: str, env: dict[str, str], *, timeout: float = CHECK_TIMEOUT_S) -> CompileResult:
+    """Compile the backend's `empty_kernel()` in the compile-only check process (`_check <dsl> --empty-kernel`)."""
+    return _run_check_process([dsl, "--empty-kernel"], f"{dsl} empty kernel", env, timeout=timeout)
+
+
+def _run_check_process(args: list[str], label: str, env: dict[str, str], *, timeout: float) -> CompileResult:
     full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
     repo_root = str(Path(__file__).resolve().parents[2])
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, full_env.get("PYTHONPATH", "")) if p)
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "mkb.dsl._check", dsl, str(path), str(problem)],
+            [sys.executable, "-m", "mkb.dsl._check", *args],
             env=full_env,
             capture_output=True,
             text=True,
@@ -109,7 +118,7 @@ def run_check(dsl: str, path: Path, problem: int, env: dict[str, str], *, timeou
             start_new_session=True,
         )
     except subprocess.TimeoutExpired:
-        return CompileResult(ok=False, messages=(f"{path.name}: compile check timed out after {timeout:.0f} s",), seconds=timeout)
+        return CompileResult(ok=False, messages=(f"{label}: compile check timed out after {timeout:.0f} s",), seconds=timeout)
     seconds = time.perf_counter() - t0
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("MKB_CHECK "):
@@ -118,7 +127,7 @@ def run_check(dsl: str, path: Path, problem: int, env: dict[str, str], *, timeou
     tail = [ln for ln in (proc.stderr or "").strip().splitlines()[-3:]]
     from mkb.dsl._errors import strip_ansi
 
-    msg = f"{path.name}: compile check process died (exit {proc.returncode})"
+    msg = f"{label}: compile check process died (exit {proc.returncode})"
     return CompileResult(ok=False, messages=(msg, *(strip_ansi(t)[:300] for t in tail)), seconds=seconds)
 
 

@@ -20,6 +20,7 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 from mkb.dsl import _common
 from mkb.dsl._backend import CompileResult, StaticFinding
@@ -107,6 +108,61 @@ class TirxBackend:
     def doc_pack_version(self) -> str:
         return _common.folder_sha256(_DOCS)
 
+    def empty_kernel(self) -> Callable[[], None]:
+        return _empty_kernel()
+
+    def check_empty_kernel(self, *, gpu_arch: str = "sm_90a") -> CompileResult:
+        """Compile `empty_kernel()` on the CPU in the compile-only check process (nothing launched)."""
+        return _common.run_empty_kernel_check(self.name, self.environment(gpu_arch))
+
+
+# --- the launch floor: one empty kernel, launched the way candidates launch theirs ----------------------
+
+_EMPTY: dict[int, Callable[[], None]] = {}
+
+
+def _empty_kernel() -> Callable[[], None]:
+    """A prim_func with one thread doing nothing, launched through TVM-FFI on torch's current stream.
+
+    Why a buffer and a guarded store: TVM simplifies away whatever it can prove dead (a guard on
+    `N < 0` for a shape var vanishes, and a kernel left without a body keeps no parameters), so the
+    store is guarded by `N > 1`, which holds only for a buffer of more than one element (never: it is
+    given one) and which no compiler can decide; the kernel keeps its parameters and a body, and the
+    host keeps the argument checks every candidate's call pays. Passing a torch tensor is also how
+    TVM-FFI learns torch's current stream, as the baselines' launches do.
+    """
+    import torch
+
+    dev = torch.cuda.current_device()
+    launch = _EMPTY.get(dev)
+    if launch is not None:
+        return launch
+    import tvm
+    from tvm.script import tirx as Tx
+
+    @Tx.prim_func
+    def mkb_empty(x_ptr: Tx.handle):
+        N = Tx.int32()
+        X = Tx.match_buffer(x_ptr, (N,), "uint8")
+        Tx.device_entry()
+        bx = Tx.cta_id([1])  # noqa: F841 - one block
+        tx = Tx.thread_id([1])  # noqa: F841 - of one thread
+        if N > 1:
+            X[0] = X[1]
+
+    major, minor = torch.cuda.get_device_capability(dev)
+    target = tvm.target.Target({"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major >= 9 else "")})
+    with target:
+        compiled = tvm.compile(tvm.IRModule({"main": mkb_empty}), target=target, tir_pipeline="tirx")
+    # without CUDA (the compile-only check) launching is stubbed and the tensor is never read
+    arg = torch.zeros(1, dtype=torch.uint8, device=torch.device("cuda", dev) if torch.cuda.is_available() else "cpu")
+
+    def launch() -> None:
+        compiled(arg)
+
+    _EMPTY[dev] = launch
+    return launch
+
 
 # --- compile-only mode (used by mkb.dsl._check in its own process) -----------------------------------
 
@@ -123,7 +179,7 @@ def _compile_only_patches() -> dict:
     from tvm.support import nvcc
 
     arch = os.environ.get("MKB_GPU_ARCH", "sm_90a")
-    stats = {"compiled": 0, "entry": "tvm.compile", "arch": arch}
+    stats = {"compiled": 0, "entry": "tvm.compile", "arch": arch, "kernels": []}
     pinned = tvm.target.Target({"kind": "cuda", "arch": arch})
     real_compile = tvm.compile
 
@@ -155,7 +211,11 @@ def _compile_only_patches() -> dict:
                 )
             mode = os.environ.get("TVM_CUDA_COMPILE_MODE", "nvcc")
             for m in cuda_mods:
-                nvcc.compile_cuda(m.inspect_source(), target_format="cubin", compiler=mode)
+                src = m.inspect_source()
+                nvcc.compile_cuda(src, target_format="cubin", compiler=mode)
+                for k in re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", src):
+                    if k not in stats["kernels"]:
+                        stats["kernels"].append(k)
         stats["compiled"] += 1
         return _NoRun()
 
