@@ -71,11 +71,15 @@ def run(*, problem: int = 28, dsls: tuple[str, ...] = ("cute", "tirx"), repeats:
                     "candidate_median_us": v.candidate_median_us, "eager_median_us": v.eager_median_us,
                     "cv": tim.figures.get("cv") if tim else None, "speedup": v.speedup,
                     "clocks": (tim.figures.get("clocks") if tim else None),
+                    "trusted_phases_s": comp.figures.get("trusted_phases_s") if comp else None,
+                    "run_phases_s": tim.figures.get("run_phases_s") if tim else None,
+                    "eager_cached": tim.figures.get("eager_cached") if tim else None,
                 }
                 rows.append(row)
                 log(f"[bench] {dsl} #{r}: passed={v.passed} reason={v.reason} wall={v.wall_s:.2f}s "
                     f"overhead={v.overhead_s:.2f}s compile={row['compile_s']} timed={row['timed_s']} "
-                    f"median={v.candidate_median_us} eager={v.eager_median_us}")
+                    f"median={v.candidate_median_us} eager={v.eager_median_us} cached_eager={row['eager_cached']}\n"
+                    f"        trusted={row['trusted_phases_s']}\n        run={row['run_phases_s']}")
             med = [r["candidate_median_us"] for r in rows]
             eag = [r["eager_median_us"] for r in rows]
             ovh = [r["overhead_s"] for r in rows if r["overhead_s"] is not None]

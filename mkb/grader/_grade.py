@@ -18,6 +18,7 @@ from mkb.grader._config import GraderConfig
 from mkb.grader._pool import Worker, WorkerPool
 from mkb.grader._problems import problem_number
 from mkb.grader._reasons import STAGES, Reason, static_reason
+from mkb.grader._session import TrustedCache, problem_sha256, trusted_key
 from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict
 
 GRADER_VERSION = "1.0"
@@ -27,7 +28,8 @@ def _jsonable(v: Any) -> str | None:
     return None if v is None else json.dumps(v, default=str)
 
 
-def _run_worker(worker: Worker, job: dict, cfg: GraderConfig) -> tuple[list[StageResult], str | None, str, dict]:
+def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedCache | None = None,
+                problem_sha: str = "unknown") -> tuple[list[StageResult], str | None, str, dict]:
     """Drive one job; returns (stages, failure reason not tied to a stage, log, bookkeeping)."""
     nonce = secrets.token_hex(16)
     book: dict[str, Any] = {"worker_pid": worker.pid}
@@ -37,6 +39,15 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig) -> tuple[list[Stag
     book["worker_wait_s"] = time.monotonic() - t_wait
     book["worker_start_s"] = worker.ready.get("start_s")
     book["gpu"] = worker.ready.get("gpu")
+    keys = {}
+    if cache is not None and isinstance(job.get("problem"), int):
+        for what in ("eager", f"floor:{job['dsl']}"):
+            keys[what.split(":")[0]] = trusted_key(what, problem=job["problem"], problem_sha=problem_sha,
+                                                   ready=worker.ready, cfg=cfg, grader_version=GRADER_VERSION)
+        hit = {k: v for k, v in ((k, cache.get(key)) for k, key in keys.items()) if v is not None}
+        if hit:
+            job = {**job, "trusted": hit}
+        book["trusted_cached"] = sorted(hit)
     worker.send_job({**job, "nonce": nonce})
     t_job = time.monotonic()
     wall_deadline = t_job + cfg.wall_limit_s
@@ -60,7 +71,13 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig) -> tuple[list[Stag
             notes.append(f"a message without the harness nonce arrived on the result channel: {json.dumps(msg)[:500]}")
             break
         kind = msg.get("type")
-        if kind == "phase":
+        if kind == "trusted":
+            # written before the candidate was imported (it precedes the compile phase message): cacheable
+            if phase == "setup" and cache is not None:
+                for what in ("eager", "floor"):
+                    if isinstance(msg.get(what), dict) and keys.get(what) is not None:
+                        cache.put(keys[what], msg[what])
+        elif kind == "phase":
             phase = msg["phase"]
             if phase == "compile":
                 book["compile_started_s"] = time.monotonic() - t_job
@@ -133,7 +150,8 @@ def grade(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, store
             worker = pool.take(dsl)
             job = {"problem": number if not isinstance(problem, Path) and str(problem).isdigit() else str(problem),
                    "dsl": dsl, "backend": backend_target(dsl), "kernel_path": str(kernel_path), "secret": secrets.randbits(62), "config": cfg.as_dict()}
-            stages, failure, log, book = _run_worker(worker, job, cfg)
+            stages, failure, log, book = _run_worker(worker, job, cfg, cache=None if own_pool else pool.trusted,
+                                                     problem_sha=problem_sha256(problem))
         finally:
             if own_pool:
                 pool.close()

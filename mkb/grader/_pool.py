@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mkb.grader._backends import backend_from_target, backend_target
 from mkb.grader._protocol import LineReader, write_msg
+from mkb.grader._session import TrustedCache
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -128,6 +129,7 @@ class WorkerPool:
         self.spawned = 0
         self.closed = False
         self.dsls = tuple(dsls)
+        self.trusted = TrustedCache()  # eager timings and launch floors measured by this pool's workers
         if prestart:
             for d in dsls:
                 self.refill(d)

@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException:  # noqa: BLE001
         write_msg(a.result_fd, {"type": "start_failed", "log": traceback.format_exc()[-20000:]})
         os._exit(3)
-    write_msg(a.result_fd, {"type": "ready", "pid": os.getpid(), "start_s": time.perf_counter() - t0, "gpu": gpu})
+    write_msg(a.result_fd, {"type": "ready", "pid": os.getpid(), "start_s": time.perf_counter() - t0, "gpu": gpu,
+                            "torch": torch.__version__, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")})
 
     job = _read_job(a.job_fd)
     nonce = job.pop("nonce")

@@ -17,6 +17,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+# Names the timing policy (window, flush, input placement): part of every cache key and timing event, so
+# figures measured under different policies are never mixed. Bump it with any semantic change here.
+TIMING_POLICY = "e2e-window/flush-add-2xL2/premade-sets/v1"
 MIN_WARMUP = 10
 MIN_TIMED = 50
 _DEFAULT_L2_BYTES = 60 * 1024 * 1024  # H200; used only when the device does not report its L2 size

@@ -1,0 +1,105 @@
+"""The grading session's cache of trusted, candidate-independent figures: eager timings and launch floors.
+
+Why: a queue grades many kernels of one problem on one GPU, and the eager baseline's timing (its
+input sets, clock warm-up and timed loop) is the same work every time; doing it once per session
+also gives every grading of the session one eager denominator (DESIGN: pairs are graded "against
+one eager timing"). What is cached is only what a trusted worker measured *before* any candidate
+was imported (the parent takes it from the `trusted` message, which precedes the `compile` phase
+message on the result channel, so no candidate can have written it). Correctness draws, expected
+outputs, fp64 anchors and re-check sets are never cached: they are drawn from each grading's own
+secret.
+
+Keys cannot cross problems, GPUs or versions: a key holds the problem number and the sha256 of its
+problem.py, the GPU name and visible-device id the worker reported, the torch/mkb/grader versions,
+the timing-policy id, and every config field the figure depends on. Entries also expire after
+`max_age_s` (clocks and temperature drift over a long session) and die with the pool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mkb.grader._problems import problem_path
+
+MAX_AGE_S = 900.0
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    """Everything a cached eager timing or launch floor depends on."""
+
+    what: str  # "eager" or "floor:<dsl>"
+    problem: int
+    problem_sha256: str
+    gpu: str
+    visible_devices: str
+    torch: str
+    mkb: str
+    grader: str
+    timing_policy: str
+    size: str
+    n_warmup: int
+    n_timed: int
+    clock_warm_s: float
+
+
+def problem_sha256(spec: Any) -> str:
+    try:
+        return hashlib.sha256(problem_path(spec).read_bytes()).hexdigest()
+    except (ValueError, OSError):
+        return "unknown"
+
+
+def trusted_key(what: str, *, problem: int, problem_sha: str, ready: dict, cfg: Any, grader_version: str) -> TrustedKey | None:
+    """The key for `what`, or None when the worker did not report what the key needs (then nothing is cached)."""
+    from mkb.measure import TIMING_POLICY
+
+    gpu, torch_v = ready.get("gpu"), ready.get("torch")
+    if not gpu or not torch_v or problem_sha == "unknown":
+        return None
+    try:
+        from mkb import __version__ as mkb_v
+    except ImportError:
+        mkb_v = "unknown"
+    return TrustedKey(
+        what=what, problem=int(problem), problem_sha256=problem_sha, gpu=str(gpu),
+        visible_devices=str(ready.get("visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES", ""))),
+        torch=str(torch_v), mkb=str(mkb_v), grader=grader_version, timing_policy=TIMING_POLICY,
+        size=cfg.size, n_warmup=cfg.n_warmup, n_timed=int(cfg.eager_timed or cfg.n_timed), clock_warm_s=cfg.clock_warm_s,
+    )
+
+
+class TrustedCache:
+    """key -> (figures, monotonic time stored). Thread-safe; lives as long as its pool."""
+
+    def __init__(self, *, max_age_s: float = MAX_AGE_S) -> None:
+        self.max_age_s = max_age_s
+        self._d: dict[TrustedKey, tuple[dict, float]] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: TrustedKey | None) -> dict | None:
+        if key is None:
+            return None
+        with self._lock:
+            hit = self._d.get(key)
+            if hit is None or time.monotonic() - hit[1] > self.max_age_s:
+                self.misses += 1
+                return None
+            self.hits += 1
+            return dict(hit[0])
+
+    def put(self, key: TrustedKey | None, figures: dict) -> None:
+        if key is None or not figures:
+            return
+        with self._lock:
+            self._d.setdefault(key, (dict(figures), time.monotonic()))
+
+    def __len__(self) -> int:
+        return len(self._d)
