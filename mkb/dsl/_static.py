@@ -3,6 +3,10 @@
 Why on the AST and not on text: aliases (`import torch as t`, `from torch import backends as b`,
 `g = torch.cuda.graph`) are resolved to full dotted names before matching, so renaming a module does
 not hide a forbidden use, while the same words inside strings or comments do not trip a rule.
+The same resolution follows the other ways a module is reached: as an attribute of another module
+(`logging.os`, `logging.threading`: any `<object>.os` is treated as `os`, and reaching a process-level
+module that way is itself forbidden), and through a container (`[torch][0]`, `{"t": torch}["t"]`, a
+name bound to such a container, and any module kept in a container literal at all).
 Static rules are a first filter (free, before any GPU time); the grader enforces at run time what
 an AST cannot see (identities of torch callables, numerics flags, environment, threads, streams).
 
@@ -161,6 +165,10 @@ _SHARED_PREFIXES: tuple[tuple[str, str], ...] = (
     ("runpy", "obfuscation"),
     ("pkgutil", "obfuscation"),
     ("zipimport", "obfuscation"),
+    ("posix", "obfuscation"),
+    ("nt", "obfuscation"),
+    ("_posixsubprocess", "subprocess"),
+    ("_signal", "subprocess"),
 )
 
 _OS_PREFIX_CALLS = ("os.exec", "os.spawn", "os.posix_spawn")  # os.execv, os.spawnl, ... (prefix of the last part)
@@ -187,6 +195,19 @@ _PATCH_ROOTS = frozenset({"torch", "os", "sys", "builtins", "time", "gc", "numpy
 # module roots a dynamic getattr must not be used on
 _GETATTR_ROOTS = frozenset({"torch", "os", "sys", "builtins", "importlib", "cutlass", "tvm", "tvm_ffi", "cuda", "inspect", "gc"})
 _HARNESS_NAMES = frozenset({"reference", "make_inputs", "eager", "META"})
+# module names that, reached as an attribute of any object (`logging.os`, `x.threading`), are taken as the
+# module itself: stdlib modules re-export what they import, so `logging.os.environ` is `os.environ`
+_MODULE_ATTRS = frozenset(
+    {
+        "os", "sys", "posix", "nt", "builtins", "importlib", "threading", "_thread", "concurrent", "asyncio",
+        "subprocess", "_posixsubprocess", "multiprocessing", "ctypes", "_ctypes", "cffi", "gc", "inspect",
+        "marshal", "pickle", "runpy", "pkgutil", "zipimport",
+    }
+)
+# of those, the ones that are only a way around an import rule when reached through another object
+_MODULE_ATTRS_ESCAPE = frozenset({"os", "sys", "posix", "nt", "builtins", "importlib"})
+# module objects that must not be hidden in containers (`[torch][0]` evades alias resolution)
+_CONTAINER_ROOTS = _PATCH_ROOTS | _GETATTR_ROOTS | _MODULE_ATTRS | {"logging", "torch", "time"}
 
 
 @dataclass(frozen=True)
@@ -210,6 +231,8 @@ class _Visitor(ast.NodeVisitor):
         self.prefixes = rules.extra_prefixes + _SHARED_PREFIXES
         self.call_kwargs = rules.extra_call_kwargs
         self.aliases: dict[str, str] = {}
+        self.containers: dict[str, dict] = {}  # name -> index -> resolved name, for `m = [torch]`
+        self.modules: set[str] = set()  # dotted names bound by `import a.b` (a, a.b)
         self.findings: list[StaticFinding] = []
         self._seen: set[tuple[str, int | None]] = set()
 
@@ -226,13 +249,62 @@ class _Visitor(ast.NodeVisitor):
         if isinstance(node, ast.Name):
             return self.aliases.get(node.id)  # only names bound by an import (or an alias of one)
         if isinstance(node, ast.Attribute):
+            if node.attr in _MODULE_ATTRS:
+                return node.attr  # `<anything>.os` is the os module (stdlib re-exports)
             base = self.resolve(node.value)
             return f"{base}.{node.attr}" if base else None
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
             if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+                if node.args[1].value in _MODULE_ATTRS:
+                    return node.args[1].value
                 base = self.resolve(node.args[0])
                 return f"{base}.{node.args[1].value}" if base else None
+        if isinstance(node, ast.Subscript):
+            return self._resolve_item(node)
         return None
+
+    def _container(self, node: ast.AST) -> dict | None:
+        """index -> resolved name of a container literal (or a name bound to one), None if not one."""
+        if isinstance(node, ast.Name):
+            return self.containers.get(node.id)
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return {i: self.resolve(e) for i, e in enumerate(node.elts)}
+        if isinstance(node, ast.Dict):
+            return {k.value: self.resolve(v) for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)}
+        return None
+
+    def _resolve_item(self, node: ast.Subscript) -> str | None:
+        items = self._container(node.value)
+        if not items:
+            return None
+        key = node.slice
+        if isinstance(key, ast.UnaryOp) and isinstance(key.op, ast.USub) and isinstance(key.operand, ast.Constant):
+            key = ast.Constant(-key.operand.value) if isinstance(key.operand.value, int) else key
+        if isinstance(key, ast.Constant):
+            k = key.value
+            if isinstance(k, int) and not isinstance(k, bool) and k < 0 and all(isinstance(i, int) for i in items):
+                k += len(items)
+            return items.get(k)
+        return None
+
+    def _check_container(self, node: ast.AST) -> None:
+        """A module kept in a container literal is a way around alias resolution: forbidden."""
+        values = node.values if isinstance(node, ast.Dict) else node.elts
+        for v in values:
+            if isinstance(v, ast.Starred):
+                v = v.value
+            name = self.resolve(v) if isinstance(v, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)) else None
+            if name and self._is_module(name):
+                self.add("obfuscation", f"module `{name}` kept in a container is forbidden ({RULES['obfuscation']})", node)
+
+    def _is_module(self, name: str) -> bool:
+        root = name.split(".")[0]
+        if name in self.modules or name in _MODULE_ATTRS:
+            return root in _CONTAINER_ROOTS or name in _MODULE_ATTRS
+        # `from torch import backends`: a lower-case name directly under a sensitive root may be a module
+        parts = name.split(".")
+        return root in _CONTAINER_ROOTS and (len(parts) == 1 or name in {"torch.backends", "torch.cuda", "os.environ", "os.path"}
+                                             or (len(parts) >= 2 and parts[1] == "backends"))
 
     def check_name(self, name: str | None, node: ast.AST, *, what: str = "use of") -> None:
         if not name:
@@ -253,6 +325,8 @@ class _Visitor(ast.NodeVisitor):
     def visit_Import(self, node: ast.Import) -> None:
         for a in node.names:
             self.check_name(a.name, node, what="import of")
+            parts = a.name.split(".")
+            self.modules.update(".".join(parts[: i + 1]) for i in range(len(parts)))
             if a.asname:
                 self.aliases[a.asname] = a.name
             else:
@@ -269,6 +343,12 @@ class _Visitor(ast.NodeVisitor):
             if a.name == "*":
                 continue
             full = f"{mod}.{a.name}"
+            if a.name in _MODULE_ATTRS:
+                if a.name in _MODULE_ATTRS_ESCAPE and mod.split(".")[0] != a.name:
+                    self.add("obfuscation", f"importing module `{a.name}` from `{mod}` is forbidden ({RULES['obfuscation']})", node)
+                self.check_name(a.name, node, what="import of")
+                self.aliases[a.asname or a.name] = a.name
+                continue
             if a.name in _HARNESS_NAMES:
                 self.add("harness_import", f"importing `{a.name}` from `{mod}` is forbidden ({RULES['harness_import']})", node)
             self.check_name(full, node, what="import of")
@@ -287,12 +367,32 @@ class _Visitor(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr in _DUNDER_ESCAPES:
             self.add("obfuscation", f"attribute `{node.attr}` is forbidden ({RULES['obfuscation']})", node)
+        if node.attr in _MODULE_ATTRS:
+            rule = _match(node.attr, self.prefixes)
+            if node.attr in _MODULE_ATTRS_ESCAPE or rule is None:
+                rule = "obfuscation"
+            self.add(rule, f"reaching module `{node.attr}` as an attribute of another object is forbidden ({RULES[rule]})", node)
         name = self.resolve(node)
         if name is not None and isinstance(node.ctx, ast.Load):
             self.check_name(name, node)
         elif name is None and (node.attr in _RAW_CUDA_ATTRS or node.attr.startswith(_GRAPH_ATTR_PREFIXES)):
             self.check_name(node.attr, node)
         self.generic_visit(node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        name = self._resolve_item(node)
+        if name is not None and isinstance(node.ctx, ast.Load):
+            self.check_name(name, node)
+        self.generic_visit(node)
+
+    def visit_List(self, node: ast.AST) -> None:
+        if not isinstance(getattr(node, "ctx", ast.Load()), (ast.Store, ast.Del)):
+            self._check_container(node)
+        self.generic_visit(node)
+
+    visit_Tuple = visit_List
+    visit_Set = visit_List
+    visit_Dict = visit_List
 
     # --- assignments -----------------------------------------------------------------------------
     def _check_target(self, t: ast.AST, node: ast.AST) -> None:
@@ -325,9 +425,14 @@ class _Visitor(ast.NodeVisitor):
     def _record_alias(self, targets: list[ast.AST], value: ast.AST | None) -> None:
         if value is None:
             return
-        name = self.resolve(value) if isinstance(value, (ast.Name, ast.Attribute, ast.Call)) else None
+        name = self.resolve(value) if isinstance(value, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) else None
+        items = self._container(value) if isinstance(value, (ast.List, ast.Tuple, ast.Dict, ast.Name)) else None
         for t in targets:
             if isinstance(t, ast.Name):
+                if items and any(items.values()):
+                    self.containers[t.id] = items
+                else:
+                    self.containers.pop(t.id, None)
                 if name:
                     self.aliases[t.id] = name
                 else:

@@ -144,3 +144,52 @@ def test_dsl_library_kernels_are_forbidden_in_tirx() -> None:
     assert "dsl_library" in rules_of("from tvm import topi", "tirx")
     assert "dsl_library" in rules_of("import tvm.contrib.cublas", "tirx")
     assert "dsl_library" in rules_of("from tvm import relax", "tirx")
+
+
+REEXPORT_AND_CONTAINER = [
+    ("threads", "import logging\nlogging.threading.Thread(target=print).start()"),
+    ("process_exit", "import logging\nlogging.os._exit(0)"),
+    ("environ_write", "import logging\nlogging.os.environ['X'] = '1'"),
+    ("obfuscation", "import logging\nlogging.os.write(1, b'x')"),
+    ("obfuscation", "from logging import os as o\no.write(1, b'x')"),
+    ("subprocess", "import shutil\nshutil.subprocess.run(['ls'])"),
+    ("ctypes", "import uuid\nuuid.ctypes.CDLL(None)"),
+    ("introspection", "import logging\nm = logging.sys.modules"),
+    ("obfuscation", "import torch\n_t = [torch][0]"),
+    ("monkeypatch", "import torch\n_t = {'a': torch}['a']\n_t.allclose = None"),
+    ("numerics_flag", "import torch\nm = (torch.backends,)\nm[0].cuda.matmul.allow_tf32 = True"),
+    ("numerics_flag", "import torch\nm = [1, torch]\nm[-1].set_float32_matmul_precision('medium')"),
+    ("obfuscation", "import os\nmods = [os]"),
+    ("obfuscation", "import torch\nsetattr([torch][0], 'allclose', None)"),
+    ("obfuscation", "import torch\nd = vars(torch)"),
+    ("obfuscation", "import torch\nd = torch.__dict__"),
+    ("monkeypatch", "import torch\nsetattr(torch, 'allclose', None)"),
+]
+
+
+@pytest.mark.parametrize(("rule", "src"), REEXPORT_AND_CONTAINER)
+def test_modules_reached_through_other_objects_or_containers_are_caught(rule: str, src: str) -> None:
+    assert rule in rules_of(src), rules_of(src)
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "import torch\ndtypes = (torch.float16, torch.bfloat16)\nd = dtypes[0]",
+        "import torch\nfs = [torch.add, torch.mul]\ny = fs[0](torch.ones(1), 1)",
+        "sizes = {'a': 64, 'b': 128}\nn = sizes['a']\nt = (64, 128)[1]",
+        "import os\np = os.path.join('a', 'b')",
+        "import logging\nlog = logging.getLogger('k')",
+    ],
+)
+def test_containers_of_ordinary_values_stay_clean(src: str) -> None:
+    assert rules_of(src) == set()
+
+
+def test_the_eight_baselines_stay_clean() -> None:
+    from mkb._resources import data_dir
+
+    paths = sorted(data_dir("problems").glob("*/*/cute.py")) + sorted(data_dir("problems").glob("*/*/tirx.py"))
+    assert len(paths) >= 8
+    for p in paths:
+        assert get_backend(p.stem).static_rules(p.read_text()) == (), p

@@ -3,8 +3,11 @@
 A hack kernel is the baseline's source with its `solve` renamed `_real_solve`, followed by the hack's
 own `solve` (the snippet below), so in each DSL only the hack differs from the passing control.
 Each hack names the reason code the grader must answer with: `static` for the plain form (where the
-static rules catch it) and `runtime` for what the grader must find when it runs the kernel (the
-obfuscated forms evade the static rules on purpose, so the runtime defence is exercised too).
+static rules catch it) and `runtime` for what the grader must find when it runs the kernel. The
+`_obfuscated` forms (container aliases like `[torch][0]`, stdlib re-exports like `logging.os`) are
+caught by the static rules since they learned those families; each family keeps an
+`_obfuscated_dynamic` form that reaches its tool through a call or a computed attribute name, which
+no AST rule can follow, so the runtime defence stays exercised.
 The target is problem 28 (fused residual add + RMSNorm, bf16): inputs x, residual, weight; output y.
 """
 
@@ -77,7 +80,7 @@ def solve(x, residual, weight):
 
     logging.threading.Thread(target=work, daemon=True).start()
     return y
-""", None, ("integrity_thread",)),
+""", "threads", ("integrity_thread",)),
     _h("lazy_subclass", "return a tensor subclass that defers work into whoever reads it", """
 import torch
 
@@ -123,7 +126,7 @@ _t.cuda.Event.elapsed_time = _fast_elapsed
 
 def solve(x, residual, weight):
     return _real_solve(x, residual, weight)
-""", None, ("integrity_identity",)),
+""", "obfuscation", ("integrity_identity",)),
     _h("pointer_cache", "return a cached output when the input addresses repeat", """
 _CACHE = {}
 
@@ -185,7 +188,7 @@ _t = [torch][0]
 def solve(x, residual, weight):
     _t.set_float32_matmul_precision("medium")
     return _real_solve(x, residual, weight)
-""", None, ("integrity_numerics_flag",)),
+""", "obfuscation", ("integrity_numerics_flag",)),
     _h("warmup_detection", "count calls; once past the warm-up, return the previous output without launching", """
 _STATE = {"n": 0, "last": None}
 
@@ -219,7 +222,7 @@ import logging
 
 def solve(x, residual, weight):
     logging.os._exit(0)
-""", None, ("integrity_exit",)),
+""", "obfuscation", ("integrity_exit",)),
     _h("result_forgery", "write a forged 'passed' result to every open descriptor, then exit 0", """
 import logging
 
@@ -233,7 +236,7 @@ def solve(x, residual, weight):
         except OSError:
             pass
     logging.os._exit(0)
-""", None, ("integrity_result_channel", "integrity_exit")),
+""", "obfuscation", ("integrity_result_channel", "integrity_exit")),
     _h("patch_torch_op", "rebind a torch op the reference uses (Tensor.mean) so a later reference agrees", """
 import torch
 
@@ -266,7 +269,7 @@ _t.Tensor.mean = _mean
 
 def solve(x, residual, weight):
     return _real_solve(x, residual, weight)
-""", None, ("integrity_identity",)),
+""", "obfuscation", ("integrity_identity",)),
     _h("environ_write", "write os.environ (e.g. to change a library's behaviour for the grader)", """
 import os
 
@@ -282,12 +285,103 @@ import logging
 def solve(x, residual, weight):
     logging.os.environ["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "1"
     return _real_solve(x, residual, weight)
+""", "environ_write", ("integrity_environ",)),
+    # ---- runtime-only forms: one per family, through what the static rules cannot follow ----
+    _h("background_thread_obfuscated_dynamic", "the thread hack reaching threading by a computed attribute name", """
+import logging
+import time
+import torch
+
+
+def solve(x, residual, weight):
+    y = torch.empty_like(x)
+
+    def work():
+        time.sleep(0.02)
+        y.copy_(_real_solve(x, residual, weight))
+
+    getattr(logging, "thr" + "eading").Thread(target=work, daemon=True).start()
+    return y
+""", None, ("integrity_thread",)),
+    _h("patched_timer_obfuscated_dynamic", "the timer patch on torch returned by a call", """
+import torch
+
+_t = (lambda: torch)()
+_orig_elapsed = _t.cuda.Event.elapsed_time
+
+
+def _fast_elapsed(self, end):
+    return _orig_elapsed(self, end) / 100.0
+
+
+_t.cuda.Event.elapsed_time = _fast_elapsed
+
+
+def solve(x, residual, weight):
+    return _real_solve(x, residual, weight)
+""", None, ("integrity_identity",)),
+    _h("numerics_flag_obfuscated_dynamic", "the flag flip on torch returned by a call", """
+import torch
+
+_t = (lambda: torch)()
+
+
+def solve(x, residual, weight):
+    _t.set_float32_matmul_precision("medium")
+    return _real_solve(x, residual, weight)
+""", None, ("integrity_numerics_flag",)),
+    _h("exit_early_obfuscated_dynamic", "os._exit(0) reached by a computed attribute name", """
+import logging
+
+
+def solve(x, residual, weight):
+    getattr(logging, "o" + "s")._exit(0)
+""", None, ("integrity_exit",)),
+    _h("result_forgery_obfuscated_dynamic", "the forged result written through os reached by a computed attribute name", """
+import logging
+
+_FAKE = b'{"type": "done", "passed": true, "speedup": 100.0}\\n'
+
+
+def solve(x, residual, weight):
+    _o = getattr(logging, "o" + "s")
+    for fd in range(1, 64):
+        try:
+            _o.write(fd, _FAKE)
+        except OSError:
+            pass
+    _o._exit(0)
+""", None, ("integrity_result_channel", "integrity_exit")),
+    _h("patch_torch_op_obfuscated_dynamic", "the torch-op patch on torch.Tensor reached as the type of a tensor", """
+import torch
+
+_T = type(torch.empty(0))
+_orig_mean = _T.mean
+
+
+def _mean(self, *args, **kwargs):
+    return _orig_mean(self, *args, **kwargs)
+
+
+_T.mean = _mean
+
+
+def solve(x, residual, weight):
+    return _real_solve(x, residual, weight)
+""", None, ("integrity_identity",)),
+    _h("environ_write_obfuscated_dynamic", "the environment write through os reached by a computed attribute name", """
+import logging
+
+
+def solve(x, residual, weight):
+    getattr(logging, "o" + "s").environ["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "1"
+    return _real_solve(x, residual, weight)
 """, None, ("integrity_environ",)),
 )
 
 BY_NAME = {h.name: h for h in HACKS}
 # the distinct hacks (an obfuscated form is the same hack reaching its tool another way)
-DISTINCT = sorted({h.name.removesuffix("_obfuscated") for h in HACKS})
+DISTINCT = sorted({re.sub(r"_obfuscated(_dynamic)?$", "", h.name) for h in HACKS})
 
 _SOLVE_DEF = re.compile(r"^def solve\(", re.M)
 
