@@ -30,7 +30,10 @@ def register(app: typer.Typer) -> None:
             t.add_row(f"{r.number:02d}", r.family, r.name, r.dtypes, si(r.flops), si(r.bytes, "B"), r.peak, f"{r.sol_us:.1f}")
         c = Console(width=max(Console().width, 150))
         c.print(t)
-        c.print(f"{len(ps)} problems")
+        counts: dict[str, int] = {}
+        for p in ps:
+            counts[p.meta.family] = counts.get(p.meta.family, 0) + 1
+        c.print(f"{len(ps)} problems: " + ", ".join(f"{fam} {n}" for fam, n in counts.items()))
 
     @group.command("show")
     def show(problem: str = typer.Argument(..., help="Number (28), name or NN_name.")) -> None:
