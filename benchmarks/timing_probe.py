@@ -95,7 +95,7 @@ def sources(kind: str, make, n: int, seed0: int):
     raise ValueError(kind)
 
 
-def loop(fn, inputs, *, n: int, warm: int, flush: Flush, queued=False, gc_off=False, record_ptrs=False, passes=1):
+def loop(fn, inputs, *, n: int, warm: int, flush: Flush, queued=False, gc_off=False, record_ptrs=False, passes=1, spin=False):
     s_ev = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     e_ev = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     res = []
@@ -118,6 +118,10 @@ def loop(fn, inputs, *, n: int, warm: int, flush: Flush, queued=False, gc_off=Fa
                 out = fn(*args)
                 t1 = time.perf_counter()
                 if not queued:
+                    if spin:  # keep the host thread busy while the GPU works: no idle vCPU to wake up
+                        st = torch.cuda.current_stream()
+                        while not st.query():
+                            pass
                     torch.cuda.synchronize()
                 if k >= 0:
                     e_ev[k].record()
@@ -215,6 +219,10 @@ def main():
         ("cute ring3 add_", "cute", "ring3", "add", {}),
         ("cute arena add_", "cute", "arena", "add", {}),
         ("cute same-set add_", "cute", "same", "add", {}),
+        ("cute spin-sync add_", "cute", "premade", "add", {"spin": True}),
+        ("cute spin-sync read", "cute", "premade", "read", {"spin": True}),
+        ("tirx spin-sync add_", "tirx", "premade", "add", {"spin": True}),
+        ("eager spin-sync add_", "eager", "premade", "add", {"spin": True}),
         ("cute gc-off add_", "cute", "premade", "add", {"gc_off": True}),
         ("cute queued add_ (device only)", "cute", "premade", "add", {"queued": True}),
         ("cute queued read (device only)", "cute", "premade", "read", {"queued": True}),
@@ -225,7 +233,8 @@ def main():
         ("eager current", "eager", "premade", "add", {}),
         ("eager flush=read", "eager", "premade", "read", {}),
         ("cute arena read", "cute", "arena", "read", {}),
-        ("tirx arena read", "tirx", "arena", "read", {}),
+        ("cute ring3 read spin", "cute", "ring3", "read", {"spin": True}),
+        ("tirx ring3 read spin", "tirx", "ring3", "read", {"spin": True}),
     ]
     table, raw = [], {}
     seed = 10_000

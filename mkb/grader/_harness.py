@@ -25,6 +25,7 @@ from mkb.grader._problems import load_problem
 from mkb.grader._trace import classify, profile_call
 from mkb.measure import (
     TIMING_POLICY, InputStream, L2Flusher, clone_inputs, compare, expect, gpu_state, inputs_unchanged, summarize,
+    wait_device as _wait_device,
 )
 
 # Bound before any candidate code exists; the harness only ever calls these objects.
@@ -91,7 +92,7 @@ class _Device:
             _cuda_sync()
             _record(start)
             result = fn()
-            _cuda_sync()
+            _wait_device()
             _record(end)
             _ev_sync(end)
             return result, _elapsed(start, end) * 1000.0

@@ -7,13 +7,13 @@ from mkb.measure._compare import (
 from mkb.measure._device import GpuState, gpu_name, gpu_state
 from mkb.measure._sol import GPU_PEAKS, GpuPeaks, SpeedOfLight, gpu_peaks, speed_of_light
 from mkb.measure._timing import (
-    MIN_TIMED, MIN_WARMUP, TIMING_POLICY, InputStream, L2Flusher, Timing, l2_bytes, summarize, tensor_bytes, time_calls,
-    time_problem_fn,
+    FLUSH_KIND, MIN_TIMED, MIN_WARMUP, TIMING_POLICY, InputStream, L2Flusher, Timing, l2_bytes, summarize, tensor_bytes,
+    time_calls, time_problem_fn, wait_device,
 )
 
 __all__ = [
     "Comparison", "Expected", "GPU_PEAKS", "GpuPeaks", "GpuState", "InputStream", "L2Flusher", "MIN_TIMED",
-    "MIN_WARMUP", "OutputCheck", "TIMING_POLICY", "QUANTIZED_MAX_OFF_FRACTION", "SpeedOfLight", "TOL_FACTOR", "Timing", "as_tuple",
+    "FLUSH_KIND", "MIN_WARMUP", "OutputCheck", "TIMING_POLICY", "QUANTIZED_MAX_OFF_FRACTION", "SpeedOfLight", "TOL_FACTOR", "Timing", "as_tuple",
     "clone_inputs", "compare", "expect", "gpu_name", "gpu_peaks", "gpu_state", "inputs_unchanged", "l2_bytes",
-    "speed_of_light", "summarize", "tensor_bytes", "time_calls", "time_problem_fn", "to_fp64",
+    "speed_of_light", "summarize", "tensor_bytes", "time_calls", "time_problem_fn", "to_fp64", "wait_device",
 ]

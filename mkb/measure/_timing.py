@@ -71,16 +71,58 @@ def l2_bytes(device: torch.device | str | int | None = None) -> int:
         return _DEFAULT_L2_BYTES
 
 
-class L2Flusher:
-    """Evicts L2 by writing a buffer twice its size; `flush()` is called outside the timed window."""
+FLUSH_KINDS = ("add", "memset", "read")
+FLUSH_KIND = "add"
+SPIN_WAIT = False
 
-    def __init__(self, device: torch.device | str | int | None = None, *, factor: float = 2.0) -> None:
+# bound at import, before any candidate exists (the grader's guard watches this module's names)
+_sync = torch.cuda.synchronize
+_current_stream = torch.cuda.current_stream
+_stream_query = torch.cuda.Stream.query
+
+
+class L2Flusher:
+    """Evicts L2 with a pass over a buffer twice its size; `flush()` is called outside the timed window.
+
+    kind "add" reads and writes every line (it leaves L2 full of dirty lines that the next kernel's
+    misses must write back), "memset" only writes, "read" only reads (it leaves clean lines: eviction
+    costs the next kernel nothing extra).
+    """
+
+    def __init__(self, device: torch.device | str | int | None = None, *, factor: float = 2.0,
+                 kind: str | None = None) -> None:
         self.device = torch.device(device if device is not None else "cuda")
+        self.kind = kind or FLUSH_KIND
+        if self.kind not in FLUSH_KINDS:
+            raise ValueError(f"unknown L2 flush kind {self.kind!r}\nhint: one of {', '.join(FLUSH_KINDS)}")
         self.nbytes = int(l2_bytes(self.device) * factor)
-        self._buf = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+        if self.kind == "read":
+            self._buf = torch.ones(self.nbytes // 4, dtype=torch.float32, device=self.device)
+            self._acc = torch.empty((), dtype=torch.float32, device=self.device)
+        else:
+            self._buf = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
 
     def flush(self) -> None:
-        self._buf.add_(1)  # reads and writes every line: evicts whatever the last call left in L2
+        if self.kind == "add":
+            self._buf.add_(1)
+        elif self.kind == "memset":
+            self._buf.zero_()
+        else:
+            torch.sum(self._buf, dtype=torch.float32, out=self._acc)
+
+
+def wait_device(device: torch.device | str | int | None = None, *, spin: bool | None = None) -> None:
+    """Device-wide synchronize; with `spin`, first poll the current stream in a busy loop.
+
+    The busy loop keeps the host thread running while the call's kernels execute, so the end of the
+    window does not include waking an idle (v)CPU from a blocking wait (see TIMING_POLICY).
+    Work on other streams is still waited for by the device-wide synchronize that follows.
+    """
+    if spin if spin is not None else SPIN_WAIT:
+        st = _current_stream(device)
+        while not _stream_query(st):
+            pass
+    _sync(device)
 
 
 def tensor_bytes(values: Sequence[Any]) -> int:
@@ -145,11 +187,11 @@ def time_calls(fn: Callable[..., Any], inputs: Callable[[int], Sequence[Any]], *
             if flusher is not None:
                 flusher.flush()
             k = i - warmup
-            torch.cuda.synchronize(dev)
+            _sync(dev)
             if k >= 0:
                 starts[k].record()
             result = fn(*args)
-            torch.cuda.synchronize(dev)
+            wait_device(dev)
             if k >= 0:
                 ends[k].record()
                 if on_timed is not None:
