@@ -79,11 +79,36 @@ class Problem:
         return inspect.getdoc(self.module) or ""
 
 
+def _shared_helpers(problem_file: Path) -> list[Path]:
+    """The mkb.problems helper modules (paged, quant, routing, ...) a problem.py imports.
+
+    They define part of the problem's semantics (encodings, page tables, routing), so they belong
+    to its identity; the contract module (`_contract`) does not, it only declares metadata.
+    """
+    import ast
+
+    pkg = Path(__file__).resolve().parent
+    names: set[str] = set()
+    try:
+        tree = ast.parse(problem_file.read_text())
+    except (OSError, SyntaxError):
+        return []  # the loader reports an unreadable problem.py itself
+    for node in ast.walk(tree):
+        mods = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in getattr(node, "names", [])] if isinstance(node, ast.Import) else []
+        for mod in mods:
+            parts = mod.split(".")
+            if parts[:2] == ["mkb", "problems"] and len(parts) > 2 and not parts[2].startswith("_"):
+                names.add(parts[2])
+    return [pkg / f"{n}.py" for n in sorted(names) if (pkg / f"{n}.py").is_file()]
+
+
 def problem_hash(problem_dir: Path) -> str:
-    """sha256 over the relative paths and bytes of the problem's files, baseline solutions excluded.
+    """sha256 over the relative paths and bytes of the problem's files and the shared helpers it imports.
 
     Baselines (`cute.py`, `tirx.py`) can improve without changing what is being asked, so they are
-    left out; anything else in the folder (data files the problem reads) is part of its identity.
+    left out; anything else in the folder (data files the problem reads) is part of its identity, and
+    so is every `mkb.problems` helper module problem.py imports (a change to an fp8 encoding or a page-table
+    generator changes the problem even though its folder did not change).
     """
     h = hashlib.sha256()
     for f in sorted(p for p in problem_dir.rglob("*") if p.is_file()):
@@ -92,6 +117,10 @@ def problem_hash(problem_dir: Path) -> str:
             continue
         h.update(rel.encode() + b"\0")
         h.update(f.read_bytes())
+        h.update(b"\0")
+    for helper in _shared_helpers(problem_dir / "problem.py"):
+        h.update(f"mkb/problems/{helper.name}".encode() + b"\0")
+        h.update(helper.read_bytes())
         h.update(b"\0")
     return h.hexdigest()
 
