@@ -41,13 +41,20 @@ def _spread(xs: list[float]) -> float | None:
 
 
 def run(*, problem: int = 28, dsls: tuple[str, ...] = ("cute", "tirx"), repeats: int = 5, config=None,
-        store: str | None = None, pool=None, kernels: dict[str, Path] | None = None, log=print, writer=None) -> dict:
+        store: str | None = None, pool=None, kernels: dict[str, Path] | None = None, log=print, writer=None,
+        trusted=None) -> dict:
     from mkb.grader import GraderConfig, WorkerPool, grade
 
     cfg = config or GraderConfig()
     own = pool is None
-    # one warm worker per grading, all started up front: nothing imports while a kernel is timed
-    pool = pool or WorkerPool(dsls, device=cfg.device, refill_on_take=False, depth=repeats)
+    # one warm worker per grading, all started up front: nothing imports while a kernel is timed;
+    # `trusted` shares a session's cache of eager timings (else the first grading per DSL measures eager)
+    pool = pool or WorkerPool(dsls, device=cfg.device, refill_on_take=False, depth=repeats, trusted=trusted)
+    own_writer = writer is None
+    if own_writer:  # opened up front: the parent's first import of the event store is not a grading's overhead
+        from mkb.events import EventWriter
+
+        writer = EventWriter(store)
     out: dict = {"problem": problem, "repeats": repeats, "config": cfg.as_dict(), "dsls": {}}
     try:
         for dsl in dsls:
@@ -99,6 +106,8 @@ def run(*, problem: int = 28, dsls: tuple[str, ...] = ("cute", "tirx"), repeats:
     finally:
         if own:
             pool.close()
+        if own_writer:
+            writer.close()
     return out
 
 

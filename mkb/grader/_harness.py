@@ -25,7 +25,7 @@ from mkb.grader._problems import load_problem
 from mkb.grader._trace import classify, profile_call
 from mkb.measure import (
     TIMING_POLICY, InputStream, L2Flusher, clone_inputs, compare, expect, gpu_state, inputs_unchanged, summarize,
-    wait_device as _wait_device,
+    side_work_us, stream_window as _stream_window,
 )
 
 # Bound before any candidate code exists; the harness only ever calls these objects.
@@ -42,6 +42,9 @@ _fill = torch.Tensor.fill_
 
 
 _WARM: dict[str, Any] = {}
+# integrity_stream when the device stays busy after the call's `end` this much longer than after an empty call
+SIDE_WORK_MIN_US = 25.0
+SIDE_WORK_FRACTION = 0.1
 
 
 def warm_start(device: str) -> None:
@@ -85,20 +88,13 @@ class _Device:
         if self.kind == "cuda":
             _cuda_sync()
 
-    def window(self, fn: Callable[[], Any]) -> tuple[Any, float]:
-        """sync; start; fn(); device-wide sync; end -> (result, microseconds)."""
+    def window(self, fn: Callable[[], Any], flush: Callable[[], None] | None = None) -> tuple[Any, float, float]:
+        """mkb.measure's stream window (sync; flush; start; fn(); end; device-wide sync; tail) -> (result, us, tail us)."""
         if self.kind == "cuda":
-            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-            _cuda_sync()
-            _record(start)
-            result = fn()
-            _wait_device()
-            _record(end)
-            _ev_sync(end)
-            return result, _elapsed(start, end) * 1000.0
+            return _stream_window(fn, flush=flush)
         t0 = _perf()
         result = fn()
-        return result, (_perf() - t0) * 1e6
+        return result, (_perf() - t0) * 1e6, 0.0
 
     def warm_clocks(self, seconds: float) -> None:
         """Busy the GPU so it boosts before a timing loop (an idle H200 sits at 345 MHz)."""
@@ -222,8 +218,7 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
             eager_times = []
             for i in range(n_warm + eager_n):
                 args = e_stream(i)
-                flusher_flush()
-                _, us = dev.window(lambda: eager_fn(*args))
+                _, us, _t = dev.window(lambda: eager_fn(*args), flusher_flush)
                 if i >= n_warm:
                     eager_times.append(us)
             del e_stream, args
@@ -232,7 +227,7 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
                                           "n_timed": eager.n_timed, "n_warmup": n_warm, "measured_unix": time.time()}
             ph.mark("eager_timing")
         if floor_fig is None:
-            floor_times = sorted(dev.window(lambda: None)[1] for _ in range(30))
+            floor_times = sorted(dev.window(lambda: None, flusher_flush)[1] for _ in range(30))
             floor_fig = fresh["floor"] = {"window_floor_us": float(floor_times[len(floor_times) // 2]),
                                           "dsl_launch_floor_us": _dsl_launch_floor(backend, dev)}
             ph.mark("floors")
@@ -330,7 +325,7 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
         # ---------------- timing: fresh values and addresses, L2 flushed, secret re-checks ----------------
         ph.mark("verification")
         flush = flusher_flush
-        times, prof_results, rechecked = [], [], 0
+        times, tails, prof_results, rechecked = [], [], [], 0
         t_timed = 0.0
 
         def _fresh(src: tuple) -> tuple:
@@ -346,20 +341,22 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
         c_stream = InputStream(_source, n_calls=n_warm + n_timed, base_seed=0, max_bytes=budget)
         ph.mark("timing_inputs")
         dev.warm_clocks(cfg.clock_warm_s)
+        # empty calls through the same window in this process: the host's sync latency after `end`,
+        # against which the candidate's tails are compared (work left on another stream)
+        floor_tails = [dev.window(lambda: None, flush)[2] for _ in range(30)]
         ph.mark("clock_warm")
         for i in range(n_warm + n_timed):
             k = i - n_warm
             args = c_stream(i)
-            flush()
-            dev.sync()
             before = python_threads()
-            out, us = dev.window(lambda: _call(solve, args, "timing"))
+            out, us, tail = dev.window(lambda: _call(solve, args, "timing"), flush)
             t_timed += us * 1e-6
             bad = guard.check(identities=False, threads=before)
             if bad:
                 raise Fail("integrity", *bad)
             if k >= 0:
                 times.append(us)
+                tails.append(tail)
             if k in recheck_sets:
                 rechecked += 1
                 cmp = compare(recheck_sets[k][1], out, inputs_after=args, input_names=meta.inputs)
@@ -423,6 +420,11 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
             raise Fail("verification", str(unchanged.reason), f"post-timing draw: {unchanged.message}")
         del out
         cand = summarize(times, n_warmup=n_warm)
+        left_behind = side_work_us(tails, floor_tails)
+        if dev.kind == "cuda" and left_behind > max(SIDE_WORK_MIN_US, SIDE_WORK_FRACTION * cand.median_us):
+            raise Fail("integrity", "integrity_stream",
+                       f"the device stayed busy {left_behind:.1f} us (median) longer after the call's last launch on the "
+                       f"current stream than after an empty call: work on another stream outside the timed window")
         if after_reader is not None:
             after_reader.join(60)
         gpu_after = after_box.get("state") or ({"name": "cpu"} if dev.kind != "cuda" else {})
@@ -438,6 +440,9 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
             gpu=gpu_before.get("name"), clocks={"before": gpu_before, "after": gpu_after},
             rechecked=rechecked + 1, timed_s=t_timed, times_us=[round(t, 3) for t in times],
             input_sets_alive=cap, run_phases_s=dict(ph.s),
+            tail_us_median=float(sorted(tails)[len(tails) // 2]) if tails else None,
+            floor_tail_us_median=float(sorted(floor_tails)[len(floor_tails) // 2]) if floor_tails else None,
+            side_work_us=left_behind,
         )
 
         # ---------------- integrity: profiled calls, then the native thread count ----------------
@@ -478,7 +483,7 @@ def _dsl_launch_floor(backend: Any, dev: _Device) -> float | None:
         for _ in range(3):
             fn()
         dev.sync()
-        ts = sorted(dev.window(fn)[1] for _ in range(30))
+        ts = sorted(dev.window(fn, _flusher(dev))[1] for _ in range(30))
         return float(ts[len(ts) // 2])
     except Exception:  # noqa: BLE001 - the floor is informative; its absence is recorded as None
         return None

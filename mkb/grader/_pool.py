@@ -119,7 +119,8 @@ class WorkerPool:
     """
 
     def __init__(self, dsls: tuple[str, ...] = ("cute", "tirx"), *, device: str = "cuda", prestart: bool = True,
-                 env: dict[str, str] | None = None, depth: int = 1, refill_on_take: bool = True) -> None:
+                 env: dict[str, str] | None = None, depth: int = 1, refill_on_take: bool = True,
+                 trusted: TrustedCache | None = None) -> None:
         self.device = device
         self.env = env
         self.depth = depth
@@ -129,7 +130,8 @@ class WorkerPool:
         self.spawned = 0
         self.closed = False
         self.dsls = tuple(dsls)
-        self.trusted = TrustedCache()  # eager timings and launch floors measured by this pool's workers
+        # eager timings and launch floors measured by this pool's workers (or shared with another pool of the session)
+        self.trusted = trusted if trusted is not None else TrustedCache()
         if prestart:
             for d in dsls:
                 self.refill(d)

@@ -8,12 +8,12 @@ from mkb.measure._device import GpuState, gpu_name, gpu_state
 from mkb.measure._sol import GPU_PEAKS, GpuPeaks, SpeedOfLight, gpu_peaks, speed_of_light
 from mkb.measure._timing import (
     FLUSH_KIND, MIN_TIMED, MIN_WARMUP, TIMING_POLICY, InputStream, L2Flusher, Timing, l2_bytes, summarize, tensor_bytes,
-    time_calls, time_problem_fn, wait_device,
+    side_work_us, stream_window, time_calls, time_problem_fn, wait_device,
 )
 
 __all__ = [
     "Comparison", "Expected", "GPU_PEAKS", "GpuPeaks", "GpuState", "InputStream", "L2Flusher", "MIN_TIMED",
     "FLUSH_KIND", "MIN_WARMUP", "OutputCheck", "TIMING_POLICY", "QUANTIZED_MAX_OFF_FRACTION", "SpeedOfLight", "TOL_FACTOR", "Timing", "as_tuple",
     "clone_inputs", "compare", "expect", "gpu_name", "gpu_peaks", "gpu_state", "inputs_unchanged", "l2_bytes",
-    "speed_of_light", "summarize", "tensor_bytes", "time_calls", "time_problem_fn", "to_fp64", "wait_device",
+    "speed_of_light", "summarize", "tensor_bytes", "time_calls", "side_work_us", "stream_window", "time_problem_fn", "to_fp64", "wait_device",
 ]

@@ -27,6 +27,19 @@ def fake_dsl(monkeypatch):
 
 
 @pytest.fixture
+def fake_dsl_runtime(monkeypatch):
+    """The fake DSL with no static rules, for tests of what the runtime guards catch on their own."""
+    from mkb.dsl import _registry
+    from mkb.grader._backends import backend_from_target
+
+    monkeypatch.setitem(_registry.BACKENDS, "fake_rt", "fake_dsl:FakeBackendNoStatic")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    backend_from_target.cache_clear()
+    yield "fake_rt"
+    backend_from_target.cache_clear()
+
+
+@pytest.fixture
 def cpu_config():
     from mkb.grader import GraderConfig
 

@@ -53,3 +53,13 @@ class FakeBackend:
 
     def doc_pack_version(self) -> str:
         return "0"
+
+
+class FakeBackendNoStatic(FakeBackend):
+    """The fake DSL without static rules: tests of the runtime guards must not depend on which forms the
+    (separately tested, still growing) static rules happen to catch."""
+
+    name = "fake_rt"
+
+    def static_rules(self, source: str) -> tuple[StaticFinding, ...]:
+        return ()

@@ -64,7 +64,7 @@ def test_static_finding_stops_before_any_worker_runs(tmp_path, fake_dsl, cpu_con
     assert _rows(store, "verdict")[0]["reason"] == "static_subprocess"
 
 
-def test_hanging_solve_is_killed_with_its_whole_process_group(tmp_path, fake_dsl, cpu_config, store):
+def test_hanging_solve_is_killed_with_its_whole_process_group(tmp_path, fake_dsl_runtime, cpu_config, store):
     pidfile = tmp_path / "grandchild.pid"
     src = f'''import logging
 import time
@@ -78,7 +78,7 @@ def solve(x, residual, weight):
 '''
     cfg = GraderConfig.from_dict({**cpu_config.as_dict(), "wall_limit_s": 8})
     t0 = time.monotonic()
-    v = grade(28, fake_dsl, _kernel(tmp_path, src), store=store, config=cfg)
+    v = grade(28, fake_dsl_runtime, _kernel(tmp_path, src), store=store, config=cfg)
     assert v.reason in ("timeout", "compile_timeout"), v.message
     assert time.monotonic() - t0 < 60
     grandchild = int(pidfile.read_text())
@@ -96,11 +96,11 @@ def test_hang_while_importing_is_a_compile_timeout(tmp_path, fake_dsl, cpu_confi
     assert _rows(store, "compile")[0]["reason"] == "compile_timeout"
 
 
-def test_a_crashing_kernel_affects_only_its_own_worker(tmp_path, fake_dsl, cpu_config, store):
+def test_a_crashing_kernel_affects_only_its_own_worker(tmp_path, fake_dsl_runtime, cpu_config, store):
     crash = "import logging\n\ndef solve(x, residual, weight):\n    logging.os.kill(logging.os.getpid(), 11)\n"
-    with WorkerPool((fake_dsl,), device="cpu") as pool:
-        v1 = grade(28, fake_dsl, _kernel(tmp_path, crash, "crash.py"), store=store, config=cpu_config, pool=pool)
-        v2 = grade(28, fake_dsl, _kernel(tmp_path, TORCH_BASELINE_28, "ok.py"), store=store, config=cpu_config, pool=pool)
+    with WorkerPool((fake_dsl_runtime,), device="cpu") as pool:
+        v1 = grade(28, fake_dsl_runtime, _kernel(tmp_path, crash, "crash.py"), store=store, config=cpu_config, pool=pool)
+        v2 = grade(28, fake_dsl_runtime, _kernel(tmp_path, TORCH_BASELINE_28, "ok.py"), store=store, config=cpu_config, pool=pool)
     assert v1.reason == "crash"
     assert v2.passed, v2.message
 
@@ -132,7 +132,7 @@ def test_pool_hands_out_the_warm_worker_and_spawns_its_successor(fake_dsl):
     assert _gone(second)
 
 
-def test_expected_outputs_are_computed_before_the_kernel_can_patch_the_reference(tmp_path, fake_dsl, cpu_config, store):
+def test_expected_outputs_are_computed_before_the_kernel_can_patch_the_reference(tmp_path, fake_dsl_runtime, cpu_config, store):
     # the kernel makes rsqrt return 0 for everyone: a reference computed after import would be all
     # zeros and agree with the kernel's zeros; the grader's reference predates the import
     src = '''import torch
@@ -144,7 +144,7 @@ _t.rsqrt = lambda v: v * 0
 def solve(x, residual, weight):
     return torch.zeros_like(x)
 '''
-    v = grade(28, fake_dsl, _kernel(tmp_path, src), store=store, config=cpu_config)
+    v = grade(28, fake_dsl_runtime, _kernel(tmp_path, src), store=store, config=cpu_config)
     assert not v.passed and v.reason == "integrity_identity"
     assert "torch.rsqrt" in v.message
 
