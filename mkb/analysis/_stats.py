@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from mkb.analysis._tables import NOISE_ARM
+from mkb.analysis._tables import ENGINE, NOISE_ARM
 
 DEFAULT_SEED = 20261129
 DEFAULT_RESAMPLES = 10_000
@@ -37,38 +37,88 @@ def _cluster_weights(n: int, spec: BootstrapSpec, rng: np.random.Generator) -> n
     return np.bincount(flat, minlength=spec.resamples * n).reshape(spec.resamples, n).astype(np.float64)
 
 
+def _percentiles(x: np.ndarray, qs: list[float]) -> np.ndarray:
+    """[len(qs), rows]: np.quantile(x, qs, axis=1) (method "linear") of a NaN-free [rows, resamples] array.
+
+    One partition of contiguous rows at the needed order statistics, then numpy's own interpolation
+    (`_lerp`) written out: the same values as np.quantile (a test checks), at half its cost, because
+    np.quantile also partitions at the minimum and maximum and copies the array strided.
+    """
+    x = np.ascontiguousarray(x)
+    n = x.shape[1]
+    virtual = (n - 1) * np.asarray(qs, dtype=np.float64)
+    prev = np.floor(virtual)
+    top = virtual >= n - 1
+    prev[top] = -1.0  # numpy takes the maximum there (and its gamma then multiplies a zero difference)
+    gamma = virtual - prev
+    pi = prev.astype(np.intp)
+    ni = np.where(top, -1, pi + 1)
+    kth = np.unique(np.concatenate([pi % n, ni % n]))
+    part = np.partition(x, kth, axis=1)
+    a, b = part[:, pi].T, part[:, ni].T
+    g = gamma[:, None]
+    diff = b - a
+    out = a + diff * g
+    np.subtract(b, diff * (1 - g), out=out, where=np.broadcast_to(g >= 0.5, out.shape))
+    return out
+
+
+def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np.ndarray], stats: dict, spec: BootstrapSpec):
+    """Several statistics from the same resamples: {name: (estimate, lo, hi)}, each as `cluster_bootstrap` returns it.
+
+    Every statistic sees exactly the resamples a separate `cluster_bootstrap` call with the same spec
+    would draw (one generator per statistic, seeded alike), so sharing them changes no number. Cells whose
+    present problems are the same share one resample matrix, applied to all their cells and sums in one
+    matrix product.
+    """
+    C = len(cells)
+    present = sums["n"] > 0
+    est = {name: stat(**{k: v.sum(1) for k, v in sums.items()}) for name, stat in stats.items()}
+    lo = {name: np.full(C, np.nan) for name in stats}
+    hi = {name: np.full(C, np.nan) for name in stats}
+    groups: dict[bytes, list[int]] = {}
+    for c in range(C):
+        groups.setdefault(present[c].tobytes(), []).append(c)
+    a = (1 - spec.level) / 2
+    rng = np.random.default_rng(spec.seed)
+    names = list(sums)
+    for key in sorted(groups):
+        cs = groups[key]
+        cols = np.flatnonzero(present[cs[0]])
+        if len(cols) < 2:
+            continue
+        w = _cluster_weights(len(cols), spec, rng)  # [resamples, problems]
+        v = np.concatenate([sums[k][np.ix_(cs, cols)] for k in names])  # [sums x cells, problems]
+        # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous
+        # for the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts),
+        # so every product is exact and equals the former per-sum `w @ v.T` bit for bit
+        summed = v @ w.T
+        k = len(cs)
+        parts = {name: summed[i * k:(i + 1) * k].T for i, name in enumerate(names)}  # [resamples, cells] views
+        for name, stat in stats.items():
+            boot = np.asarray(stat(**parts))  # [resamples, cells]
+            with np.errstate(invalid="ignore"):
+                q = _percentiles(boot.T, [a, 1 - a]) if not np.isnan(boot).any() else np.nanquantile(boot, [a, 1 - a], axis=0)
+            lo[name][cs], hi[name][cs] = q[0], q[1]
+    return {name: (est[name], lo[name], hi[name]) for name in stats}
+
+
 def cluster_bootstrap(cells: list, problems: np.ndarray, sums: dict[str, np.ndarray], stat, spec: BootstrapSpec):
     """Resample problems within each cell; `sums[name]` is [cells, problems]; `stat(**summed)` -> [.., cells].
 
     Cells whose present problems are the same share one set of resamples (one matrix product for all);
     a problem is present in a cell when `sums["n"]` is positive there.
     """
-    rng = np.random.default_rng(spec.seed)
-    C = len(cells)
-    est = stat(**{k: v.sum(1) for k, v in sums.items()})
-    lo = np.full(C, np.nan)
-    hi = np.full(C, np.nan)
-    present = sums["n"] > 0
-    groups: dict[bytes, list[int]] = {}
-    for c in range(C):
-        groups.setdefault(present[c].tobytes(), []).append(c)
-    a = (1 - spec.level) / 2
-    for key in sorted(groups):
-        cs = groups[key]
-        cols = np.flatnonzero(present[cs[0]])
-        if len(cols) < 2:
-            continue
-        w = _cluster_weights(len(cols), spec, rng)
-        boot = stat(**{k: w @ v[np.ix_(cs, cols)].T for k, v in sums.items()})  # [resamples, len(cs)]
-        with np.errstate(invalid="ignore"):
-            q = np.quantile(boot, [a, 1 - a], axis=0) if not np.isnan(boot).any() else np.nanquantile(boot, [a, 1 - a], axis=0)
-        lo[cs], hi[cs] = q[0], q[1]
-    return est, lo, hi
+    return cluster_bootstrap_many(cells, problems, sums, {"stat": stat}, spec)["stat"]
 
 
 def _matrices(df: pl.DataFrame, cell_cols: list[str], values: dict[str, pl.Expr]):
     """Sum `values` per cell and problem into dense [cells, problems] arrays."""
-    agg = df.group_by(*cell_cols, "problem").agg(**values)
+    return _dense(df.group_by(*cell_cols, "problem").agg(**values), cell_cols, list(values))
+
+
+def _dense(agg: pl.DataFrame, cell_cols: list[str], names: list[str]):
+    """[cells, problems] arrays of the columns `names` of a per-(cell, problem) table; cells sorted."""
     cells_df = agg.select(cell_cols).unique().sort(cell_cols)
     cells_df = cells_df.with_row_index("_cell")
     problems = np.sort(agg["problem"].unique().to_numpy())
@@ -76,7 +126,7 @@ def _matrices(df: pl.DataFrame, cell_cols: list[str], values: dict[str, pl.Expr]
     ci = agg["_cell"].to_numpy()
     pi = np.searchsorted(problems, agg["problem"].to_numpy())
     out = {}
-    for name in values:
+    for name in names:
         m = np.zeros((cells_df.height, len(problems)))
         m[ci, pi] = agg[name].to_numpy().astype(np.float64)
         out[name] = m
@@ -103,22 +153,26 @@ def lift_table(pairs: pl.DataFrame, *, by: tuple[str, ...] = (), spec: Bootstrap
     cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
     # the noise-floor pseudo-arm is a cyclic shift of the solos: its summed lift is 0 by construction
     pairs = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
-    cells, problems, m = _matrices(pairs, cell, {"SA": pl.col("S").sum(), "SB": pl.col("S_solo").sum(), "n": pl.len()})
-    rel, rlo, rhi = cluster_bootstrap(cells, problems, m, _rel, spec)
-    ml, mlo, mhi = cluster_bootstrap(cells, problems, m, _mean_lift, spec)
-    per_problem = pairs.group_by(*cell, "problem").agg(
+    # one pass over the pairs per grouping, both collected together (in-memory engine: see _tables.ENGINE)
+    lp = pairs.lazy()
+    per_problem_q = lp.group_by(*cell, "problem").agg(
+        SA=pl.col("S").sum(), SB=pl.col("S_solo").sum(), n=pl.len(),
         mean_lift=pl.col("lift").mean(), b=(pl.col("passed_solo") & ~pl.col("passed")).sum(),
         c=(~pl.col("passed_solo") & pl.col("passed")).sum())
+    pair_rates_q = lp.group_by(cell).agg(
+        n_pairs=pl.len(), S_arm=pl.col("S").mean(), S_solo=pl.col("S_solo").mean(),
+        pass_arm=pl.col("passed").mean(), pass_solo=pl.col("passed_solo").mean(),
+        pair_regress=(pl.col("lift") < -_EPS).mean(), pair_improve=(pl.col("lift") > _EPS).mean(),
+        pair_tie=(pl.col("lift").abs() <= _EPS).mean())
+    per_problem, pair_rates = pl.collect_all([per_problem_q, pair_rates_q], engine=ENGINE)
+    cells, problems, m = _dense(per_problem, cell, ["SA", "SB", "n"])
+    boot = cluster_bootstrap_many(cells, problems, m, {"rel": _rel, "mean": _mean_lift}, spec)
+    (rel, rlo, rhi), (ml, mlo, mhi) = boot["rel"], boot["mean"]
     rates = per_problem.group_by(cell).agg(
         n_problems=pl.len(),
         regression_rate=(pl.col("mean_lift") < -_EPS).mean(), improvement_rate=(pl.col("mean_lift") > _EPS).mean(),
         tie_rate=(pl.col("mean_lift").abs() <= _EPS).mean(), problem_lifts=pl.col("mean_lift"),
         mcnemar_b=pl.col("b").sum(), mcnemar_c=pl.col("c").sum())
-    pair_rates = pairs.group_by(cell).agg(
-        n_pairs=pl.len(), S_arm=pl.col("S").mean(), S_solo=pl.col("S_solo").mean(),
-        pass_arm=pl.col("passed").mean(), pass_solo=pl.col("passed_solo").mean(),
-        pair_regress=(pl.col("lift") < -_EPS).mean(), pair_improve=(pl.col("lift") > _EPS).mean(),
-        pair_tie=(pl.col("lift").abs() <= _EPS).mean())
     out = cells.with_columns(
         lift=pl.Series(ml), lift_lo=pl.Series(mlo), lift_hi=pl.Series(mhi),
         rel_lift=pl.Series(rel), rel_lo=pl.Series(rlo), rel_hi=pl.Series(rhi),

@@ -188,7 +188,8 @@ def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
     regression to the mean is built in. `standing_naive` (source vs the subtracted solo) is kept
     only to show the bias.
     """
-    inc = attempts.filter(pl.col("excluded").is_null())
+    # one lazy plan, collected once: polars shares the scans of `solos` and runs the independent joins in parallel
+    inc = attempts.lazy().filter(pl.col("excluded").is_null())
     key = ["model", "problem", "replicate", "target_dsl", "stratum"]
     grp = ["model", "problem", "target_dsl", "stratum"]
     solos = inc.filter(pl.col("arm_kind") == "solo")
@@ -209,10 +210,10 @@ def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
                        pl.lit(NOISE_ARM).alias("arm_kind"), "attempt_id", "S", "passed", "speedup")
     tsrc = arms.filter(pl.col("arm_kind") == "transfer").select(*key, "source_dsl", "source_attempt")
     noise = noise.join(tsrc, on=key, how="left")
-    noise = noise.select(arms.columns)
+    noise = noise.select(arms.collect_schema().names())
     pairs = pl.concat([arms, noise], how="vertical_relaxed").join(base, on=key, how="inner")
     # source S and whether the source is itself one of the target's solo replicates (same arm, noise floor)
-    src = attempts.select(source_attempt="attempt_id", S_source="S", source_excluded="excluded",
+    src = attempts.lazy().select(source_attempt="attempt_id", S_source="S", source_excluded="excluded",
                           src_model="model", src_problem="problem", src_tgt="target_dsl", src_kind="arm_kind",
                           src_rep="replicate")
     pairs = pairs.join(src, on="source_attempt", how="left")
@@ -237,4 +238,4 @@ def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
                                outcome=pl.when(pl.col("lift") > 1e-9).then(pl.lit("improve"))
                                .when(pl.col("lift") < -1e-9).then(pl.lit("regress")).otherwise(pl.lit("tie")),
                                direction=pl.format("{}->{}", pl.col("source_dsl").fill_null("-"), pl.col("target_dsl")))
-    return pairs.drop("src_model", "src_problem", "src_tgt", "src_kind", "src_rep", "sum_S", "n_solo", "source_excluded")
+    return pairs.drop("src_model", "src_problem", "src_tgt", "src_kind", "src_rep", "sum_S", "n_solo", "source_excluded").collect(engine=ENGINE)
