@@ -1,0 +1,122 @@
+"""The vectorised bootstrap gives the numbers of the implementation it replaced, bit for bit, for the same seed."""
+
+import numpy as np
+import polars as pl
+import pytest
+
+from mkb.analysis import BootstrapSpec, cluster_bootstrap, lift_table, load_tables
+from mkb.analysis._stats import (
+    _cluster_weights, _matrices, _mean_lift, _percentiles, _rel, _standing_stat, cluster_bootstrap_many,
+)
+from mkb.analysis._tables import NOISE_ARM
+
+pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+
+
+def reference_cluster_bootstrap(cells, problems, sums, stat, spec):
+    """The implementation before the vectorised one (commit 5eecaf9), kept verbatim as the oracle."""
+    rng = np.random.default_rng(spec.seed)
+    C = len(cells)
+    est = stat(**{k: v.sum(1) for k, v in sums.items()})
+    lo = np.full(C, np.nan)
+    hi = np.full(C, np.nan)
+    present = sums["n"] > 0
+    groups: dict[bytes, list[int]] = {}
+    for c in range(C):
+        groups.setdefault(present[c].tobytes(), []).append(c)
+    a = (1 - spec.level) / 2
+    for key in sorted(groups):
+        cs = groups[key]
+        cols = np.flatnonzero(present[cs[0]])
+        if len(cols) < 2:
+            continue
+        w = _cluster_weights(len(cols), spec, rng)
+        boot = stat(**{k: w @ v[np.ix_(cs, cols)].T for k, v in sums.items()})  # [resamples, len(cs)]
+        with np.errstate(invalid="ignore"):
+            q = np.quantile(boot, [a, 1 - a], axis=0) if not np.isnan(boot).any() else np.nanquantile(boot, [a, 1 - a], axis=0)
+        lo[cs], hi[cs] = q[0], q[1]
+    return est, lo, hi
+
+
+def _lift_sums(seed: int, cells: int = 23, problems: int = 9):
+    """Integer-valued per-cell, per-problem sums as lift_table builds them, with holes: some cells lack
+    problems (several resample groups), one cell has a single problem (no CI), some solos sum to 0 (NaN resamples)."""
+    rng = np.random.default_rng(seed)
+    n = rng.integers(1, 4, size=(cells, problems)).astype(float)
+    n[rng.random((cells, problems)) < 0.15] = 0
+    n[3, :] = 0
+    n[3, 2] = 2
+    n[5] = n[6] = n[7]  # cells sharing one problem set
+    SA = 20.0 * rng.integers(0, 6, size=n.shape) * n
+    SB = 20.0 * rng.integers(0, 6, size=n.shape) * n
+    SB[8] = 0
+    SB[9, :-1] = 0
+    return {"SA": SA, "SB": SB, "n": n}
+
+
+def _same(a, b):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # NaN == NaN here, otherwise exact
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("resamples", [1, 2, 7, 400])
+def test_vectorised_bootstrap_equals_the_previous_implementation(seed, resamples):
+    sums = _lift_sums(seed)
+    cells = list(range(sums["n"].shape[0]))
+    problems = np.arange(sums["n"].shape[1])
+    spec = BootstrapSpec(seed=100 + seed, resamples=resamples)
+    for stat in (_rel, _mean_lift):
+        for got, want in zip(cluster_bootstrap(cells, problems, sums, stat, spec),
+                             reference_cluster_bootstrap(cells, problems, sums, stat, spec)):
+            _same(got, want)
+    many = cluster_bootstrap_many(cells, problems, sums, {"rel": _rel, "mean": _mean_lift}, spec)
+    for name, stat in (("rel", _rel), ("mean", _mean_lift)):
+        for got, want in zip(many[name], reference_cluster_bootstrap(cells, problems, sums, stat, spec)):
+            _same(got, want)
+
+
+def test_vectorised_bootstrap_equals_the_previous_implementation_for_standing():
+    rng = np.random.default_rng(5)
+    shape = (17, 12)
+    na, nb = rng.integers(0, 4, size=shape).astype(float), rng.integers(0, 4, size=shape).astype(float)
+    ia = np.minimum(na, rng.integers(0, 3, size=shape))
+    ra = na - ia - (na - ia > 0) * rng.integers(0, 2, size=shape)
+    ib = np.minimum(nb, rng.integers(0, 3, size=shape))
+    rb = nb - ib
+    n = na + nb + rng.integers(0, 2, size=shape)
+    sums = {"ia": ia, "ra": ra, "na": na, "ib": ib, "rb": rb, "nb": nb, "n": n}
+    stat = lambda n, **k: _standing_stat(**k)  # noqa: E731
+    spec = BootstrapSpec(seed=9, resamples=300)
+    cells = list(range(shape[0]))
+    for got, want in zip(cluster_bootstrap(cells, np.arange(shape[1]), sums, stat, spec),
+                         reference_cluster_bootstrap(cells, np.arange(shape[1]), sums, stat, spec)):
+        _same(got, want)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 401, 10_000])
+def test_percentiles_equal_numpy_quantile(n):
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((13, n))
+    x[2] = np.round(x[2])  # ties
+    x[3] = 1.0
+    x[4, : n // 2] = np.inf
+    for qs in ([0.025, 0.975], [0.0, 1.0], [0.5], [0.005, 0.3333, 0.995]):
+        with np.errstate(invalid="ignore"):
+            _same(_percentiles(x, qs), np.quantile(x, qs, axis=1))
+
+
+def test_lift_table_cis_equal_the_previous_bootstrap(planted_lift):
+    pairs = load_tables(planted_lift.store).pairs
+    spec = BootstrapSpec(seed=3, resamples=1000)
+    lt = lift_table(pairs, spec=spec)
+    cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl"]
+    p = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
+    cells, problems, m = _matrices(p, cell, {"SA": pl.col("S").sum(), "SB": pl.col("S_solo").sum(), "n": pl.len()})
+    rel = reference_cluster_bootstrap(cells, problems, m, _rel, spec)
+    ml = reference_cluster_bootstrap(cells, problems, m, _mean_lift, spec)
+    want = cells.with_columns(rel_lift=pl.Series(rel[0]), rel_lo=pl.Series(rel[1]), rel_hi=pl.Series(rel[2]),
+                              lift=pl.Series(ml[0]), lift_lo=pl.Series(ml[1]), lift_hi=pl.Series(ml[2]))
+    got = cells.join(lt, on=cell, how="left", nulls_equal=True).select(want.columns)
+    assert got.height == lt.height == want.height
+    for c in ("rel_lift", "rel_lo", "rel_hi", "lift", "lift_lo", "lift_hi"):
+        _same(got[c].to_numpy(), want[c].to_numpy())
