@@ -10,9 +10,10 @@ class GraderConfig:
     """Policy of one evaluation. The defaults are DESIGN's minimums or above; tests shrink them.
 
     Why the counts: >= 5 correctness draws with secret seeds; >= 10 warm-ups (plus a secret jitter,
-    so a kernel cannot count its way out of the warm-up) and >= 50 timed calls (100 by default:
-    the median's spread across gradings fell from ~7% with 50 cold calls to the target with warm
-    clocks and more calls). A random ~10% of timed calls and the last one are re-checked; a few
+    so a kernel cannot count its way out of the warm-up) and >= 50 timed calls (100 by default).
+    The median's stability comes from the window, not the count: on the H200 the old window's host
+    time moved problem 28's median 17-30% between gradings; mkb.measure's stream window gives
+    0.3-0.5% over 5 gradings. A random ~10% of timed calls and the last one are re-checked; a few
     calls at secret positions run under the profiler (their times are kept apart, since the
     profiler slows them), one of them a repeat of earlier content at fresh addresses (a content cache
     then launches no DSL kernel).
