@@ -56,7 +56,7 @@ class Flush:
         elif self.kind == "zero":
             self.buf.zero_()
         elif self.kind == "read":
-            torch.sum(self.buf, dtype=torch.float32, out=self.acc)
+            torch.sum(self.buf, dim=(0,), out=self.acc)
 
 
 def sources(kind: str, make, n: int, seed0: int):
