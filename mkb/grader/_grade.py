@@ -221,7 +221,7 @@ def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failur
                         details=_jsonable(f.get("details")), log=log)
         elif s.stage == "timing":
             cols = {k: f.pop(k, None) for k in ("median_us", "iqr_us", "cv", "eager_median_us", "n_warmup", "n_timed",
-                                                "launch_floor_us", "gpu")}
+                                                "launch_floor_us", "gpu", "timing_policy")}
             clocks = f.pop("clocks", None)
             writer.emit("timing", attempt_id=attempt_id, **common, ok=s.ok, reason=s.reason, **cols,
                         clocks=_jsonable(clocks), log=log, details=_jsonable(f or None))

@@ -92,7 +92,7 @@ def characterise_problem(problem: Problem, *, size: str = "full", device: str | 
         timing = time_problem_fn(fn, lambda s: problem.make_inputs(s, device=dev, size=size),
                                  warmup=warmup, timed=timed, device=dev)
         row.update(eager_median_us=timing.median_us, eager_iqr_us=timing.iqr_us, eager_cv=timing.cv,
-                   n_timed=timing.n_timed, n_warmup=timing.n_warmup)
+                   n_timed=timing.n_timed, n_warmup=timing.n_warmup, timing_policy=timing.policy or None)
         if size == "full":
             row.update(flops=float(m.flops), bytes=float(m.bytes))
             if dev.type == "cuda":
