@@ -75,3 +75,15 @@ def problems_table(store: str) -> pl.DataFrame:
     return c.select("problem", "problem_name", "family", "size", "gpu", "ok", "eager_median_us", "peak_memory_bytes",
                     "fp64_gap", "sol_us", "sol_ratio", "within_band", "error").sort("problem", "size")
 
+
+
+def verdicts_table(store: str) -> pl.DataFrame:
+    """Every verdict in a store with no attempts behind it (stand-alone gradings, red-team runs), oldest first.
+
+    Grader datasets have no coordinates to pair, but a reader still wants to see what was graded and how.
+    """
+    v = read("verdict", store)
+    if v.height == 0:
+        return v
+    return v.sort("ts").select("ts", "scope", "problem", "dsl", "passed", "reason", "speedup", "candidate_median_us",
+                               "eager_median_us", "s", "gpu", "kernel_sha256")

@@ -59,6 +59,9 @@ def _load(store, stratify: bool):
         if counts.get("characterisation"):
             console.print("this is a characterisation dataset; its problems:")
             _print_problems(store)
+        elif counts.get("verdict"):
+            console.print("this is a grading dataset (verdicts without attempts); its verdicts:")
+            _print_verdicts(store)
         else:
             console.print("hint: write a demo dataset with `mkb-analyze synth --store DIR`")
         return None
@@ -352,6 +355,29 @@ def _print_problems(store) -> None:
                     f"{r['fp64_gap']:.2e}" if r["fp64_gap"] is not None else "", _f(r["sol_us"]), _f(r["sol_ratio"], 3),
                     "" if r["within_band"] is None else ("yes" if r["within_band"] else "[red]no[/red]"))
     console.print(tbl)
+
+
+def _print_verdicts(store) -> None:
+    from mkb.analysis import verdicts_table
+
+    v = verdicts_table(store)
+    if v.height == 0:
+        console.print("no verdict events")
+        return
+    tbl = Table(title=f"Verdicts ({v.height}; {int(v['passed'].sum())} passed)")
+    for c in ("ts", "scope", "problem", "dsl", "passed", "reason", "speedup", "candidate us", "eager us", "S"):
+        tbl.add_column(c)
+    for r in v.iter_rows(named=True):
+        tbl.add_row(r["ts"].strftime("%Y-%m-%d %H:%M:%S"), r["scope"], str(r["problem"]), r["dsl"],
+                    "yes" if r["passed"] else "[red]no[/red]", r["reason"] or "", _f(r["speedup"], 2),
+                    _f(r["candidate_median_us"]), _f(r["eager_median_us"]), _f(r["s"]))
+    console.print(tbl)
+
+
+@app.command("verdicts")
+def verdicts_cmd(store: Optional[str] = STORE) -> None:
+    """Every verdict in the store (stand-alone gradings, red-team and benchmark runs), oldest first."""
+    _print_verdicts(store)
 
 
 @app.command("problems")
