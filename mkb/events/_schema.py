@@ -91,9 +91,17 @@ class KindSchema:
         return _arrow(self)
 
     def polars(self) -> dict[str, Any]:
-        import polars as pl
+        """The canonical polars schema, built from the type names (pl.from_arrow would import pandas)."""
+        return {c.name: _polars_type(c.type) for c in self.columns}
 
-        return dict(pl.Schema(pl.from_arrow(self.arrow().empty_table()).schema))
+
+def _polars_type(name: str):
+    import polars as pl
+
+    return {
+        "string": pl.String, "json": pl.String, "bool": pl.Boolean, "int64": pl.Int64, "float64": pl.Float64,
+        "timestamp": pl.Datetime("us", "UTC"), "list[string]": pl.List(pl.String), "list[float64]": pl.List(pl.Float64),
+    }[name]
 
 
 @cache

@@ -59,3 +59,12 @@ def test_clean_staging_removes_only_old_leftovers(tmp_path):
     os.utime(old, (past, past))
     assert clean_staging(store) == [str(old)]
     assert young.exists() and not old.exists()
+
+
+def test_polars_schema_matches_the_arrow_schema_for_every_kind():
+    import polars as pl
+
+    from mkb.events import schemas
+
+    for kind, sc in schemas().items():
+        assert sc.polars() == dict(pl.Schema(pl.from_arrow(sc.arrow().empty_table()).schema)), kind
