@@ -5,6 +5,9 @@ imported, and a candidate's outputs are then checked against them (`compare`). F
 judged against the fp64 anchor (the reference run on float64 copies of the inputs): the error must
 stay within 3 x max(reference error vs anchor, eps(dtype) x max|anchor|), so the tolerance is as
 tight as the reference's own rounding allows and no looser than one ulp of the output's scale.
+Top-k index outputs are judged on the scores they select from (the module's `topk_scores`), with
+the same rule applied to those scores; the fp64 gap of such an output is its scores' gap, taken
+from the same measurement as its tolerance.
 """
 
 from __future__ import annotations
@@ -68,14 +71,26 @@ class Expected:
     mutated: tuple[str, ...] = ()  # input names (META.mutates) whose updated state follows the outputs
     topk: dict = field(default_factory=dict)  # name -> (dim, scores_anchor, score_tolerance)
     dequantize: dict = field(default_factory=dict)  # name -> (fn(outputs) -> (values, quantum), index)
+    # per entry, max|anchor| over the finite entries the error was measured on (for a topk output: its
+    # scores); ref_error and tolerance of a topk output are in score units, as its OutputCheck reports
+    anchor_scale: tuple[float | None, ...] = ()
 
     def fp64_gap(self) -> dict[str, float]:
-        """Per-output max|reference - anchor| / max|anchor| (0 where the anchor is all zero)."""
+        """Per-output max|reference - anchor| / max|anchor| over finite entries (0 where the anchor is all zero).
+
+        A topk output's gap is that of the scores it selects from (reference vs anchor `topk_scores`),
+        since the indices themselves carry no rounding; the swap tolerance comes from the same scores.
+        """
         out = {}
-        for name, a, e in zip(self.names, self.anchor, self.ref_error):
-            if a is None or e is None:
+        for k, (name, e) in enumerate(zip(self.names, self.ref_error)):
+            if e is None:
                 continue
-            scale = float(a.abs().max()) if a.numel() else 0.0
+            scale = self.anchor_scale[k] if k < len(self.anchor_scale) else None
+            if scale is None:
+                a = self.anchor[k]
+                if a is None:
+                    continue
+                scale = _finite_scale(a)
             out[name] = e / scale if scale > 0 else e
         return out
 
@@ -99,20 +114,28 @@ def _eps(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).eps) if dtype.is_floating_point else 0.0
 
 
-def _tolerance(ref: torch.Tensor, anchor: torch.Tensor) -> tuple[float, float]:
+def _finite_scale(anchor: torch.Tensor) -> float:
+    finite = torch.isfinite(anchor)
+    return float(anchor[finite].abs().max()) if bool(finite.any()) else 0.0
+
+
+def _anchored(ref: torch.Tensor, anchor: torch.Tensor) -> tuple[float, float, float]:
+    """(max|ref - anchor|, max|anchor|, tolerance) over the entries finite in both: the one place a tolerance
+    and the fp64 gap (error / scale) are derived, for float outputs and for top-k scores alike."""
     finite = torch.isfinite(anchor) & torch.isfinite(ref.to(torch.float64))
     if not bool(finite.any()):
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     a = anchor[finite]
     err = float((ref.to(torch.float64)[finite] - a).abs().max())
     scale = float(a.abs().max())
-    return err, TOL_FACTOR * max(err, _eps(ref.dtype) * scale)
+    return err, scale, TOL_FACTOR * max(err, _eps(ref.dtype) * scale)
 
 
 def expect(module: ModuleType, inputs: Sequence[Any], *, anchor: bool = True) -> Expected:
     """Run the reference (and, for float outputs, the fp64 anchor) on copies of `inputs`.
 
     `inputs` themselves are left untouched, so the caller can hand them to a candidate afterwards.
+    Top-k outputs always get their scores and the scores' anchor (`anchor` only gates float outputs).
     """
     meta = module.META
     ref_inputs = clone_inputs(inputs)
@@ -136,6 +159,7 @@ def expect(module: ModuleType, inputs: Sequence[Any], *, anchor: bool = True) ->
     anchors: list[torch.Tensor | None] = [None] * len(values)
     errs: list[float | None] = [None] * len(values)
     tols: list[float | None] = [None] * len(values)
+    scales: list[float | None] = [None] * len(values)
     if anchor and any(m == "allclose" for m in modes):
         a_inputs = tuple(to_fp64(v) for v in inputs)
         a_outs = as_tuple(module.reference(*a_inputs))
@@ -144,7 +168,7 @@ def expect(module: ModuleType, inputs: Sequence[Any], *, anchor: bool = True) ->
             if m == "allclose" and isinstance(v, torch.Tensor) and isinstance(a, torch.Tensor):
                 a64 = a.detach().to(torch.float64)
                 anchors[k] = a64
-                errs[k], tols[k] = _tolerance(v, a64)
+                errs[k], scales[k], tols[k] = _anchored(v, a64)
     topk = {}
     dequant = {}
     for k, o in enumerate(meta.outputs):
@@ -152,14 +176,14 @@ def expect(module: ModuleType, inputs: Sequence[Any], *, anchor: bool = True) ->
             fn = getattr(module, o.topk_scores)
             s = fn(*clone_inputs(inputs))
             s64 = fn(*(to_fp64(v) for v in inputs)).to(torch.float64)
-            _, stol = _tolerance(s, s64)
-            topk[o.name] = (o.topk_dim, s64, stol)
+            errs[k], scales[k], tols[k] = _anchored(s, s64)
+            topk[o.name] = (o.topk_dim, s64, tols[k])
         elif o.compare == "quantized":
             fn = getattr(module, o.dequantize)
             rv, rq = fn(outs)
             dequant[o.name] = (fn, k, rv.to(torch.float64), rq.to(torch.float64))
     return Expected(tuple(names), tuple(modes), tuple(values), tuple(anchors), tuple(errs), tuple(tols),
-                    len(outs), tuple(meta.mutates), topk, dequant)
+                    len(outs), tuple(meta.mutates), topk, dequant, tuple(scales))
 
 
 def _structure(name: str, cand: Any, ref: Any) -> OutputCheck | None:

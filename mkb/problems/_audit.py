@@ -1,9 +1,10 @@
 """The problem audit: at smoke size on the CPU, checks that a problem cannot be passed by a trivial output.
 
 DESIGN (Problem contract, Audit): all-zeros, a constant and a copy of an input must fail the
-comparison; outputs must change with every input and with the seed; the fp64 gap must be > 0
-unless the problem says why it is exact; the smoke reference runs in <= 0.1 s on the CPU; `eager`
-agrees with `reference`. A problem that fails gets better inputs, never a looser check.
+comparison; outputs must change with every input and with the seed; the fp64 gap (for top-k
+indices, that of their scores) must be > 0 unless the problem says why it is exact, and then it
+must be 0; the smoke reference runs in <= 0.1 s on the CPU; `eager` agrees with `reference`.
+A problem that fails gets better inputs, never a looser check.
 """
 
 from __future__ import annotations
@@ -171,8 +172,11 @@ def _audit(problem: Problem, seeds, smoke_limit_s, checks: list[AuditCheck]) -> 
     # fp64 gap
     gaps = exp.fp64_gap()
     gap = max(gaps.values()) if gaps else None
-    if m.exact_reason:
-        add("fp64_gap", True, f"exact: {m.exact_reason}")
+    if m.exact_reason:  # a claim that nothing is rounded: a measured gap > 0 refutes it
+        add("fp64_gap", not gap,
+            f"exact: {m.exact_reason}" if not gap else
+            f"META.exact_reason says the problem is exact, but its fp64 gap is {gap:.3g} ({gaps}); "
+            "hint: remove exact_reason, the measured gap is what the audit wants")
     else:
         add("fp64_gap", gap is not None and gap > 0,
             f"fp64 gap is {gap}: the reference's dtype loses nothing, so the tolerance is set by eps alone; "

@@ -243,3 +243,54 @@ def test_fp64_gap_is_reported_relative_to_the_anchor_scale():
     m, inputs = _softmax_problem()
     gap = expect(m, inputs).fp64_gap()
     assert 0 < gap["y"] < 0.01
+
+
+
+def _rounding_topk_problem(*, masked_from=None):
+    """Top-4 of exp-scores, which float32 rounds (unlike the x * 2 scores above); optionally -inf padded."""
+    def scores(x):
+        s = torch.exp(x.to(torch.promote_types(x.dtype, torch.float32)) * 1.3)
+        if masked_from is not None:  # padded positions, never selected
+            s = s.masked_fill(torch.arange(s.shape[-1]) >= masked_from, float("-inf"))
+        return s
+
+    def reference(x):
+        return torch.topk(scores(x), k=4, dim=-1).indices
+
+    x = torch.randn(6, 32, generator=torch.Generator().manual_seed(3))
+    m = _module(reference, inputs=("x",), outputs=(Output("idx", compare="topk", topk_scores="scores"),), scores=scores)
+    return m, x
+
+
+def test_topk_gap_is_the_scores_gap_measured_with_the_same_error_as_the_swap_tolerance():
+    m, x = _rounding_topk_problem()
+    exp = expect(m, (x,))
+    s, s64 = m.scores(x), m.scores(x.double())
+    err = float((s.double() - s64).abs().max())
+    gap = exp.fp64_gap()["idx"]
+    assert gap > 0  # float32 scores lose something against float64: the indices' gap is measured, not None
+    assert gap == pytest.approx(err / float(s64.abs().max()))
+    _, _, stol = exp.topk["idx"]
+    assert stol == exp.tolerance[0] == pytest.approx(3 * max(err, torch.finfo(torch.float32).eps * float(s64.abs().max())))
+    assert exp.ref_error[0] == pytest.approx(err)
+    assert compare(exp, m.reference(x)).ok
+
+
+def test_topk_gap_ignores_masked_minus_inf_scores():
+    m, x = _rounding_topk_problem(masked_from=24)
+    exp = expect(m, (x,))
+    s, s64 = m.scores(x), m.scores(x.double())
+    fin = torch.isfinite(s64)
+    want = float((s.double()[fin] - s64[fin]).abs().max()) / float(s64[fin].abs().max())
+    assert want > 0 and exp.fp64_gap()["idx"] == pytest.approx(want)
+    assert compare(exp, m.reference(x)).ok
+
+
+def test_topk_gap_is_zero_when_the_scores_are_exact_in_their_dtype():
+    m, x = _topk_problem()  # scores x * 2: exact in float32
+    assert expect(m, (x,)).fp64_gap() == {"idx": 0.0}
+
+
+def test_topk_gap_is_measured_even_without_the_float_anchor():
+    m, x = _rounding_topk_problem()
+    assert expect(m, (x,), anchor=False).fp64_gap()["idx"] > 0
