@@ -7,7 +7,8 @@ stay within 3 x max(reference error vs anchor, eps(dtype) x max|anchor|), so the
 tight as the reference's own rounding allows and no looser than one ulp of the output's scale.
 Top-k index outputs are judged on the scores they select from (the module's `topk_scores`), with
 the same rule applied to those scores; the fp64 gap of such an output is its scores' gap, taken
-from the same measurement as its tolerance.
+from the same measurement as its tolerance. A quantized output's gap is that of the values it
+encodes, before quantisation, where the problem names them (`Output.quantized_from`).
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def expect(module: ModuleType, inputs: Sequence[Any], *, anchor: bool = True) ->
     """Run the reference (and, for float outputs, the fp64 anchor) on copies of `inputs`.
 
     `inputs` themselves are left untouched, so the caller can hand them to a candidate afterwards.
-    Top-k outputs always get their scores and the scores' anchor (`anchor` only gates float outputs).
+    Top-k outputs always get their scores and the scores' anchor (the comparison needs them); `anchor`
+    gates the float outputs' anchor and the quantized outputs' pre-quantisation gap.
     """
     meta = module.META
     ref_inputs = clone_inputs(inputs)
@@ -182,6 +184,11 @@ def expect(module: ModuleType, inputs: Sequence[Any], *, anchor: bool = True) ->
             fn = getattr(module, o.dequantize)
             rv, rq = fn(outs)
             dequant[o.name] = (fn, k, rv.to(torch.float64), rq.to(torch.float64))
+            if anchor and o.quantized_from is not None:  # the gap of the values before the (fixed) encoding
+                pre = getattr(module, o.quantized_from)
+                v = pre(*clone_inputs(inputs))
+                v64 = pre(*(to_fp64(x) for x in inputs)).to(torch.float64)
+                errs[k], scales[k], _ = _anchored(v, v64)
     return Expected(tuple(names), tuple(modes), tuple(values), tuple(anchors), tuple(errs), tuple(tols),
                     len(outs), tuple(meta.mutates), topk, dequant, tuple(scales))
 

@@ -19,6 +19,9 @@ A problem module defines (DESIGN.md, Problem contract):
 - for ``compare="quantized"`` outputs: a module function named by ``Output.dequantize`` taking the
   full output tuple and returning ``(values, quantum)``: dequantised float values of this output
   and, elementwise, the size of one quantum (format spacing x block scale) at the reference value.
+  Optionally ``Output.quantized_from`` names a module function taking the inputs and returning the
+  float values the output encodes, before quantisation: their fp64 gap is reported as the output's
+  (the encoding is fixed, so it is the rounding before it that can move a code).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Output:
     topk_scores: str | None = None  # compare="topk": name of the module's score function
     topk_dim: int = -1
     dequantize: str | None = None  # compare="quantized": name of the module's dequantise function
+    quantized_from: str | None = None  # compare="quantized", optional: the module's pre-quantisation values function
 
 
 @dataclass(frozen=True)

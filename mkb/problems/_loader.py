@@ -193,6 +193,9 @@ def validate(module: ModuleType, path: Path) -> ProblemMeta:
         if o.compare == "quantized" and not callable(getattr(module, o.dequantize or "", None)):
             raise _fail(path, f"output {o.name!r} is quantized but dequantize={o.dequantize!r} names no module function",
                         "define the dequantise function and name it in Output(dequantize=...)")
+        if o.quantized_from is not None and not callable(getattr(module, o.quantized_from, None)):
+            raise _fail(path, f"output {o.name!r} names quantized_from={o.quantized_from!r}, which is no module function",
+                        "define the pre-quantisation values function, or leave quantized_from out")
     if meta.peak not in get_args(Peak):
         raise _fail(path, f"unknown peak {meta.peak!r}", f"one of {get_args(Peak)}")
     if not (meta.flops >= 0 and meta.bytes > 0):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -294,3 +295,18 @@ def test_topk_gap_is_zero_when_the_scores_are_exact_in_their_dtype():
 def test_topk_gap_is_measured_even_without_the_float_anchor():
     m, x = _rounding_topk_problem()
     assert expect(m, (x,), anchor=False).fp64_gap()["idx"] > 0
+
+
+def test_quantized_gap_is_that_of_the_values_before_quantisation_when_the_problem_names_them():
+    m, x = _quant_problem()
+    assert "q" not in expect(m, (x,)).fp64_gap()  # codes alone: nothing to measure
+    m.pre = lambda x: torch.tanh(x.to(torch.promote_types(x.dtype, torch.float32)) * 1.7)
+    m.META = dataclasses.replace(m.META, outputs=(
+        dataclasses.replace(m.META.outputs[0], quantized_from="pre"), m.META.outputs[1]))
+    exp = expect(m, (x,))
+    v, v64 = m.pre(x), m.pre(x.double())
+    want = float((v.double() - v64).abs().max()) / float(v64.abs().max())
+    assert want > 0 and exp.fp64_gap()["q"] == pytest.approx(want)
+    assert exp.tolerance[0] is None  # the quantized rule keeps its own one-quantum tolerance
+    q, s = m.reference(x)
+    assert compare(exp, (q, s)).ok
