@@ -19,8 +19,8 @@ from types import ModuleType
 from typing import Callable
 
 from mkb.dsl import _common
-from mkb.dsl._backend import CompileResult, StaticFinding
-from mkb.dsl._static import RuleSet, check_source
+from mkb.dsl._base import BackendBase
+from mkb.dsl._static import RuleSet
 
 _DOCS = Path(__file__).resolve().parent / "docs" / "cute"
 
@@ -46,16 +46,15 @@ def normalise_arch(gpu_arch: str) -> str:
     return f"sm_{digits}a" if int(digits) >= 90 else f"sm_{digits}"
 
 
-class CuteBackend:
+class CuteBackend(BackendBase):
     """CuTe DSL: `@cute.kernel` device functions launched from `@cute.jit` host functions, compiled with `cute.compile`."""
 
     name = "cute"
     display_name = "CuTe DSL"
     dist = "nvidia-cutlass-dsl"
     entry = "cute.compile"
-
-    def version(self) -> str:
-        return f"nvidia-cutlass-dsl=={_common.package_version(self.dist)}"
+    docs = _DOCS
+    rules = _RULES
 
     def environment(self, gpu_arch: str) -> dict[str, str]:
         return {
@@ -68,15 +67,6 @@ class CuteBackend:
     def import_modules(self) -> tuple[str, ...]:
         return ("torch", "cuda.bindings.driver", "cutlass", "cutlass.cute", "cutlass.cute.runtime", "tvm_ffi")
 
-    def load(self, path: Path) -> ModuleType:
-        return _common.load_kernel(Path(path), dsl=self.name)
-
-    def static_rules(self, source: str) -> tuple[StaticFinding, ...]:
-        return check_source(source, rules=_RULES)
-
-    def check_compile(self, path: Path, problem: int, *, gpu_arch: str = "sm_90a") -> CompileResult:
-        return _common.run_check(self.name, Path(path), problem, self.environment(gpu_arch))
-
     def kernel_functions(self, module: ModuleType) -> tuple[str, ...]:
         """Names of the `@cute.kernel` functions the candidate defines."""
         return _common.decorated_functions(_common.module_source(module), frozenset({"kernel"}))
@@ -85,21 +75,8 @@ class CuteBackend:
         # the profiler shows kernel_cutlass_<function>_<mangled argument types>_<n>
         return tuple(rf"^kernel_cutlass_{re.escape(n)}_" for n in self.kernel_functions(module))
 
-    def prompt_section(self) -> str:
-        return (_DOCS / "PROMPT.md").read_text()
-
-    def doc_pack(self) -> Path | None:
-        return _DOCS
-
-    def doc_pack_version(self) -> str:
-        return _common.folder_sha256(_DOCS)
-
-    def empty_kernel(self) -> Callable[[], None]:
-        return _empty_kernel()
-
-    def check_empty_kernel(self, *, gpu_arch: str = "sm_90a") -> CompileResult:
-        """Compile `empty_kernel()` on the CPU in the compile-only check process (nothing launched)."""
-        return _common.run_empty_kernel_check(self.name, self.environment(gpu_arch))
+    def _empty_kernel(self) -> Callable[[], None]:
+        return _empty_kernel_impl()
 
 
 # --- the launch floor: one empty kernel, launched the way candidates launch theirs ----------------------
@@ -107,7 +84,7 @@ class CuteBackend:
 _EMPTY: dict[int, Callable[[], None]] = {}
 
 
-def _empty_kernel() -> Callable[[], None]:
+def _empty_kernel_impl() -> Callable[[], None]:
     """An empty `@cute.kernel` launched 1x1 through TVM-FFI on torch's current stream, compiled once per device.
 
     The kernel takes one tensor it never touches: that is how a TVM-FFI env-stream launch learns

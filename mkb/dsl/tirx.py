@@ -23,8 +23,8 @@ from types import ModuleType
 from typing import Callable
 
 from mkb.dsl import _common
-from mkb.dsl._backend import CompileResult, StaticFinding
-from mkb.dsl._static import RuleSet, check_source
+from mkb.dsl._base import BackendBase
+from mkb.dsl._static import RuleSet
 from mkb.dsl.cute import normalise_arch
 
 _DOCS = Path(__file__).resolve().parent / "docs" / "tirx"
@@ -42,16 +42,15 @@ _RULES = RuleSet(
 )
 
 
-class TirxBackend:
+class TirxBackend(BackendBase):
     """TIRx: `@Tx.prim_func` kernels with `Tx.device_entry()`, built by `tvm.compile(..., tir_pipeline="tirx")`."""
 
     name = "tirx"
     display_name = "TIRx (Apache TVM)"
     dist = "apache-tvm"
     entry = "tvm.compile"
-
-    def version(self) -> str:
-        return f"apache-tvm=={_common.package_version(self.dist)}"
+    docs = _DOCS
+    rules = _RULES
 
     def environment(self, gpu_arch: str) -> dict[str, str]:
         cuda = _common.cuda_path()
@@ -72,15 +71,6 @@ class TirxBackend:
     def import_modules(self) -> tuple[str, ...]:
         return ("torch", "tvm", "tvm.script", "tvm_ffi")
 
-    def load(self, path: Path) -> ModuleType:
-        return _common.load_kernel(Path(path), dsl=self.name)
-
-    def static_rules(self, source: str) -> tuple[StaticFinding, ...]:
-        return check_source(source, rules=_RULES)
-
-    def check_compile(self, path: Path, problem: int, *, gpu_arch: str = "sm_90a") -> CompileResult:
-        return _common.run_check(self.name, Path(path), problem, self.environment(gpu_arch))
-
     def kernel_functions(self, module: ModuleType) -> tuple[str, ...]:
         """Names of the prim_funcs the candidate defines (by decorator, and by global_symbol once built)."""
         names = list(_common.decorated_functions(_common.module_source(module), frozenset({"prim_func", "jit"})))
@@ -99,21 +89,8 @@ class TirxBackend:
         # the profiler shows <prim_func>_kernel (extern "C", so no signature); split kernels get _1, _2, ...
         return tuple(rf"^{re.escape(n)}_kernel(_\d+)?$" for n in self.kernel_functions(module))
 
-    def prompt_section(self) -> str:
-        return (_DOCS / "PROMPT.md").read_text()
-
-    def doc_pack(self) -> Path | None:
-        return _DOCS
-
-    def doc_pack_version(self) -> str:
-        return _common.folder_sha256(_DOCS)
-
-    def empty_kernel(self) -> Callable[[], None]:
-        return _empty_kernel()
-
-    def check_empty_kernel(self, *, gpu_arch: str = "sm_90a") -> CompileResult:
-        """Compile `empty_kernel()` on the CPU in the compile-only check process (nothing launched)."""
-        return _common.run_empty_kernel_check(self.name, self.environment(gpu_arch))
+    def _empty_kernel(self) -> Callable[[], None]:
+        return _empty_kernel_impl()
 
 
 # --- the launch floor: one empty kernel, launched the way candidates launch theirs ----------------------
@@ -121,7 +98,7 @@ class TirxBackend:
 _EMPTY: dict[int, Callable[[], None]] = {}
 
 
-def _empty_kernel() -> Callable[[], None]:
+def _empty_kernel_impl() -> Callable[[], None]:
     """A prim_func with one thread doing nothing, launched through TVM-FFI on torch's current stream.
 
     Why a buffer and a guarded store: TVM simplifies away whatever it can prove dead (a guard on

@@ -1,0 +1,59 @@
+"""What every DSL backend does the same way: version, loading, static rules, the CPU check, doc pack, launch floor.
+
+A backend subclasses `BackendBase` and supplies only what is its own (environment, import list,
+how its kernels are named, its rule set, docs folder and empty kernel), so a third DSL is one small module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+from mkb.dsl import _common
+from mkb.dsl._backend import CompileResult, StaticFinding
+from mkb.dsl._static import RuleSet, check_source
+
+
+class BackendBase:
+    """The shared half of a `DslBackend`; subclasses set the class attributes and the DSL-specific methods."""
+
+    name: str
+    display_name: str
+    dist: str  # the distribution whose version names the DSL version
+    docs: Path  # the doc pack folder: PROMPT.md (the prompt section) and reference notes
+    rules: RuleSet
+
+    def environment(self, gpu_arch: str) -> dict[str, str]:  # pragma: no cover - each backend has its own
+        raise NotImplementedError
+
+    def _empty_kernel(self) -> Callable[[], None]:  # pragma: no cover - each backend has its own
+        raise NotImplementedError
+
+    def version(self) -> str:
+        return f"{self.dist}=={_common.package_version(self.dist)}"
+
+    def load(self, path: Path) -> ModuleType:
+        return _common.load_kernel(Path(path), dsl=self.name)
+
+    def static_rules(self, source: str) -> tuple[StaticFinding, ...]:
+        return check_source(source, rules=self.rules)
+
+    def check_compile(self, path: Path, problem: int, *, gpu_arch: str = "sm_90a") -> CompileResult:
+        return _common.run_check(self.name, Path(path), problem, self.environment(gpu_arch))
+
+    def prompt_section(self) -> str:
+        return (self.docs / "PROMPT.md").read_text()
+
+    def doc_pack(self) -> Path | None:
+        return self.docs
+
+    def doc_pack_version(self) -> str:
+        return _common.folder_sha256(self.docs)
+
+    def empty_kernel(self) -> Callable[[], None]:
+        return self._empty_kernel()
+
+    def check_empty_kernel(self, *, gpu_arch: str = "sm_90a") -> CompileResult:
+        """Compile `empty_kernel()` on the CPU in the compile-only check process (nothing launched)."""
+        return _common.run_empty_kernel_check(self.name, self.environment(gpu_arch))
