@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mkb.grader._config import GraderConfig
-from mkb.grader._pool import Worker, WorkerPool
+from mkb.grader._pool import QUIET, WARM_WAIT_S, Worker, WorkerPool
 from mkb.grader._problems import problem_number
 from mkb.grader._reasons import STAGES, Reason, static_reason
 from mkb.grader._session import TrustedCache, problem_sha256, trusted_key
@@ -35,10 +35,13 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
     book: dict[str, Any] = {"worker_pid": worker.pid}
     t_wait = time.monotonic()
     if not worker.wait_ready(cfg.start_limit_s):
+        worker.kill()
+        worker.cleanup()
         return [], Reason.INFRA_ERROR, f"worker did not start:\n{worker.ready_error}", book
     book["worker_wait_s"] = time.monotonic() - t_wait
     book["worker_start_s"] = worker.ready.get("start_s")
     book["gpu"] = worker.ready.get("gpu")
+    book["worker_quiet_wait_s"] = worker.ready.get("quiet_wait_s")
     keys = {}
     if cache is not None and isinstance(job.get("problem"), int):
         for what in ("eager", f"floor:{job['dsl']}"):
@@ -48,7 +51,15 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
         if hit:
             job = {**job, "trusted": hit}
         book["trusted_cached"] = sorted(hit)
-    worker.send_job({**job, "nonce": nonce})
+    try:
+        return _drive(worker, job, cfg, cache, keys, nonce, book)
+    finally:
+        QUIET.release(worker, pid=worker.pid)  # a hold never outlives its grading (crash, timeout, forged message)
+
+
+def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | None, keys: dict, nonce: str,
+           book: dict) -> tuple[list[StageResult], str | None, str, dict]:
+    worker.send_job({**job, "type": "job", "nonce": nonce})
     t_job = time.monotonic()
     wall_deadline = t_job + cfg.wall_limit_s
     deadline = wall_deadline
@@ -77,6 +88,15 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
                 for what in ("eager", "floor"):
                     if isinstance(msg.get(what), dict) and keys.get(what) is not None:
                         cache.put(keys[what], msg[what])
+        elif kind == "hold":
+            # a GPU-sensitive phase (eager timing, the timing loop): spares' GPU warm-ups wait until it ends
+            if msg.get("on"):
+                waited = QUIET.hold(worker, str(msg.get("what", "")), pid=worker.pid,
+                                    timeout=min(WARM_WAIT_S, max(0.0, wall_deadline - time.monotonic())))
+                book["hold_wait_s"] = book.get("hold_wait_s", 0.0) + waited
+                worker.send_go()
+            else:
+                QUIET.release(worker, pid=worker.pid)
         elif kind == "phase":
             phase = msg["phase"]
             if phase == "compile":
@@ -145,7 +165,7 @@ def grade(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, store
         stages.append(StageResult("compile", False, static_reason(findings[0].rule), {"static_rules": [f.rule for f in findings]}, msg))
     else:
         own_pool = pool is None
-        pool = pool or WorkerPool((dsl,), device=cfg.device, prestart=False)
+        pool = pool or WorkerPool((dsl,), device=cfg.device, prestart=False, refill_on_take=False)
         try:
             worker = pool.take(dsl)
             job = {"problem": number if not isinstance(problem, Path) and str(problem).isdigit() else str(problem),

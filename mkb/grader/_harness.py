@@ -30,6 +30,7 @@ from mkb.measure import (
 
 # Bound before any candidate code exists; the harness only ever calls these objects.
 _perf = time.perf_counter
+_mono = time.monotonic
 _cuda_sync = torch.cuda.synchronize
 _Event = torch.cuda.Event
 _record = torch.cuda.Event.record
@@ -149,8 +150,50 @@ def _call(solve: Callable, args: tuple, stage: str) -> Any:
         raise Fail(stage, "runtime_error", _fmt_exc(exc)) from None
 
 
-def evaluate(job: dict, send: Callable[[dict], None]) -> None:
-    """Run one evaluation and `send` one message per stage reached; never raises for candidate faults."""
+class _Quiet:
+    """This worker's GPU-sensitive phases (eager timing and floors, the timing loop), announced to the parent.
+
+    `hold` says the phase starts and waits for the parent's `go` (given once no spare worker of the
+    parent's process is in its GPU warm-up; no spare starts one until `release`). The windows are
+    reported (monotonic, one clock for the host's processes) so the overlap can be checked.
+    """
+
+    def __init__(self, send: Callable[[dict], None], wait_go: Callable[[], Any] | None) -> None:
+        self.send, self.wait_go = send, wait_go
+        self.windows: dict[str, list[float]] = {}
+        self.waited_s: dict[str, float] = {}
+        self._open: str | None = None
+
+    def hold(self, what: str) -> None:
+        t0 = _mono()
+        self.send({"type": "hold", "on": True, "what": what})
+        if self.wait_go is not None:
+            self.wait_go()
+        self.waited_s[what] = round(_mono() - t0, 4)
+        self.windows[what] = [_mono()]
+        self._open = what
+
+    def release(self) -> None:
+        if self._open is None:
+            return
+        self.windows[self._open].append(_mono())
+        self._open = None
+        self.send({"type": "hold", "on": False})
+
+
+def evaluate(job: dict, send: Callable[[dict], None], wait_go: Callable[[], Any] | None = None) -> None:
+    """Run one evaluation and `send` one message per stage reached; never raises for candidate faults.
+
+    `wait_go` blocks until the parent lets a GPU-sensitive phase start (None: start at once).
+    """
+    quiet = _Quiet(send, wait_go)
+    try:
+        _evaluate(job, send, quiet)
+    finally:
+        quiet.release()
+
+
+def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
     cfg = GraderConfig.from_dict(job.get("config", {}))
     dev = _Device(cfg.device)
     rng = random.Random(job["secret"])
@@ -209,6 +252,8 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
         cached = job.get("trusted") or {}
         eager_fig, floor_fig = cached.get("eager"), cached.get("floor")
         fresh: dict[str, Any] = {}
+        if eager_fig is None or floor_fig is None:
+            quiet.hold("trusted_timing")
         if eager_fig is None:
             eager_n = cfg.eager_timed or n_timed
             e_stream = InputStream(lambda i: make(fresh_seed()), n_calls=n_warm + eager_n, max_bytes=budget)
@@ -231,6 +276,7 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
             floor_fig = fresh["floor"] = {"window_floor_us": float(floor_times[len(floor_times) // 2]),
                                           "dsl_launch_floor_us": _dsl_launch_floor(backend, dev)}
             ph.mark("floors")
+        quiet.release()
         if fresh:  # before the compile phase message: the parent caches only what arrives ahead of it
             send({"type": "trusted", **fresh})
         warm_start(dev.kind)
@@ -251,7 +297,8 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
 
     kernel_path = Path(job["kernel_path"])
     figures_common = {"trusted_s": trusted_s, "trusted_phases_s": dict(ph.s),
-                      "profiler_init_at_warm_start_s": _WARM.get("profiler_init_s")}
+                      "profiler_init_at_warm_start_s": _WARM.get("profiler_init_s"),
+                      "quiet_wait_s": dict(quiet.waited_s)}
     ph = _Phases()
     try:
         # ---------------- compile: import + first call (the JIT build) ----------------
@@ -338,6 +385,8 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
             k = i - n_warm
             return _fresh(recheck_sets[k][0]) if k in recheck_sets else make(fresh_seed())
 
+        quiet.hold("timing")
+        ph.mark("quiet_wait")
         c_stream = InputStream(_source, n_calls=n_warm + n_timed, base_seed=0, max_bytes=budget)
         ph.mark("timing_inputs")
         dev.warm_clocks(cfg.clock_warm_s)
@@ -393,6 +442,7 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
                     del p_out
                     ph.mark("profiled_calls")
         dev.sync()
+        quiet.release()
         cap = c_stream.capacity
         del c_stream, args
         ph.mark("timing_loop")
@@ -442,7 +492,8 @@ def evaluate(job: dict, send: Callable[[dict], None]) -> None:
             input_sets_alive=cap, run_phases_s=dict(ph.s),
             tail_us_median=float(sorted(tails)[len(tails) // 2]) if tails else None,
             floor_tail_us_median=float(sorted(floor_tails)[len(floor_tails) // 2]) if floor_tails else None,
-            side_work_us=left_behind,
+            side_work_us=left_behind, quiet_wait_s=dict(quiet.waited_s),
+            quiet_windows_monotonic={k: [round(x, 6) for x in v] for k, v in quiet.windows.items()},
         )
 
         # ---------------- integrity: profiled calls, then the native thread count ----------------

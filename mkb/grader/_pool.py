@@ -1,7 +1,27 @@
-"""Single-use grader workers and the pool that keeps the next one spawned, imported and CUDA-initialised."""
+"""Single-use grader workers and the pool that keeps the next one spawned, imported and CUDA-initialised.
+
+The quiet rule: a spare worker's warm start overlaps other gradings, so it is split in two. Its
+Python imports (CPU only) run at once; everything of its warm start that touches the GPU (CUDA
+init, the profiler's CUPTI init, stream calibration, any allocation) waits for a `go` from the
+parent, which `QUIET` (one coordinator per process, shared by every pool) sends only while no
+worker is in a GPU-sensitive phase: the timing loop, and the trusted phase's eager timing and
+launch floors. A worker announces such a phase with a `hold` message and waits for its own `go`,
+which comes once no spare is in its GPU warm-up (bounded by `WARM_WAIT_S` and the grading's wall
+limit) and no new spare gets `go` until it says the phase is over. Measured on the H200: with the
+spare importing and initialising CUDA beside a timing loop, per-call CVs were 10-19% and one
+kernel's median 21% slower (events/h200-grader-bench, "Caveats").
+
+Why it cannot deadlock: a spare waits only on holds, a hold waits only on warm-ups that already
+have `go` (never on a waiting spare, and a pending hold stops further `go`s, so it is not starved),
+and a warm-up waits on nothing. Every hold dies with its worker: `_run_worker` releases it in a
+`finally`, and killing / reaping a worker releases it too (crash, timeout, forged messages alike).
+A grading that takes a spare still waiting for `go` never waits on itself: it holds nothing while
+it waits for the worker to be ready, so `go` comes as soon as the others' phases end.
+"""
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -16,6 +36,105 @@ from mkb.grader._protocol import LineReader, write_msg
 from mkb.grader._session import TrustedCache
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
+# a hold waits at most this long for spares already in their GPU warm-up; a warm-up that takes
+# longer than WARM_LIMIT_S after its `go` is treated as failed (and no longer blocks holds)
+WARM_WAIT_S = 60.0
+WARM_LIMIT_S = 120.0
+
+
+class GpuQuiet:
+    """Process-wide: which workers are in a GPU-sensitive phase, which spares wait for `go`, which warm up.
+
+    State changes under one condition variable; `history` keeps (monotonic time, event, pid) for
+    tests and post-mortems.
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._holds: dict[object, str] = {}
+        self._pending = 0
+        self._waiting: list[Worker] = []
+        self._warming: set[Worker] = set()
+        self.history: collections.deque[tuple[float, str, int]] = collections.deque(maxlen=2000)
+
+    def _note(self, event: str, pid: int) -> None:
+        self.history.append((time.monotonic(), event, pid))
+
+    def busy(self) -> dict[str, object]:
+        """What is going on now (for tests and logs)."""
+        with self._cv:
+            return {"holds": dict(self._holds), "pending": self._pending, "waiting": [w.pid for w in self._waiting],
+                    "warming": sorted(w.pid for w in self._warming)}
+
+    def want_go(self, w: "Worker") -> None:
+        """`w` finished its imports: `go` now if quiet, else when the last hold ends."""
+        with self._cv:
+            if w._forgotten:
+                return
+            self._note("imported", w.pid)
+            if not self._holds and not self._pending:
+                self._go(w)
+            else:
+                self._waiting.append(w)
+
+    def _go(self, w: "Worker") -> None:
+        try:
+            w._send({"type": "go"})
+        except OSError:  # the worker is gone; its reap forgets it
+            return
+        w.go_at = time.monotonic()
+        self._warming.add(w)
+        self._note("go", w.pid)
+
+    def warmed(self, w: "Worker") -> None:
+        with self._cv:
+            if w in self._warming:
+                self._warming.discard(w)
+                self._note("warmed", w.pid)
+            self._cv.notify_all()
+
+    def hold(self, token: object, what: str, *, pid: int = 0, timeout: float = WARM_WAIT_S) -> float:
+        """Enter a GPU-sensitive phase: wait (<= `timeout`) for spares in their GPU warm-up; returns seconds waited."""
+        t0 = time.monotonic()
+        with self._cv:
+            self._pending += 1
+            try:
+                self._cv.wait_for(lambda: not self._warming, timeout=max(0.0, timeout))
+            finally:
+                self._pending -= 1
+            self._holds[token] = what
+            self._note(f"hold:{what}", pid)
+        return time.monotonic() - t0
+
+    def release(self, token: object, *, pid: int = 0) -> None:
+        """Leave the phase (idempotent); the last one out sends `go` to every waiting spare."""
+        with self._cv:
+            if self._holds.pop(token, None) is not None:
+                self._note("release", pid)
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._holds or self._pending:
+            return
+        waiting, self._waiting = self._waiting, []
+        for w in waiting:
+            if not w._forgotten:
+                self._go(w)
+        self._cv.notify_all()
+
+    def forget(self, w: "Worker") -> None:
+        """`w` is being killed: drop it from every set and release its holds."""
+        with self._cv:
+            w._forgotten = True
+            if w in self._waiting:
+                self._waiting.remove(w)
+            self._warming.discard(w)
+            if self._holds.pop(w, None) is not None:
+                self._note("release", w.pid)
+            self._wake()
+
+
+QUIET = GpuQuiet()
 
 
 class Worker:
@@ -44,26 +163,85 @@ class Worker:
         self.reader = LineReader(self._res_r)
         self.ready: dict | None = None
         self.ready_error: str | None = None
+        self.imported_at: float | None = None  # parent's monotonic clock
+        self.go_at: float | None = None
+        self._forgotten = False
+        self._reaped = False
+        self._state_lock = threading.Lock()
+        self._started = threading.Event()
+        # reads the result channel until `ready` (imports -> go -> GPU warm-up); the job's reader takes over after
+        self._watcher = threading.Thread(target=self._watch_start, name=f"mkb-start-{self.proc.pid}", daemon=True)
+        self._watcher.start()
+
+    def _send(self, msg: dict) -> None:
+        if self._forgotten:
+            raise OSError("the worker was killed")
+        write_msg(self._job_w, msg)
+
+    def send_go(self) -> None:
+        """Let a worker waiting in a `hold` go on (after `QUIET.hold`)."""
+        try:
+            self._send({"type": "go"})
+        except OSError:
+            pass
+
+    def _finish_start(self, ready: dict | None, error: str | None) -> None:
+        with self._state_lock:
+            if self.ready is None and self.ready_error is None:
+                self.ready, self.ready_error = ready, error
+        QUIET.warmed(self)
+        self._started.set()
+
+    def _watch_start(self) -> None:
+        msg = self.reader.read(time.monotonic() + 3600.0)  # imports: the limit is enforced in wait_ready
+        if isinstance(msg, dict) and msg.get("type") == "imported":
+            self.imported_at = time.monotonic()
+            QUIET.want_go(self)
+            while True:
+                if self.go_at is not None:  # the GPU warm-up runs: bounded, so that it cannot block holds for ever
+                    msg = self.reader.read(self.go_at + WARM_LIMIT_S)
+                    break
+                msg = self.reader.read(time.monotonic() + 0.5)
+                if msg != "timeout":
+                    break
+        if isinstance(msg, dict) and msg.get("type") == "ready":
+            self._finish_start(msg, None)
+            return
+        if msg == "timeout" and self.proc.poll() is None:
+            try:  # a GPU warm-up that hangs: kill it (reaped by whoever owns it) so it blocks nobody
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        err = msg.get("log", "") if isinstance(msg, dict) else f"worker start: {msg}"
+        self._finish_start(None, err + "\n" + self.log_text())
+
+    def quiet_wait_s(self) -> float:
+        """Seconds this worker spent (so far) waiting for `go` after its imports."""
+        if self.imported_at is None:
+            return 0.0
+        return (self.go_at if self.go_at is not None else time.monotonic()) - self.imported_at
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def wait_ready(self, limit_s: float) -> bool:
-        """Block until the warm start finished (True) or failed / ran past `limit_s` (False, ready_error set)."""
-        if self.ready is not None:
-            return True
-        if self.ready_error is not None:
-            return False
-        msg = self.reader.read(self.spawned_at + limit_s)
-        if isinstance(msg, dict) and msg.get("type") == "ready":
-            self.ready = msg
-            return True
-        self.ready_error = (msg.get("log", "") if isinstance(msg, dict) else f"worker start: {msg}") + "\n" + self.log_text()
-        return False
+        """Block until the warm start finished (True) or failed / ran past `limit_s` (False, ready_error set).
+
+        Time spent waiting for `go` (others were timing) does not count against `limit_s`.
+        """
+        while not self._started.is_set():
+            left = self.spawned_at + limit_s + self.quiet_wait_s() - time.monotonic()
+            if left <= 0 and (self.imported_at is None or self.go_at is not None):
+                with self._state_lock:
+                    if self.ready is None and self.ready_error is None:
+                        self.ready_error = f"worker start: timeout after {limit_s:.0f} s\n" + self.log_text()
+                break
+            self._started.wait(min(max(left, 0.05), 0.5))
+        return self.ready is not None and self.ready_error is None
 
     def send_job(self, job: dict) -> None:
-        write_msg(self._job_w, job)
+        self._send(job)
 
     def log_text(self, limit: int = 2_000_000) -> str:
         try:
@@ -82,6 +260,7 @@ class Worker:
         `wait=False` reaps in the background: tearing down a large CUDA context takes a while, and the
         verdict of a worker that finished its job does not depend on how it ends.
         """
+        QUIET.forget(self)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -92,11 +271,18 @@ class Worker:
         return self._reap()
 
     def _reap(self) -> int | None:
+        with self._state_lock:
+            if self._reaped:
+                return self.proc.returncode
+            self._reaped = True
         try:
             rc = self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             rc = None
-        for fd in (self._job_w, self._res_r):
+        if self._watcher is not threading.current_thread():
+            self._watcher.join(10)
+        fds = (self._job_w, self._res_r) if not self._watcher.is_alive() else (self._job_w,)
+        for fd in fds:
             try:
                 os.close(fd)
             except OSError:
@@ -114,8 +300,9 @@ class WorkerPool:
     """Keeps one warm worker per DSL spawned ahead of need; `take` hands it out and spawns its successor.
 
     A worker's warm start (torch + the DSL's imports + CUDA init, 8-10 s cold on the H200 host)
-    overlaps the previous evaluation, so a queue of gradings pays it once. Workers are single-use:
-    whatever a candidate did to its process dies with it.
+    overlaps the previous evaluation, so a queue of gradings pays it once; its GPU part waits for
+    quiet (`QUIET`, the module docstring's rule), so it never runs beside a timing loop. Workers are
+    single-use: whatever a candidate did to its process dies with it.
     """
 
     def __init__(self, dsls: tuple[str, ...] = ("cute", "tirx"), *, device: str = "cuda", prestart: bool = True,

@@ -1,5 +1,10 @@
 """Entry point of a single-use grader worker: warm start (torch, the DSL, CUDA), then one job, then exit.
 
+The warm start has two halves: the imports (CPU only) run at once and end with an `imported`
+message; the GPU half (CUDA init, profiler init, stream calibration) starts only when the parent
+sends `go` on the job pipe, which it does while no other worker of this process is timing (the
+quiet rule, mkb.grader._pool). The job's own GPU-sensitive phases send `hold` and wait for `go` too.
+
 Started by `WorkerPool` with subprocess (fork+exec of a fresh interpreter, never a fork of a process
 that imported tvm, which poisons CUDA in forked children), in its own process group so a hang is
 killed with everything it started. It imports only torch, the DSL's `import_modules`, mkb.measure and
@@ -15,16 +20,14 @@ import time
 import traceback
 
 
-def _read_job(fd: int) -> dict:
-    import json
-
-    buf = b""
-    while b"\n" not in buf:
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            raise EOFError("the parent closed the job pipe before sending a job")
-        buf += chunk
-    return json.loads(buf.split(b"\n", 1)[0])
+def _read_msg(jobs, want: str | None = None) -> dict:
+    """The next message from the parent (of type `want`, others skipped); EOFError when the parent is gone."""
+    while True:
+        msg = jobs.read(time.monotonic() + 86400.0)
+        if msg == "eof":
+            raise EOFError("the parent closed the job pipe")
+        if isinstance(msg, dict) and (want is None or msg.get("type") == want):
+            return msg
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,8 +39,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--backend", default=None, help="module:Class of the backend (default: the registry's entry for --dsl)")
     a = ap.parse_args(argv)
 
-    from mkb.grader._protocol import write_msg
+    from mkb.grader._protocol import LineReader, write_msg
 
+    jobs = LineReader(a.job_fd)
     t0 = time.perf_counter()
     try:
         import importlib
@@ -51,6 +55,12 @@ def main(argv: list[str] | None = None) -> None:
             importlib.import_module(name)
         import mkb.grader._harness as harness
 
+        # CPU work is done; the GPU half waits until no other worker of the parent's process is timing
+        import_s = time.perf_counter() - t0
+        write_msg(a.result_fd, {"type": "imported", "import_s": import_s, "imported_at": time.monotonic()})
+        t_wait = time.monotonic()
+        _read_msg(jobs, "go")
+        gpu_warm_started = time.monotonic()
         harness.warm_start(a.device)  # profiler (CUPTI) init and stream calibration, off the job's clock
 
         gpu = "cpu"
@@ -59,13 +69,21 @@ def main(argv: list[str] | None = None) -> None:
             torch.empty(1, device="cuda").fill_(0)
             torch.cuda.synchronize()
             gpu = torch.cuda.get_device_name()
+        gpu_warm_done = time.monotonic()
     except BaseException:  # noqa: BLE001
         write_msg(a.result_fd, {"type": "start_failed", "log": traceback.format_exc()[-20000:]})
         os._exit(3)
+    # monotonic stamps: CLOCK_MONOTONIC is one clock for every process of the host, so the parent and
+    # tests can line them up with other workers' phases
     write_msg(a.result_fd, {"type": "ready", "pid": os.getpid(), "start_s": time.perf_counter() - t0, "gpu": gpu,
-                            "torch": torch.__version__, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")})
+                            "torch": torch.__version__, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                            "import_s": import_s, "quiet_wait_s": gpu_warm_started - t_wait,
+                            "gpu_warm_started": gpu_warm_started, "gpu_warm_done": gpu_warm_done})
 
-    job = _read_job(a.job_fd)
+    try:
+        job = _read_msg(jobs, "job")
+    except EOFError:
+        os._exit(3)
     nonce = job.pop("nonce")
     fd = a.result_fd
 
@@ -73,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         write_msg(fd, {**msg, "nonce": nonce})
 
     try:
-        harness.evaluate(job, send)
+        harness.evaluate(job, send, wait_go=lambda: _read_msg(jobs, "go"))
     except BaseException:  # noqa: BLE001 - a harness bug: reported, the parent classifies it
         send({"type": "harness_error", "log": traceback.format_exc()[-20000:]})
     send({"type": "done"})

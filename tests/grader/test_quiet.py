@@ -1,0 +1,193 @@
+"""The quiet rule: a spare worker's GPU warm-up never runs while another worker of the process is timing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from mkb.grader import GraderConfig, WorkerPool, grade
+from mkb.grader._pool import QUIET, Worker
+
+# calls 1..4 are the compile call and the 3 verification draws of the quick config; call 5 is the first timed call
+_SLOW_IN_TIMING = '''import time
+import torch
+
+_calls = [0]
+
+
+def solve(x, residual, weight):
+    _calls[0] += 1
+    if _calls[0] == 5:
+        time.sleep({sleep})
+    s = x.float() + residual.float()
+    return (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(x.dtype)
+'''
+
+_DIES_IN_TIMING = '''import logging
+import time
+
+import torch
+
+_calls = [0]
+
+
+def solve(x, residual, weight):
+    _calls[0] += 1
+    if _calls[0] == 5:
+        {action}
+    s = x.float() + residual.float()
+    return (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(x.dtype)
+'''
+
+
+@pytest.fixture(autouse=True)
+def _no_hold_left_behind():
+    yield
+    busy = QUIET.busy()
+    assert not busy["holds"] and not busy["pending"], busy
+
+
+def _events(pid: int) -> list[tuple[float, str]]:
+    return [(t, e) for t, e, p in list(QUIET.history) if p == pid]
+
+
+def _refill_once_timing_holds(pool: WorkerPool) -> threading.Thread:
+    """Spawn the spare only once a worker holds for its timing loop, so its imports end inside that phase."""
+
+    def run() -> None:
+        deadline = time.monotonic() + 60
+        while "timing" not in QUIET.busy()["holds"].values() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pool.refill()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_spare_gpu_warm_up_waits_for_the_hold_and_starts_after_it(fake_dsl):
+    token = object()
+    QUIET.hold(token, "timing")
+    w = Worker(fake_dsl, device="cpu")
+    try:
+        deadline = time.monotonic() + 60
+        while w.imported_at is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert w.imported_at is not None, w.log_text()
+        time.sleep(1.0)
+        assert w.go_at is None and w.ready is None  # imported, but no GPU warm-up while the hold lasts
+        assert w.pid in QUIET.busy()["waiting"]
+        released = time.monotonic()
+        QUIET.release(token)
+        assert w.wait_ready(60), w.ready_error
+        assert w.ready["gpu_warm_started"] >= released
+        assert w.ready["quiet_wait_s"] >= 0.9
+    finally:
+        QUIET.release(token)
+        w.kill()
+        w.cleanup()
+
+
+def test_start_limit_does_not_count_the_wait_for_quiet(fake_dsl):
+    token = object()
+    QUIET.hold(token, "timing")
+    w = Worker(fake_dsl, device="cpu")
+    try:
+        while w.imported_at is None:
+            time.sleep(0.05)
+        waited_from = time.monotonic()
+        time.sleep(max(0.0, w.spawned_at + 3.0 - waited_from) + 1.0)  # past a 3 s start limit while held
+        QUIET.release(token)
+        assert w.wait_ready(w.imported_at - w.spawned_at + 2.5), w.ready_error
+    finally:
+        QUIET.release(token)
+        w.kill()
+        w.cleanup()
+
+
+def test_spare_warm_up_starts_only_after_the_grading_workers_timing_phase(tmp_path, fake_dsl, cpu_config, store):
+    k = tmp_path / "kernel.py"
+    k.write_text(_SLOW_IN_TIMING.format(sleep=8))
+    with WorkerPool((fake_dsl,), device="cpu", refill_on_take=False) as pool:
+        pool.wait_warm(60)
+        spawner = _refill_once_timing_holds(pool)
+        v = grade(28, fake_dsl, k, store=store, config=cpu_config, pool=pool)
+        spawner.join(60)
+        assert v.passed, v.message
+        windows = v.stage("timing").figures["quiet_windows_monotonic"]
+        t_begin, t_end = windows["timing"]
+        assert t_end - t_begin >= 8
+        assert "trusted_timing" in windows  # the trusted phase's eager timing is a hold as well
+        spare = pool.take(fake_dsl)
+        assert spare.wait_ready(60), spare.ready_error
+        assert t_begin < spare.imported_at < t_end, "the spare did not finish importing inside the timing phase"
+        assert spare.ready["gpu_warm_started"] >= t_end  # it waited, and started once the phase was over
+        assert spare.ready["gpu_warm_started"] - t_end < 5
+        assert spare.ready["quiet_wait_s"] > 0
+        spare.kill()
+        spare.cleanup()
+
+
+def test_a_spare_already_warming_delays_the_timing_phase_instead_of_overlapping_it(tmp_path, fake_dsl, cpu_config, store):
+    # whatever the interleaving, a spare's GPU warm-up and a worker's timing loop never overlap
+    k = tmp_path / "kernel.py"
+    k.write_text(_SLOW_IN_TIMING.format(sleep=0))
+    with WorkerPool((fake_dsl,), device="cpu") as pool:
+        pool.wait_warm(60)
+        for _ in range(2):
+            v = grade(28, fake_dsl, k, store=store, config=cpu_config, pool=pool)
+            assert v.passed, v.message
+            spare = pool._ready[fake_dsl][0]
+            assert spare.wait_ready(60), spare.ready_error
+            for t_begin, t_end in v.stage("timing").figures["quiet_windows_monotonic"].values():
+                assert spare.ready["gpu_warm_done"] <= t_begin or spare.ready["gpu_warm_started"] >= t_end
+
+
+@pytest.mark.parametrize("action,reason", [("time.sleep(1000)", "timeout"), ("logging.os.kill(logging.os.getpid(), 9)", "crash")])
+def test_a_worker_that_dies_or_times_out_while_timing_releases_its_hold(tmp_path, fake_dsl_runtime, cpu_config, store,
+                                                                         action, reason):
+    k = tmp_path / "kernel.py"
+    k.write_text(_DIES_IN_TIMING.format(action=action))
+    cfg = GraderConfig.from_dict({**cpu_config.as_dict(), "wall_limit_s": 10})
+    with WorkerPool((fake_dsl_runtime,), device="cpu", refill_on_take=False) as pool:
+        pool.wait_warm(60)
+        graded_pid = pool.warm()[fake_dsl_runtime]
+        spawner = _refill_once_timing_holds(pool)
+        v = grade(28, fake_dsl_runtime, k, store=store, config=cfg, pool=pool)
+        spawner.join(60)
+        assert v.reason == reason, v.message
+        assert not QUIET.busy()["holds"]
+        events = _events(graded_pid)
+        held = [t for t, e in events if e == "hold:timing"]
+        released = [t for t, e in events if e == "release"]
+        assert held and released and released[-1] >= held[-1]
+        spare = pool.take(fake_dsl_runtime)
+        assert spare.wait_ready(60), spare.ready_error  # not stuck behind a hold of a dead worker
+        assert spare.ready["gpu_warm_started"] >= released[-1]
+        if reason == "timeout":  # spawned when the hold began, imported while the killed worker still held it
+            assert held[-1] <= spare.imported_at < released[-1]
+        spare.kill()
+        spare.cleanup()
+
+
+def test_killing_a_worker_that_holds_releases_the_hold_and_lets_waiting_spares_go(fake_dsl):
+    holder = Worker(fake_dsl, device="cpu")
+    spare = None
+    try:
+        assert holder.wait_ready(60), holder.ready_error
+        QUIET.hold(holder, "timing", pid=holder.pid)
+        spare = Worker(fake_dsl, device="cpu")
+        while spare.imported_at is None:
+            time.sleep(0.05)
+        assert spare.go_at is None
+        holder.kill()
+        assert not QUIET.busy()["holds"]
+        assert spare.wait_ready(60), spare.ready_error
+    finally:
+        holder.kill()
+        holder.cleanup()
+        if spare is not None:
+            spare.kill()
+            spare.cleanup()
