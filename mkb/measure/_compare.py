@@ -75,6 +75,9 @@ class Expected:
     # per entry, max|anchor| over the finite entries the error was measured on (for a topk output: its
     # scores); ref_error and tolerance of a topk output are in score units, as its OutputCheck reports
     anchor_scale: tuple[float | None, ...] = ()
+    # mutated input name -> index of the same-named output whose mode has no per-element float rule
+    # (quantized, topk): the updated input must be bitwise the candidate's own (checked) output
+    same_as_output: dict = field(default_factory=dict)
 
     def fp64_gap(self) -> dict[str, float]:
         """Per-output max|reference - anchor| / max|anchor| over finite entries (0 where the anchor is all zero).
@@ -158,6 +161,14 @@ def expect(module: ModuleType, inputs: Sequence[Any], *, anchor: bool = True) ->
         "exact" if m == "allclose" and isinstance(v, torch.Tensor) and not v.is_floating_point() else m
         for m, v in zip(modes, values)
     ]
+    # A cache updated in place and also returned under its own name (e.g. an fp8 cache compared as
+    # `quantized`) must not fall back to a loose float tolerance on its in-place copy.
+    out_names = [o.name for o in meta.outputs]
+    same_as_output = {}
+    for j, n in enumerate(meta.mutates):
+        if n in out_names and meta.outputs[out_names.index(n)].compare in ("quantized", "topk"):
+            same_as_output[n] = out_names.index(n)
+            modes[len(outs) + j] = "same_as_output"
     anchors: list[torch.Tensor | None] = [None] * len(values)
     errs: list[float | None] = [None] * len(values)
     tols: list[float | None] = [None] * len(values)
@@ -190,7 +201,7 @@ def expect(module: ModuleType, inputs: Sequence[Any], *, anchor: bool = True) ->
                 v64 = pre(*(to_fp64(x) for x in inputs)).to(torch.float64)
                 errs[k], scales[k], _ = _anchored(v, v64)
     return Expected(tuple(names), tuple(modes), tuple(values), tuple(anchors), tuple(errs), tuple(tols),
-                    len(outs), tuple(meta.mutates), topk, dequant, tuple(scales))
+                    len(outs), tuple(meta.mutates), topk, dequant, tuple(scales), same_as_output)
 
 
 def _structure(name: str, cand: Any, ref: Any) -> OutputCheck | None:
@@ -328,6 +339,12 @@ def compare(expected: Expected, outputs: Any, *, inputs_after: Sequence[Any] | N
                 check = _allclose(name, cand, expected.anchor[k], expected.tolerance[k])
             elif mode == "exact":
                 check = _exact(name, cand, ref)
+            elif mode == "same_as_output":
+                own = outs[expected.same_as_output[name.removeprefix("input ")]]
+                same = isinstance(own, torch.Tensor) and own.shape == cand.shape and own.dtype == cand.dtype \
+                    and torch.equal(own.view(torch.uint8) if own.element_size() == 1 else own, cand.view(torch.uint8) if cand.element_size() == 1 else cand)
+                check = OutputCheck(name, same, None if same else Reason.WRONG_OUTPUT,
+                                    "" if same else "the input updated in place differs from the returned output of the same name")
             elif mode == "topk":
                 dim, scores, stol = expected.topk[name]
                 check = _topk(name, cand, ref, dim, scores, stol)

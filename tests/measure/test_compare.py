@@ -310,3 +310,28 @@ def test_quantized_gap_is_that_of_the_values_before_quantisation_when_the_proble
     assert exp.tolerance[0] is None  # the quantized rule keeps its own one-quantum tolerance
     q, s = m.reference(x)
     assert compare(exp, (q, s)).ok
+
+
+def test_a_quantized_cache_updated_in_place_must_equal_the_returned_cache_bitwise():
+    """Problem 21's fp8 caches are outputs (compared `quantized`) and inputs updated in place; the in-place
+    copy must not be held only to a loose float tolerance: it must be the candidate's own checked output."""
+    from mkb.measure import compare, expect
+    from mkb.problems._loader import get_problem
+
+    p = get_problem("21")
+    inputs = p.make_inputs(0, device="cpu", size="smoke")
+    exp = expect(p.module, inputs)
+    names = list(p.meta.inputs)
+    good_inputs = [t.clone() if hasattr(t, "clone") else t for t in inputs]
+    outs = p.module.reference(*good_inputs)
+    assert compare(exp, outs, inputs_after=good_inputs, input_names=names).ok
+    k = names.index("k_cache")
+    bad_inputs = list(good_inputs)
+    bad = good_inputs[k].clone()
+    flat = bad.view(-1).view(torch.uint8)
+    nz = flat.nonzero()[:8, 0]
+    flat[nz] = flat[nz] ^ 1  # one quantum off in a few codes of the in-place copy only
+    bad_inputs[k] = bad
+    verdict = compare(exp, outs, inputs_after=bad_inputs, input_names=names)
+    assert not verdict.ok and verdict.reason == "wrong_output"
+    assert "input k_cache" in verdict.message
