@@ -79,7 +79,7 @@ class Problem:
         return inspect.getdoc(self.module) or ""
 
 
-def _shared_helpers(problem_file: Path) -> list[Path]:
+def shared_helpers(problem_file: Path) -> list[Path]:
     """The mkb.problems helper modules (paged, quant, routing, ...) a problem.py imports.
 
     They define part of the problem's semantics (encodings, page tables, routing), so they belong
@@ -118,7 +118,7 @@ def problem_hash(problem_dir: Path) -> str:
         h.update(rel.encode() + b"\0")
         h.update(f.read_bytes())
         h.update(b"\0")
-    for helper in _shared_helpers(problem_dir / "problem.py"):
+    for helper in shared_helpers(problem_dir / "problem.py"):
         h.update(f"mkb/problems/{helper.name}".encode() + b"\0")
         h.update(helper.read_bytes())
         h.update(b"\0")

@@ -16,7 +16,7 @@ import torch
 from mkb.dsl import dsl_names, get_backend
 from mkb.measure import speed_of_light
 from mkb.problems._catalog import describe_inputs, format_shape, si
-from mkb.problems._loader import Problem
+from mkb.problems._loader import Problem, shared_helpers
 
 DSL_BEGIN = "<!-- mkb:dsl-section:begin -->"
 DSL_END = "<!-- mkb:dsl-section:end -->"
@@ -92,6 +92,8 @@ def common_statement(problem: Problem) -> str:
     lines = [f"# Problem {m.number:02d}: {m.name}", "", problem.docstring.strip(), ""]
     lines += ["## The problem module (problem.py: `reference` is the specification)", "```python",
               problem.path.read_text().rstrip(), "```", ""]
+    for helper in shared_helpers(problem.path):  # part of the specification too (encodings, page tables, routing)
+        lines += [f"## Imported by problem.py: mkb/problems/{helper.name}", "```python", helper.read_text().rstrip(), "```", ""]
     lines += ["## Inputs at full size (what the grader uses)"]
     lines += [f"- {format_shape(s)}" for s in describe_inputs(problem, size="full")]
     lines += ["", "## Outputs"]

@@ -106,12 +106,12 @@ def test_hash_covers_the_shared_helper_modules_a_problem_imports(tmp_path, monke
 
     f = _write(tmp_path, "mlp_norm/27_tiny", "from mkb.problems.quant import compute_dtype\n" + GOOD)
     plain = _write(tmp_path, "mlp_norm/28_plain", GOOD.replace("number=27", "number=28"))
-    helpers = [p.name for p in _loader._shared_helpers(f)]
+    helpers = [p.name for p in _loader.shared_helpers(f)]
     assert helpers == ["quant.py"]
-    assert _loader._shared_helpers(plain) == []
+    assert _loader.shared_helpers(plain) == []
     h0, h_plain = problem_hash(f.parent), problem_hash(plain.parent)
     fake = tmp_path / "quant.py"
     fake.write_text("# a changed encoding\n")
-    monkeypatch.setattr(_loader, "_shared_helpers", lambda pf: [fake] if "quant" in pf.read_text() else [])
+    monkeypatch.setattr(_loader, "shared_helpers", lambda pf: [fake] if "quant" in pf.read_text() else [])
     assert problem_hash(f.parent) != h0  # the helper's bytes are part of the identity
     assert problem_hash(plain.parent) == h_plain

@@ -44,3 +44,14 @@ def test_each_dsl_has_its_own_section():
     if any("placeholder" in s.lower() for s in sections.values()):
         pytest.skip("a backend's prompt_section() is still a placeholder")
     assert len(set(sections.values())) == len(sections)
+
+
+def test_the_statement_includes_the_shared_helpers_the_problem_imports():
+    """An fp8 problem's numerics live partly in mkb/problems/quant.py: the agent must see that source too."""
+    from mkb.problems._loader import get_problem
+    from mkb.problems._prompts import common_statement
+
+    text = common_statement(get_problem("52"))
+    assert "## Imported by problem.py: mkb/problems/quant.py" in text
+    assert "def fp8_quantize" in text
+    assert "Imported by problem.py" not in common_statement(get_problem("29"))
