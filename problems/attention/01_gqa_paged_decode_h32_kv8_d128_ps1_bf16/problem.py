@@ -27,115 +27,42 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
 from mkb.problems import Output, ProblemMeta
-from mkb.problems.paged import draw_lengths, page_table, structure_rng
+from mkb.problems.gqa import (
+    decode_cost,
+    decode_eager,
+    decode_inputs,
+    decode_reference,
+    decode_structure,
+)
+from mkb.problems.paged import PageTable, structure_rng
 
+NUMBER = 1
 NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 32, 8, 128, 1
 SM_SCALE = 1.0 / math.sqrt(HEAD_DIM)
 _SIZES = {"full": (64, 128, 8192), "smoke": (3, 5, 40)}  # batch, min kv_len, max kv_len
 
 
-def _structure(size: str):
-    batch, lo, hi = _SIZES[size]
-    rng = structure_rng(1, size)
-    return page_table(rng, draw_lengths(rng, batch, lo, hi), PAGE_SIZE)
+def _structure(size: str) -> PageTable:
+    return decode_structure(structure_rng(NUMBER, size), _SIZES[size], PAGE_SIZE)
 
 
 def reference(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len):
-    dt = torch.promote_types(q.dtype, torch.float32)
-    batch, num_heads, head_dim = q.shape
-    _, page_size, kv_heads, _ = k_cache.shape
-    group = num_heads // kv_heads
-    n_pages = (kv_indptr[1:] - kv_indptr[:-1]).long()
-    kv_len = (n_pages - 1) * page_size + kv_last_page_len.long()
-    max_len = int(kv_len.max())
-    t = torch.arange(max_len, device=q.device)
-    valid = t[None, :] < kv_len[:, None]  # [batch, max_len]
-    page_pos = (kv_indptr[:-1].long()[:, None] + t[None, :] // page_size).clamp(max=kv_indices.numel() - 1)
-    slot = torch.where(valid, kv_indices.long()[page_pos] * page_size + t % page_size, 0)
-    k = k_cache.reshape(-1, kv_heads, head_dim)[slot].to(dt)  # [batch, max_len, kv_heads, head_dim]
-    v = v_cache.reshape(-1, kv_heads, head_dim)[slot].to(dt)
-    qg = q.to(dt).view(batch, kv_heads, group, head_dim)
-    s = torch.einsum("bhgd,blhd->bhgl", qg, k) * SM_SCALE
-    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None])
-    out = torch.einsum("bhgl,blhd->bhgd", p, v).reshape(batch, num_heads, head_dim)
-    return out.to(q.dtype), (lse / math.log(2.0)).reshape(batch, num_heads)
-
-
-def _scores_f32(a, b):
-    """a @ b^T for bf16 batches [n, m, d] x [n, k, d] -> float32 [n, m, k] with fp32 accumulation.
-
-    The lse output is float32 and judged at fp32 precision, so scores rounded to bf16 would not do.
-    On CUDA this is one tensor-core GEMM with an fp32 result (bmm's out_dtype); CPU bmm has no
-    out_dtype, so the operands are upcast there (the products of bf16 values are exact either way).
-    """
-    if a.is_cuda:
-        return torch.bmm(a, b.transpose(1, 2), out_dtype=torch.float32)
-    return torch.bmm(a.float(), b.float().transpose(1, 2))
+    return decode_reference(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale=SM_SCALE)
 
 
 def eager(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len):
-    """The eager baseline: bf16 SDPA over a padded batch gathered page by page; lse from fp32 scores.
-
-    Each group of query heads sharing a kv head is one SDPA "sequence" of `group` query rows (no mask
-    between a decode query and its cache), so no GQA expansion is needed; a boolean mask hides the
-    padding past each sequence's kv_len.
-    """
-    batch, num_heads, head_dim = q.shape
-    _, page_size, kv_heads, _ = k_cache.shape
-    group = num_heads // kv_heads
-    n_pages = (kv_indptr[1:] - kv_indptr[:-1]).long()
-    kv_len = (n_pages - 1) * page_size + kv_last_page_len.long()
-    max_pages = int(n_pages.max())
-    max_len = max_pages * page_size
-    pos = kv_indptr[:-1].long()[:, None] + torch.arange(max_pages, device=q.device)
-    pages = kv_indices.long()[pos.clamp(max=kv_indices.numel() - 1)]  # [batch, max_pages]
-    # [batch, max_pages, page_size, kv_heads, head_dim] -> [batch, kv_heads, max_len, head_dim]
-    k = k_cache[pages].permute(0, 3, 1, 2, 4).reshape(batch, kv_heads, max_len, head_dim)
-    v = v_cache[pages].permute(0, 3, 1, 2, 4).reshape(batch, kv_heads, max_len, head_dim)
-    valid = (torch.arange(max_len, device=q.device) < kv_len[:, None])[:, None, None, :]
-    qg = q.view(batch, kv_heads, group, head_dim)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=valid, scale=SM_SCALE)
-    s = _scores_f32(qg.reshape(batch * kv_heads, group, head_dim), k.reshape(batch * kv_heads, max_len, head_dim))
-    s = s.view(batch, kv_heads, group, max_len).mul_(SM_SCALE).masked_fill_(~valid, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1).reshape(batch, num_heads)
-    return out.reshape(batch, num_heads, head_dim), lse / math.log(2.0)
+    """The eager baseline: bf16 SDPA over a padded batch gathered page by page (see `decode_eager`)."""
+    return decode_eager(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale=SM_SCALE)
 
 
 def make_inputs(seed: int, *, device, size: str = "full"):
-    pt = _structure(size)
-    g = torch.Generator(device=device).manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
-
-    q = randn(pt.batch, NUM_QO_HEADS, HEAD_DIM)
-    k_cache = randn(pt.num_pages, PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    v_cache = randn(pt.num_pages, PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM)
-
-    def i32(x):
-        return torch.tensor(x, dtype=torch.int32, device=device)
-
-    return q, k_cache, v_cache, i32(pt.indptr), i32(pt.indices), i32(pt.last_page_len)
+    return decode_inputs(seed, _structure(size), device=device, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM)
 
 
-def _cost():
-    pt = _structure("full")
-    tokens = sum(pt.kv_lens)
-    flops = 4.0 * NUM_QO_HEADS * HEAD_DIM * tokens
-    kv_bytes = 2 * 2 * tokens * NUM_KV_HEADS * HEAD_DIM
-    qo_bytes = 2 * 2 * pt.batch * NUM_QO_HEADS * HEAD_DIM + 4 * pt.batch * NUM_QO_HEADS
-    idx_bytes = 4 * (len(pt.indptr) + len(pt.indices) + pt.batch)
-    return flops, float(kv_bytes + qo_bytes + idx_bytes), tokens
-
-
-_FLOPS, _BYTES, _TOKENS = _cost()
+_PT = _structure("full")
+_FLOPS, _BYTES = decode_cost(_PT, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM)
+_TOKENS = sum(_PT.kv_lens)
 
 META = ProblemMeta(
     number=1,

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import math
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
-
 from mkb.problems import Output, ProblemMeta
-from mkb.problems.paged import cu_seqlens, draw_lengths, structure_rng
+from mkb.problems.gqa import (
+    prefill_cost,
+    prefill_lengths,
+    ragged_prefill_eager,
+    ragged_prefill_inputs,
+    ragged_prefill_reference,
+)
+from mkb.problems.paged import structure_rng
 
 NUMBER = 8
 NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM = 16, 2, 128
@@ -40,109 +43,25 @@ _SIZES = {"full": (8, (256, 4096), (64, 4096)), "smoke": (3, (3, 12), (2, 20))}
 
 
 def _structure(size: str):
-    batch, (qlo, qhi), (plo, phi) = _SIZES[size]
-    rng = structure_rng(NUMBER, size)
-    qo_lens = draw_lengths(rng, batch, qlo, qhi)
-    prefix = draw_lengths(rng, batch, plo, phi)
-    prefix[0] = 0  # one plain prefill (no prefix)
-    return qo_lens, [p + q for p, q in zip(prefix, qo_lens)]
+    return prefill_lengths(structure_rng(NUMBER, size), _SIZES[size])
 
 
 def reference(q, k, v, qo_indptr, kv_indptr):
-    dt = torch.promote_types(q.dtype, torch.float32)
-    _, num_heads, head_dim = q.shape
-    kv_heads = k.shape[1]
-    group = num_heads // kv_heads
-    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
-    out = torch.empty(q.shape, dtype=dt, device=q.device)
-    lse = torch.empty(q.shape[:2], dtype=dt, device=q.device)
-    for b in range(len(qo) - 1):
-        qb = q[qo[b] : qo[b + 1]].to(dt)
-        kb, vb = k[kvp[b] : kvp[b + 1]].to(dt), v[kvp[b] : kvp[b + 1]].to(dt)
-        q_len, kv_len = qb.shape[0], kb.shape[0]
-        s = torch.einsum("qhgd,khd->hgqk", qb.view(q_len, kv_heads, group, head_dim), kb) * SM_SCALE
-        i = torch.arange(q_len, device=q.device)[:, None]
-        t = torch.arange(kv_len, device=q.device)[None, :]
-        s = s.masked_fill(t > i + (kv_len - q_len), float("-inf"))
-        m = torch.logsumexp(s, dim=-1)  # [kv_heads, group, q_len]
-        p = torch.exp(s - m[..., None])
-        ob = torch.einsum("hgqk,khd->qhgd", p, vb)
-        out[qo[b] : qo[b + 1]] = ob.reshape(q_len, num_heads, head_dim)
-        lse[qo[b] : qo[b + 1]] = m.reshape(num_heads, q_len).T
-    return out.to(q.dtype), lse / math.log(2.0)
-
-
-def _scores_f32(a, b):
-    """a @ b^T for bf16 batches [n, m, d] x [n, k, d] -> float32 [n, m, k] with fp32 accumulation.
-
-    The lse output is float32 and judged at fp32 precision, so scores rounded to bf16 would not do.
-    On CUDA this is one tensor-core GEMM with an fp32 result (bmm's out_dtype); CPU bmm has no
-    out_dtype, so the operands are upcast there (the products of bf16 values are exact either way).
-    """
-    if a.is_cuda:
-        return torch.bmm(a, b.transpose(1, 2), out_dtype=torch.float32)
-    return torch.bmm(a.float(), b.float().transpose(1, 2))
-
-
-def _causal_lse(qb, kb, scale):
-    """Base-2 lse of one sequence's bottom-right causal scores: qb [H, q_len, D], kb [kv_heads, kv_len, D] -> [q_len, H]."""
-    num_heads, q_len, head_dim = qb.shape
-    kv_heads, kv_len, _ = kb.shape
-    s = _scores_f32(qb.reshape(kv_heads, num_heads // kv_heads * q_len, head_dim), kb)
-    s = s.view(num_heads, q_len, kv_len).mul_(scale)
-    i = torch.arange(q_len, device=qb.device)[:, None]
-    t = torch.arange(kv_len, device=qb.device)[None, :]
-    s.masked_fill_(t > i + (kv_len - q_len), float("-inf"))
-    return torch.logsumexp(s, dim=-1).T / math.log(2.0)
+    return ragged_prefill_reference(q, k, v, qo_indptr, kv_indptr, sm_scale=SM_SCALE)
 
 
 def eager(q, k, v, qo_indptr, kv_indptr):
-    """The eager baseline: per sequence (a batch of a few), bf16 SDPA on its ragged slices.
-
-    The bottom-right causal mask is torch's `causal_lower_right` bias (flash or memory-efficient
-    attention on the GPU, GQA native); lse comes from fp32 scores on the side.
-    """
-    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
-    out = torch.empty((*q.shape[:2], v.shape[-1]), dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    for b in range(len(qo) - 1):
-        qb = q[qo[b] : qo[b + 1]].transpose(0, 1)  # [H, q_len, D]
-        kb, vb = k[kvp[b] : kvp[b + 1]].transpose(0, 1), v[kvp[b] : kvp[b + 1]].transpose(0, 1)
-        mask = causal_lower_right(qb.shape[1], kb.shape[1])
-        ob = F.scaled_dot_product_attention(qb[None], kb[None], vb[None], attn_mask=mask, scale=SM_SCALE,
-                                            enable_gqa=kb.shape[0] != qb.shape[0])
-        out[qo[b] : qo[b + 1]] = ob[0].transpose(0, 1)
-        lse[qo[b] : qo[b + 1]] = _causal_lse(qb, kb, SM_SCALE)
-    return out, lse
+    """The eager baseline: per sequence, bf16 SDPA on its ragged slices (see `ragged_prefill_eager`)."""
+    return ragged_prefill_eager(q, k, v, qo_indptr, kv_indptr, sm_scale=SM_SCALE)
 
 
 def make_inputs(seed: int, *, device, size: str = "full"):
     qo_lens, kv_lens = _structure(size)
-    g = torch.Generator(device=device).manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
-
-    q = randn(sum(qo_lens), NUM_QO_HEADS, HEAD_DIM)
-    k = randn(sum(kv_lens), NUM_KV_HEADS, HEAD_DIM)
-    v = randn(sum(kv_lens), NUM_KV_HEADS, HEAD_DIM)
-
-    def i32(x):
-        return torch.tensor(x, dtype=torch.int32, device=device)
-
-    return q, k, v, i32(cu_seqlens(qo_lens)), i32(cu_seqlens(kv_lens))
+    return ragged_prefill_inputs(seed, qo_lens, kv_lens, device=device, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM)
 
 
-def _cost():
-    qo_lens, kv_lens = _structure("full")
-    pairs = sum(q * (kv - q) + q * (q + 1) // 2 for q, kv in zip(qo_lens, kv_lens))
-    flops = 4.0 * NUM_QO_HEADS * HEAD_DIM * pairs
-    kv_bytes = 2 * 2 * sum(kv_lens) * NUM_KV_HEADS * HEAD_DIM
-    qo_bytes = sum(qo_lens) * NUM_QO_HEADS * (2 * 2 * HEAD_DIM + 4)
-    return flops, float(kv_bytes + qo_bytes + 8 * (len(qo_lens) + 1)), (qo_lens, kv_lens)
-
-
-_FLOPS, _BYTES, _LENS = _cost()
+_LENS = _structure("full")
+_FLOPS, _BYTES = prefill_cost(*_LENS, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, index_bytes=8 * (len(_LENS[0]) + 1))
 
 META = ProblemMeta(
     number=NUMBER,
