@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems.linear import delta_rule_chunked, delta_rule_recurrence, l2norm
 
 BATCH = {"full": 2, "smoke": 1}
 SEQ = {"full": 4096, "smoke": 150}
@@ -62,71 +63,23 @@ META = ProblemMeta(
 )
 
 
-def _l2norm(x):
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
-
-
 def _prep(q, k, v, g, beta, initial_state):
     ct = torch.promote_types(torch.promote_types(q.dtype, torch.float32), initial_state.dtype)
     rep = v.shape[2] // q.shape[2]
-    qn = _l2norm(q.to(ct)).repeat_interleave(rep, dim=2) * q.shape[-1] ** -0.5
-    kn = _l2norm(k.to(ct)).repeat_interleave(rep, dim=2)
+    qn = l2norm(q.to(ct), L2_EPS).repeat_interleave(rep, dim=2) * q.shape[-1] ** -0.5
+    kn = l2norm(k.to(ct), L2_EPS).repeat_interleave(rep, dim=2)
     return ct, qn, kn, v.to(ct), g.to(ct), beta.to(ct), initial_state.to(ct)
-
-
-def _recurrence(q, k, v, g, beta, S):
-    """Exact token-by-token gated delta rule; q, k, v [B, T, H, *], g, beta [B, T, H], S [B, H, K, V]."""
-    out = []
-    for t in range(q.shape[1]):
-        S = S * torch.exp(g[:, t])[..., None, None]
-        kt = k[:, t]
-        kv = torch.einsum("bhk,bhkv->bhv", kt, S)
-        S = S + kt[..., :, None] * ((v[:, t] - kv) * beta[:, t, :, None])[..., None, :]
-        out.append(torch.einsum("bhk,bhkv->bhv", q[:, t], S))
-    return torch.stack(out, dim=1), S
-
-
-def _chunked(q, k, v, g, beta, S, chunk=CHUNK):
-    """Chunked WY form of the same recurrence; inputs as in `_recurrence`."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    pad = (-T) % chunk
-    # trailing padding with k = 0, beta = 0, g = 0 leaves the state unchanged
-    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for x in (q, k, v))
-    g, beta = (F.pad(x, (0, 0, 0, pad)).transpose(1, 2) for x in (g, beta))
-    n = (T + pad) // chunk
-    q, k, v = (x.reshape(B, H, n, chunk, -1) for x in (q, k, v))
-    g, beta = g.reshape(B, H, n, chunk), beta.reshape(B, H, n, chunk)
-    gc = g.cumsum(-1)
-    decay = (gc[..., :, None] - gc[..., None, :]).tril().exp().tril()  # exp(gc_i - gc_j), j <= i
-    kb = k * beta[..., None]
-    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    L = ((kb @ k.transpose(-1, -2)) * decay).tril(-1)
-    Tm = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
-    u = Tm @ (v * beta[..., None])
-    w = Tm @ (kb * gc.exp()[..., None])
-    o = torch.empty(B, H, n, chunk, V, dtype=q.dtype, device=q.device)
-    for i in range(n):
-        qi, ki = q[:, :, i], k[:, :, i]
-        attn = ((qi @ ki.transpose(-1, -2)) * decay[:, :, i]).tril()
-        v_new = u[:, :, i] - w[:, :, i] @ S
-        o[:, :, i] = (qi * gc[:, :, i, :, None].exp()) @ S + attn @ v_new
-        glast = gc[:, :, i, -1]
-        k_tail = ki * (glast[..., None] - gc[:, :, i]).exp()[..., None]  # k_j decayed to the chunk end
-        S = S * glast.exp()[..., None, None] + k_tail.transpose(-1, -2) @ v_new
-    o = o.reshape(B, H, n * chunk, V)[:, :, :T].transpose(1, 2)
-    return o, S
 
 
 def reference(q, k, v, g, beta, initial_state):
     ct, qn, kn, vv, gg, bb, S = _prep(q, k, v, g, beta, initial_state)
-    o, S = _recurrence(qn, kn, vv, gg, bb, S)
+    o, S = delta_rule_recurrence(qn, kn, vv, gg, bb, S)
     return o.to(q.dtype), S.to(initial_state.dtype)
 
 
 def eager(q, k, v, g, beta, initial_state):
     ct, qn, kn, vv, gg, bb, S = _prep(q, k, v, g, beta, initial_state)
-    o, S = _chunked(qn, kn, vv, gg, bb, S)
+    o, S = delta_rule_chunked(qn, kn, vv, gg, bb, S, chunk=CHUNK)
     return o.to(q.dtype), S.to(initial_state.dtype)
 
 

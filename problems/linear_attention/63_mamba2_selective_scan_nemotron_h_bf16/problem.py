@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems.linear import ssd_chunked, ssd_recurrence
 
 BATCH = {"full": 8, "smoke": 1}
 SEQ = {"full": 512, "smoke": 160}
@@ -72,58 +73,6 @@ META = ProblemMeta(
 )
 
 
-def _segsum(x):
-    """segsum[..., i, j] = sum_{j < m <= i} x[..., m] for j <= i, -inf above the diagonal (mamba_ssm's exact form)."""
-    T = x.shape[-1]
-    xx = x[..., None].expand(*x.shape, T)
-    low = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-1)
-    xx = xx.masked_fill(~low, 0)
-    s = xx.cumsum(dim=-2)
-    return s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), float("-inf"))
-
-
-def _ssd_recurrence(x, dt, A, Bm, Cm, S):
-    """Exact selective-state recurrence. x [b, T, H, P]; dt [b, T, H] (>0); A [H] (<0);
-    Bm, Cm [b, T, G, N]; S [b, H, P, N]. Returns y [b, T, H, P] (without the D skip) and S."""
-    H, G = x.shape[2], Bm.shape[2]
-    Bh = Bm.repeat_interleave(H // G, dim=2)
-    Ch = Cm.repeat_interleave(H // G, dim=2)
-    ys = []
-    for t in range(x.shape[1]):
-        dtt = dt[:, t]
-        S = S * torch.exp(dtt * A)[..., None, None] + (dtt[..., None] * x[:, t])[..., :, None] * Bh[:, t, :, None, :]
-        ys.append(torch.einsum("bhpn,bhn->bhp", S, Ch[:, t]))
-    return torch.stack(ys, dim=1), S
-
-
-def _ssd_chunked(x, dt, A, Bm, Cm, S, chunk):
-    """Chunked SSD (mamba_ssm `ssd_minimal_discrete`, with B/C shared by groups of heads)."""
-    b, T, H, P = x.shape
-    G, N = Bm.shape[2], Bm.shape[3]
-    R = H // G
-    pad = (-T) % chunk
-    # trailing padding with dt = 0 leaves the state unchanged
-    x, Bm, Cm = (F.pad(t_, (0, 0, 0, 0, 0, pad)) for t_ in (x, Bm, Cm))
-    dt = F.pad(dt, (0, 0, 0, pad))
-    c = (T + pad) // chunk
-    X = (x * dt[..., None]).reshape(b, c, chunk, G, R, P)
-    Ad = (dt * A).reshape(b, c, chunk, G, R).permute(0, 3, 4, 1, 2)  # [b, G, R, c, l]
-    Bc, Cc = Bm.reshape(b, c, chunk, G, N), Cm.reshape(b, c, chunk, G, N)
-    Acs = Ad.cumsum(-1)
-    CB = torch.einsum("bclgn,bcsgn->bcgls", Cc, Bc)
-    Lm = torch.exp(_segsum(Ad))  # [b, G, R, c, l, s]
-    Y = torch.einsum("bcgls,bgrcls,bcsgrp->bclgrp", CB, Lm, X)
-    decay_states = torch.exp(Acs[..., -1:] - Acs)
-    states = torch.einsum("bclgn,bgrcl,bclgrp->bcgrpn", Bc, decay_states, X)
-    S0 = S.reshape(b, 1, G, R, P, N)
-    states = torch.cat([S0, states], dim=1)
-    decay_chunk = torch.exp(_segsum(F.pad(Acs[..., -1], (1, 0))))  # [b, G, R, c+1, c+1]
-    new_states = torch.einsum("bgrzc,bcgrpn->bzgrpn", decay_chunk, states)
-    states, S = new_states[:, :-1], new_states[:, -1]
-    Y = Y + torch.einsum("bclgn,bcgrpn,bgrcl->bclgrp", Cc, states, torch.exp(Acs))
-    return Y.reshape(b, c * chunk, H, P)[:, :T], S.reshape(b, H, P, N)
-
-
 def _layer(
     hidden, in_proj_weight, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj_weight, n_groups, *, fast
 ):
@@ -152,9 +101,9 @@ def _layer(
     A = -torch.exp(A_log.to(ct))
     S = torch.zeros(b, H, P, N, dtype=ct, device=hidden.device)
     if fast:
-        y, _ = _ssd_chunked(x, dtp, A, Bm, Cm, S, CHUNK)
+        y, _ = ssd_chunked(x, dtp, A, Bm, Cm, S, chunk=CHUNK)
     else:
-        y, _ = _ssd_recurrence(x, dtp, A, Bm, Cm, S)
+        y, _ = ssd_recurrence(x, dtp, A, Bm, Cm, S)
     y = (y + D.to(ct)[:, None] * x).reshape(b, T, I)
     y = (y * F.silu(z)).reshape(b, T, G, I // G)
     y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + EPS)).reshape(b, T, I) * norm_weight.to(ct)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems.linear import channel_gated_chunked, channel_gated_recurrence, l2norm
 
 BATCH = {"full": 2, "smoke": 1}
 SEQ = {"full": 2048, "smoke": 80}
@@ -52,80 +53,19 @@ META = ProblemMeta(
 )
 
 
-def _l2norm(x):
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
-
-
-def _recurrence(q, k, v, g, beta, S):
-    """Exact token-by-token recurrence; g [B, T, H, K] per-channel log decay, beta None = no delta rule."""
-    out = []
-    for t in range(q.shape[1]):
-        S = S * torch.exp(g[:, t])[..., None]
-        kt = k[:, t]
-        if beta is None:
-            S = S + kt[..., :, None] * v[:, t, :, None, :]
-        else:
-            kv = torch.einsum("bhk,bhkv->bhv", kt, S)
-            S = S + kt[..., :, None] * ((v[:, t] - kv) * beta[:, t, :, None])[..., None, :]
-        out.append(torch.einsum("bhk,bhkv->bhv", q[:, t], S))
-    return torch.stack(out, dim=1), S
-
-
-def _chunked_channel(q, k, v, g, beta, S, chunk=CHUNK):
-    """Chunked form with per-channel decay (exact pairwise decays, no exp(-cumsum) overflow).
-
-    q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] log decay; beta [B, T, H] or None (no delta
-    rule: plain gated linear attention); S [B, H, K, V]. Within a chunk,
-    A[i, j] = sum_k x_i[k] k_j[k] exp(gc_i[k] - gc_j[k]) for j <= i (gc: in-chunk cumulative g).
-    """
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    pad = (-T) % chunk
-    # trailing padding with k = 0, g = 0 (and beta = 0) leaves the state unchanged
-    q, k, v, g = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for x in (q, k, v, g))
-    n = (T + pad) // chunk
-    q, k, v, g = (x.reshape(B, H, n, chunk, -1) for x in (q, k, v, g))
-    if beta is not None:
-        beta = F.pad(beta, (0, 0, 0, pad)).transpose(1, 2).reshape(B, H, n, chunk)
-    gc = g.cumsum(-2)
-    tri = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()[..., None]  # j <= i
-    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    o = torch.empty(B, H, n, chunk, V, dtype=q.dtype, device=q.device)
-    for i in range(n):
-        qi, ki, vi, gi = q[:, :, i], k[:, :, i], v[:, :, i], gc[:, :, i]
-        dec = gi[:, :, :, None, :] - gi[:, :, None, :, :]  # [B, H, C(i), C(j), K]: gc_i - gc_j
-        dec = dec.masked_fill_(~tri, float("-inf")).exp_()
-        # A[i, j] = sum_k x_i[k] dec[i, j, k] k_j[k], contracted as a batched matvec over (b, h, i)
-        a_qk = torch.einsum("bhijk,bhjk->bhij", qi[:, :, :, None, :] * dec, ki)
-        if beta is None:
-            v_new = vi
-        else:
-            bi = beta[:, :, i]
-            L = (torch.einsum("bhijk,bhjk->bhij", ki[:, :, :, None, :] * dec, ki) * bi[..., None]).tril(-1)
-            Tm = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
-            u = Tm @ (vi * bi[..., None])
-            w = Tm @ (ki * bi[..., None] * gi.exp())
-            v_new = u - w @ S
-        o[:, :, i] = (qi * gi.exp()) @ S + a_qk @ v_new
-        glast = gi[:, :, -1]  # [B, H, K]
-        S = glast.exp()[..., None] * S + (ki * (glast[:, :, None, :] - gi).exp()).transpose(-1, -2) @ v_new
-    o = o.reshape(B, H, n * chunk, V)[:, :, :T].transpose(1, 2)
-    return o, S
-
-
 def _prep(q, k, v, g, beta, initial_state):
     ct = torch.promote_types(q.dtype, torch.float32)
-    qn = _l2norm(q.to(ct)) * q.shape[-1] ** -0.5
-    return qn, _l2norm(k.to(ct)), v.to(ct), g.to(ct), beta.to(ct), initial_state.to(ct)
+    qn = l2norm(q.to(ct), L2_EPS) * q.shape[-1] ** -0.5
+    return qn, l2norm(k.to(ct), L2_EPS), v.to(ct), g.to(ct), beta.to(ct), initial_state.to(ct)
 
 
 def reference(q, k, v, g, beta, initial_state):
-    o, S = _recurrence(*_prep(q, k, v, g, beta, initial_state))
+    o, S = channel_gated_recurrence(*_prep(q, k, v, g, beta, initial_state))
     return o.to(q.dtype), S.to(initial_state.dtype)
 
 
 def eager(q, k, v, g, beta, initial_state):
-    o, S = _chunked_channel(*_prep(q, k, v, g, beta, initial_state))
+    o, S = channel_gated_chunked(*_prep(q, k, v, g, beta, initial_state), chunk=CHUNK)
     return o.to(q.dtype), S.to(initial_state.dtype)
 
 

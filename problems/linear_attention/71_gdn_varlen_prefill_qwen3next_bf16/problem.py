@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems.linear import delta_rule_chunked, delta_rule_recurrence, l2norm
 from mkb.problems.paged import cu_seqlens, draw_lengths, structure_rng
 
 SEQS = {"full": 8, "smoke": 3}
@@ -75,54 +76,6 @@ META = ProblemMeta(
 )
 
 
-def _l2norm(x):
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
-
-
-def _recurrence(q, k, v, g, beta, S):
-    """Exact token-by-token gated delta rule; q, k, v [B, T, H, *], g, beta [B, T, H], S [B, H, K, V]."""
-    out = []
-    for t in range(q.shape[1]):
-        S = S * torch.exp(g[:, t])[..., None, None]
-        kt = k[:, t]
-        kv = torch.einsum("bhk,bhkv->bhv", kt, S)
-        S = S + kt[..., :, None] * ((v[:, t] - kv) * beta[:, t, :, None])[..., None, :]
-        out.append(torch.einsum("bhk,bhkv->bhv", q[:, t], S))
-    return torch.stack(out, dim=1), S
-
-
-def _chunked(q, k, v, g, beta, S, chunk=CHUNK):
-    """Chunked WY form of the same recurrence; inputs as in `_recurrence`."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    pad = (-T) % chunk
-    # trailing padding with k = 0, beta = 0, g = 0 leaves the state unchanged
-    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for x in (q, k, v))
-    g, beta = (F.pad(x, (0, 0, 0, pad)).transpose(1, 2) for x in (g, beta))
-    n = (T + pad) // chunk
-    q, k, v = (x.reshape(B, H, n, chunk, -1) for x in (q, k, v))
-    g, beta = g.reshape(B, H, n, chunk), beta.reshape(B, H, n, chunk)
-    gc = g.cumsum(-1)
-    decay = (gc[..., :, None] - gc[..., None, :]).tril().exp().tril()  # exp(gc_i - gc_j), j <= i
-    kb = k * beta[..., None]
-    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    L = ((kb @ k.transpose(-1, -2)) * decay).tril(-1)
-    Tm = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
-    u = Tm @ (v * beta[..., None])
-    w = Tm @ (kb * gc.exp()[..., None])
-    o = torch.empty(B, H, n, chunk, V, dtype=q.dtype, device=q.device)
-    for i in range(n):
-        qi, ki = q[:, :, i], k[:, :, i]
-        attn = ((qi @ ki.transpose(-1, -2)) * decay[:, :, i]).tril()
-        v_new = u[:, :, i] - w[:, :, i] @ S
-        o[:, :, i] = (qi * gc[:, :, i, :, None].exp()) @ S + attn @ v_new
-        glast = gc[:, :, i, -1]
-        k_tail = ki * (glast[..., None] - gc[:, :, i]).exp()[..., None]  # k_j decayed to the chunk end
-        S = S * glast.exp()[..., None, None] + k_tail.transpose(-1, -2) @ v_new
-    o = o.reshape(B, H, n * chunk, V)[:, :, :T].transpose(1, 2)
-    return o, S
-
-
 def _padded(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens):
     """Gates, normalised q/k and initial states on a zero-padded [N, Lmax] batch (padding is inert)."""
     ct = torch.promote_types(q.dtype, torch.float32)
@@ -134,8 +87,8 @@ def _padded(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial
     valid = t[None, :] < lens[:, None]  # [N, Lmax]
     src = torch.where(valid, cu[:-1, None] + t[None, :], torch.zeros_like(valid, dtype=torch.long))
     rep = v.shape[1] // q.shape[1]
-    qn = _l2norm(q.to(ct)).repeat_interleave(rep, dim=1) * q.shape[-1] ** -0.5
-    kn = _l2norm(k.to(ct)).repeat_interleave(rep, dim=1)
+    qn = l2norm(q.to(ct), L2_EPS).repeat_interleave(rep, dim=1) * q.shape[-1] ** -0.5
+    kn = l2norm(k.to(ct), L2_EPS).repeat_interleave(rep, dim=1)
     g = -torch.exp(A_log.to(ct)) * F.softplus(a.to(ct) + dt_bias.to(ct))
     beta = torch.sigmoid(b.to(ct))
     m3 = valid[..., None].to(ct)
@@ -155,14 +108,14 @@ def _finish(o, S, valid, idx, q, ssm_state):
 def reference(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens):
     args = (q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens)
     qp, kp, vp, gp, bp, S, valid, idx = _padded(*args)
-    o, S = _recurrence(qp, kp, vp, gp, bp, S)
+    o, S = delta_rule_recurrence(qp, kp, vp, gp, bp, S)
     return _finish(o, S, valid, idx, q, ssm_state)
 
 
 def eager(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens):
     args = (q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens)
     qp, kp, vp, gp, bp, S, valid, idx = _padded(*args)
-    o, S = _chunked(qp, kp, vp, gp, bp, S)
+    o, S = delta_rule_chunked(qp, kp, vp, gp, bp, S, chunk=CHUNK)
     return _finish(o, S, valid, idx, q, ssm_state)
 
 

@@ -17,9 +17,9 @@ DeltaNet 1.3B (hidden 2048, 16 heads of 128), 4 sequences of 4096 tokens.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems.linear import delta_rule_chunked, delta_rule_recurrence, l2norm
 
 BATCH = {"full": 4, "smoke": 1}
 SEQ = {"full": 4096, "smoke": 150}
@@ -49,58 +49,10 @@ META = ProblemMeta(
 )
 
 
-def _l2norm(x):
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
-
-
-def _recurrence(q, k, v, g, beta, S):
-    """Exact token-by-token gated delta rule; q, k, v [B, T, H, *], g, beta [B, T, H], S [B, H, K, V]."""
-    out = []
-    for t in range(q.shape[1]):
-        S = S * torch.exp(g[:, t])[..., None, None]
-        kt = k[:, t]
-        kv = torch.einsum("bhk,bhkv->bhv", kt, S)
-        S = S + kt[..., :, None] * ((v[:, t] - kv) * beta[:, t, :, None])[..., None, :]
-        out.append(torch.einsum("bhk,bhkv->bhv", q[:, t], S))
-    return torch.stack(out, dim=1), S
-
-
-def _chunked(q, k, v, g, beta, S, chunk=CHUNK):
-    """Chunked WY form of the same recurrence; inputs as in `_recurrence`."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    pad = (-T) % chunk
-    # trailing padding with k = 0, beta = 0, g = 0 leaves the state unchanged
-    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for x in (q, k, v))
-    g, beta = (F.pad(x, (0, 0, 0, pad)).transpose(1, 2) for x in (g, beta))
-    n = (T + pad) // chunk
-    q, k, v = (x.reshape(B, H, n, chunk, -1) for x in (q, k, v))
-    g, beta = g.reshape(B, H, n, chunk), beta.reshape(B, H, n, chunk)
-    gc = g.cumsum(-1)
-    decay = (gc[..., :, None] - gc[..., None, :]).tril().exp().tril()  # exp(gc_i - gc_j), j <= i
-    kb = k * beta[..., None]
-    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    L = ((kb @ k.transpose(-1, -2)) * decay).tril(-1)
-    Tm = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
-    u = Tm @ (v * beta[..., None])
-    w = Tm @ (kb * gc.exp()[..., None])
-    o = torch.empty(B, H, n, chunk, V, dtype=q.dtype, device=q.device)
-    for i in range(n):
-        qi, ki = q[:, :, i], k[:, :, i]
-        attn = ((qi @ ki.transpose(-1, -2)) * decay[:, :, i]).tril()
-        v_new = u[:, :, i] - w[:, :, i] @ S
-        o[:, :, i] = (qi * gc[:, :, i, :, None].exp()) @ S + attn @ v_new
-        glast = gc[:, :, i, -1]
-        k_tail = ki * (glast[..., None] - gc[:, :, i]).exp()[..., None]  # k_j decayed to the chunk end
-        S = S * glast.exp()[..., None, None] + k_tail.transpose(-1, -2) @ v_new
-    o = o.reshape(B, H, n * chunk, V)[:, :, :T].transpose(1, 2)
-    return o, S
-
-
 def _prep(q, k, v, beta):
     ct = torch.promote_types(q.dtype, torch.float32)
-    qn = _l2norm(q.to(ct)) * q.shape[-1] ** -0.5
-    kn = _l2norm(k.to(ct))
+    qn = l2norm(q.to(ct), L2_EPS) * q.shape[-1] ** -0.5
+    kn = l2norm(k.to(ct), L2_EPS)
     B, T, H, D = q.shape
     g = torch.zeros(B, T, H, dtype=ct, device=q.device)
     S = torch.zeros(B, H, D, v.shape[-1], dtype=ct, device=q.device)
@@ -108,12 +60,12 @@ def _prep(q, k, v, beta):
 
 
 def reference(q, k, v, beta):
-    o, S = _recurrence(*_prep(q, k, v, beta))
+    o, S = delta_rule_recurrence(*_prep(q, k, v, beta))
     return o.to(q.dtype), S.to(q.dtype)
 
 
 def eager(q, k, v, beta):
-    o, S = _chunked(*_prep(q, k, v, beta))
+    o, S = delta_rule_chunked(*_prep(q, k, v, beta), chunk=CHUNK)
     return o.to(q.dtype), S.to(q.dtype)
 
 
