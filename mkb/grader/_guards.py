@@ -114,8 +114,10 @@ def environ_diff(before: dict[str, str]) -> list[str]:
     return sorted(k for k in keys if before.get(k) != now.get(k))
 
 
-def python_threads() -> set[int]:
-    return {t.ident for t in threading.enumerate() if t.ident is not None}
+def python_threads() -> set[threading.Thread]:
+    """The live Thread objects. Objects, not idents: the OS reuses the ident of a thread that ended, so a
+    thread started by the candidate could otherwise pass as one that existed before the call."""
+    return set(threading.enumerate())
 
 
 def native_threads() -> int:
@@ -132,7 +134,7 @@ class Guard:
     identities: Identities
     flags: dict[str, Any]
     env: dict[str, str]
-    threads: set[int]
+    threads: set[threading.Thread]
     stream: Any
 
     @classmethod
@@ -140,7 +142,7 @@ class Guard:
         stream = torch.cuda.current_stream() if device == "cuda" else None
         return cls(Identities.take(), numerics_flags(), environ(), python_threads(), stream)
 
-    def check(self, *, identities: bool = True, threads: set[int] | None = None) -> tuple[str, str] | None:
+    def check(self, *, identities: bool = True, threads: set[threading.Thread] | None = None) -> tuple[str, str] | None:
         if identities:
             changed = self.identities.changed()
             if changed:
@@ -153,7 +155,7 @@ class Guard:
         if env:
             return "integrity_environ", f"environment variables changed: {env}"
         base = self.threads if threads is None else threads
-        extra = [t for t in threading.enumerate() if t.ident not in base and t.is_alive()]
+        extra = [t for t in threading.enumerate() if t not in base and t.is_alive()]
         if extra:
             return "integrity_thread", f"threads left running after the call: {[t.name for t in extra]}"
         if self.stream is not None:

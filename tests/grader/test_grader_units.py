@@ -131,3 +131,19 @@ def test_stage_results_keep_the_first_failure_as_the_verdict_reason():
     assert v.reason == "integrity_recheck" and not v.passed and v.speedup is None
     v = make("e", 28, "cute", "sha", [StageResult("compile", True)], "crash", "log", {}, time.monotonic())
     assert v.reason == "crash" and v.stages[-1].stage == "verification"
+
+
+def test_guard_sees_a_new_thread_even_when_it_reuses_an_ended_threads_ident():
+    ended = threading.Thread(target=lambda: None)
+    ended.start()
+    ended.join()
+    g = Guard.take("cpu")
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, daemon=True)
+    t.start()
+    try:
+        # the OS may hand the new thread the ended thread's ident; the guard must still see it
+        assert g.check(threads=g.threads | {ended})[0] == "integrity_thread"
+    finally:
+        stop.set()
+        t.join()
