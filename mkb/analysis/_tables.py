@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from mkb.events import ScanReport, Store, resolve_store, scan
+from mkb.scoring import R_COLS, THRESHOLDS
 
-THRESHOLDS = (0.0, 0.5, 1.0, 2.0, 4.0)
-R_COLS = ("r_at_0", "r_at_0_5", "r_at_1", "r_at_2", "r_at_4")
 SCORED_STATUSES = ("finished", "budget_exhausted")
 NOISE_ARM = "solo_noise"  # the solo_r' vs solo_r pseudo-arm that measures the noise floor
 VERSION_KEYS = {  # what must not mix, and within what it must not mix

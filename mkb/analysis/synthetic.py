@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from mkb.scoring import THRESHOLDS
+
 ARM_KINDS = ("solo", "transfer", "placebo", "same", "wrong")
-THRESHOLDS = (0.0, 0.5, 1.0, 2.0, 4.0)
 # z thresholds at which R@t switches on: passed (z > 0) and speedup = exp(z - 1) >= t
 Z_CUTS = np.array([max(0.0, 1.0 + math.log(t)) if t > 0 else 0.0 for t in THRESHOLDS])
 # catalog families by problem number (problem-catalog.md)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-THRESHOLDS: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 4.0)
+from mkb.scoring import THRESHOLDS, r_at, s_score
+
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,11 @@ class Verdict:
 
     @property
     def r_at(self) -> dict[float, bool]:
-        return {t: bool(self.passed and self.speedup is not None and self.speedup >= t) for t in THRESHOLDS}
+        return r_at(self.passed, self.speedup)
 
     @property
     def s(self) -> float:
-        return 100.0 * sum(self.r_at.values()) / len(THRESHOLDS)
+        return s_score(self.passed, self.speedup)
 
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.stage == name), None)

@@ -47,6 +47,29 @@ class Output:
     quantized_from: str | None = None  # compare="quantized", optional: the module's pre-quantisation values function
 
 
+UpstreamAspect = Literal[
+    "computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw", "exactness",
+]
+UPSTREAM_ASPECTS: tuple[str, ...] = (
+    "computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw", "exactness",
+)
+UPSTREAM_COMMIT = "d90ba28"  # YIGE24/MetaKernelBench, the revision every `Upstream` below was compared against
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """How this problem relates to upstream MetaKernelBench's, aspect by aspect, so nothing differs silently.
+
+    Every aspect in `UPSTREAM_ASPECTS` is either in `matches` or has a row in `differs` with the reason
+    (a stricter check, an extra check upstream lacks, a recipe that states nothing about it, ...).
+    """
+
+    source: Literal["shipped", "recipe"]  # upstream ships problems/<family>/NN_*.py, or only a _sol_execbench recipe
+    path: str  # the upstream file compared against, at UPSTREAM_COMMIT
+    matches: tuple[UpstreamAspect, ...]
+    differs: tuple[tuple[UpstreamAspect, str], ...] = ()  # (aspect, why we differ on purpose)
+
+
 @dataclass(frozen=True)
 class ProblemMeta:
     """What a problem is, where it comes from, and what it costs at full size.
@@ -71,5 +94,6 @@ class ProblemMeta:
     # inputs that are index structure fixed by `size` (page tables, lengths, routing): the audit does not
     # require outputs to change when they are redrawn, since they do not change with the seed
     structure_inputs: tuple[str, ...] = ()
+    upstream: Upstream | None = None  # the comparison with upstream MetaKernelBench (issue: upstream fidelity)
     notes: str = ""  # shape choices, deviations, anything a reader of the catalog should know
     extra: dict = field(default_factory=dict, hash=False, compare=False)
