@@ -101,7 +101,8 @@ def render_readme(current: str, rows: Sequence[UpstreamRow]) -> str:
     section = f"{BEGIN}\n{render_markdown(rows)}{END}\n"
     if BEGIN in current and END in current:
         head, rest = current.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
+        tail = rest.split(END, 1)[1]
+        tail = tail[1:] if tail.startswith("\n") else tail  # the newline the section ends with
         return head + section + tail
     sep = "" if not current or current.endswith("\n\n") else ("\n" if current.endswith("\n") else "\n\n")
     return current + sep + "## Upstream fidelity\n\n" + section
