@@ -158,6 +158,9 @@ def _audit(problem: Problem, seeds, smoke_limit_s, checks: list[AuditCheck]) -> 
             continue
         if name in m.structure_inputs:
             continue
+        if name in m.fixed_inputs:  # the same for every seed by specification
+            add(f"fixed_input_is_fixed[{name}]", _same(a[k], b[k]), "a declared fixed input changes with the seed")
+            continue
         if _same(a[k], b[k]):
             add(f"input_changes_with_seed[{name}]", False,
                 "this input is identical for two seeds; draw its values from the seed, or declare it in META.structure_inputs")

@@ -125,6 +125,9 @@ class ProblemMeta:
     # other: the audit does not swap one alone between seeds (it would no longer agree with the rest), and
     # where `upstream` claims structure_per_draw it checks that each of them changes with the seed
     structure_inputs: tuple[str, ...] = ()
+    # inputs that upstream's specification makes the same for every seed (a RoPE cos/sin table computed from
+    # config constants): exempt from the changes-with-the-seed check, and checked to be the same for two seeds
+    fixed_inputs: tuple[str, ...] = ()
     upstream: Upstream | None = None  # the comparison with upstream MetaKernelBench (issue: upstream fidelity)
     notes: str = ""  # shape choices, deviations, anything a reader of the catalog should know
     extra: dict = field(default_factory=dict, hash=False, compare=False)

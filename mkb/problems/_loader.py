@@ -179,7 +179,7 @@ def validate(module: ModuleType, path: Path) -> ProblemMeta:
     names = [o.name for o in meta.outputs]
     if not meta.outputs or not all(isinstance(o, Output) for o in meta.outputs) or len(set(names)) != len(names):
         raise _fail(path, f"META.outputs {names} is empty, has duplicates or non-Output entries", "one Output(...) per returned value")
-    for field_name in ("mutates", "structure_inputs"):
+    for field_name in ("mutates", "structure_inputs", "fixed_inputs"):
         unknown = [n for n in getattr(meta, field_name, ()) if n not in meta.inputs]
         if unknown:
             raise _fail(path, f"META.{field_name} names {unknown}, which are not in META.inputs {meta.inputs}",

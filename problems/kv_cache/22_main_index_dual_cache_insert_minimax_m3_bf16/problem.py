@@ -1,99 +1,142 @@
-"""Insert new tokens into two paged caches at once: the main K/V cache and the sparse-index key cache.
+"""MiniMax-M3 attention input stage: QK RMSNorm with (1 + w) weights, partial NeoX RoPE on four streams, and
+insertion of the new keys and values into a main paged K/V cache and a sparse-index key cache.
 
-A model with indexer-driven sparse attention keeps, beside the main paged K/V cache that the
-attention reads, a second paged cache of small index keys that a lightning indexer scores to pick
-the top-k positions. Both caches have their own page size and page table, so each new token has two
-slots. For every new token t:
+vLLM's fused MiniMax-M3 kernel (tests/kernels/test_fused_minimax_m3_qknorm_rope_kv_insert.py), as upstream
+MetaKernelBench states it. `qkv` bf16 [T, (Hq + 2 Hkv + Hiq + 1) * D] packs, per token, q (Hq heads),
+k (Hkv), v (Hkv), the index queries iq (Hiq heads) and one index key ik. For each of q, k, iq, ik
+(each with its own norm weight w, bf16 [D]):
 
-    k_cache[s // 16, s % 16] = k[t] ;  v_cache[s // 16, s % 16] = v[t]     s = slot_mapping[t]
-    index_cache[u // 64, u % 64] = index_k[t]                               u = index_slot_mapping[t]
+    n   = bf16( x * rsqrt(mean(x^2) + eps) * (1 + w) )                  (in float32)
+    out = bf16( concat(x1 cos - x2 sin, x2 cos + x1 sin) ) ++ n[rot:]    x1 = n[:rot/2], x2 = n[rot/2:rot]
 
-Layouts: k, v bf16 [T, 8, 128]; index_k bf16 [T, 128]; slot_mapping, index_slot_mapping int64 [T];
-k_cache, v_cache bf16 [num_blocks, 16, 8, 128]; index_cache bf16 [num_index_blocks, 64, 128].
-All three caches are updated in place (META.mutates) and returned; other slots keep stale contents.
-A pure copy (exact). The batch: 64 requests (decode steps and prefill chunks of unequal lengths),
-pages of both caches scattered through their own shuffled pools.
+with cos, sin = cos_sin_cache[positions[t]] (bf16 [max_position, rot], cos then sin; base 5e6).
+Then, with s = slot_mapping[t] and u = index_slot_mapping[t] (int64, distinct slots):
+
+    kv_cache[s // B, :, s % B, :D] = k[t] ;  kv_cache[s // B, :, s % B, D:] = v[t]
+    index_cache[u // B, u % B] = ik[t]
+
+Layouts: kv_cache bf16 [num_blocks, Hkv, B, 2 D], index_cache bf16 [num_blocks, B, D]. Returns
+(q [T, Hq, D], iq [T, Hiq, D], kv_cache, index_cache); both caches are updated in place (META.mutates).
+Slots are redrawn on every draw (distinct, a random subset of the pool). Full size (upstream's):
+513 tokens, 16 q / 4 kv / 4 index-q heads of 128, rotary dim 64, 10 blocks of 64.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from mkb.problems._contract import Output, ProblemMeta
-from mkb.problems.paged import draw_lengths, page_table, structure_rng, token_slots
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 
-KV_HEADS = {"full": 8, "smoke": 2}
+TOKENS = {"full": 513, "smoke": 9}
+Q_HEADS = {"full": 16, "smoke": 4}
+KV_HEADS = {"full": 4, "smoke": 2}
+IQ_HEADS = {"full": 4, "smoke": 2}
 HEAD_DIM = {"full": 128, "smoke": 32}
-INDEX_DIM = {"full": 128, "smoke": 32}
-SEQS = {"full": 64, "smoke": 4}
-NEW = {"full": (1, 4096), "smoke": (1, 9)}
-CTX = {"full": (1, 16384), "smoke": (1, 150)}
-BLOCK = 16
-INDEX_BLOCK = 64
+ROT = {"full": 64, "smoke": 16}
+BLOCK = {"full": 64, "smoke": 8}
+BLOCKS = {"full": 10, "smoke": 3}
+MAX_POS = {"full": 4096, "smoke": 64}
+ROPE_BASE = 5_000_000.0
+EPS = 1e-6
 
-
-def _structure(size: str):
-    rng = structure_rng(22, size)
-    n = SEQS[size]
-    new = draw_lengths(rng, n, *NEW[size])
-    ctx = draw_lengths(rng, n, *CTX[size])
-    lens = [c + m for c, m in zip(ctx, new)]
-    pt = page_table(rng, lens, BLOCK)
-    ipt = page_table(rng, lens, INDEX_BLOCK)
-    slots = np.concatenate([s[c:] for s, c in zip(token_slots(pt), ctx)])
-    islots = np.concatenate([s[c:] for s, c in zip(token_slots(ipt), ctx)])
-    return slots.astype(np.int64), islots.astype(np.int64), pt.num_pages, ipt.num_pages
-
-
-_S, _, _P, _IP = _structure("full")
-_T = len(_S)
-_ROW = 2 * KV_HEADS["full"] * HEAD_DIM["full"] + INDEX_DIM["full"]
+_f = "full"
+_T, _D = TOKENS[_f], HEAD_DIM[_f]
+_W = (Q_HEADS[_f] + 2 * KV_HEADS[_f] + IQ_HEADS[_f] + 1) * _D
+_NORMED = (Q_HEADS[_f] + KV_HEADS[_f] + IQ_HEADS[_f] + 1) * _D  # elements normalised and (partly) rotated per token
 
 META = ProblemMeta(
     number=22,
     name="main_index_dual_cache_insert_minimax_m3_bf16",
     family="kv_cache",
     dtypes=("bf16", "int64"),
-    source_model="MiniMax M3-class attention (MiniMax-M2 public config for the main cache) with a "
-    "DeepSeek-V3.2-style lightning-indexer key cache",
-    source_config="num_key_value_heads=8, head_dim=128 (MiniMax-M2); index_head_dim=128, index page size 64, "
-    "main page size 16",
-    inputs=("k", "v", "index_k", "slot_mapping", "index_slot_mapping", "k_cache", "v_cache", "index_cache"),
-    outputs=(
-        Output("k_cache", compare="exact"), Output("v_cache", compare="exact"), Output("index_cache", compare="exact"),
-    ),
-    flops=0.0,
-    bytes=float(2 * _T * _ROW * 2 + 2 * _T * 8),
+    source_model="MiniMax-M3 (vLLM fused_minimax_m3_qknorm_rope_kv_insert)",
+    source_config="16 q heads, 4 kv heads, 4 index-q heads, 1 index k head, head_dim=128, rotary_dim=64 (NeoX), "
+    "rope_theta=5e6, rms eps=1e-6 with (1 + w) weights, block size 64",
+    inputs=("qkv", "q_norm_weight", "k_norm_weight", "index_q_norm_weight", "index_k_norm_weight", "positions",
+            "cos_sin_cache", "slot_mapping", "index_slot_mapping", "kv_cache", "index_cache"),
+    outputs=(Output("q"), Output("iq"), Output("kv_cache"), Output("index_cache")),
+    flops=float(_T * _NORMED * 6),  # square, sum, scale, weight, and the rotation's multiply-adds, per element
+    bytes=float(_T * _W * 2 + _T * (Q_HEADS[_f] + IQ_HEADS[_f]) * _D * 2  # read qkv, write q and iq
+                + _T * (2 * KV_HEADS[_f] + 1) * _D * 2  # write k, v, ik into the caches
+                + _T * (8 + 8 + 8 + ROT[_f] * 2) + 4 * _D * 2),  # positions, slots, cos/sin rows, weights
     peak="memory",
-    mutates=("k_cache", "v_cache", "index_cache"),
+    mutates=("kv_cache", "index_cache"),
     structure_inputs=("slot_mapping", "index_slot_mapping"),
-    exact_reason="a scatter copy of bf16 rows into two caches: no arithmetic, the fp64 anchor equals the result",
-    notes=f"Full: {_T} new tokens of 64 requests (contexts up to 16k); main pool {_P} pages of 16, "
-    f"index pool {_IP} pages of 64. No public MiniMax M3 config was available: head counts follow "
-    "MiniMax-M2 and the index cache DeepSeek-V3.2's indexer. Mutated caches are also returned.",
+    fixed_inputs=("cos_sin_cache",),
+    upstream=Upstream(
+        source="shipped",
+        path="problems/kv_cache/22_main_index_dual_cache_insert_minimax_m3_bf16.py",
+        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
+                 "exactness"),
+    ),
+    notes="The caches are returned under their input names. cos_sin_cache is a constant of the config (the same "
+    "for every seed). Positions are independent per token (upstream draws them uniformly).",
 )
 
 
-def reference(k, v, index_k, slot_mapping, index_slot_mapping, k_cache, v_cache, index_cache):
-    k_cache.flatten(0, 1)[slot_mapping] = k.to(k_cache.dtype)
-    v_cache.flatten(0, 1)[slot_mapping] = v.to(v_cache.dtype)
-    index_cache.flatten(0, 1)[index_slot_mapping] = index_k.to(index_cache.dtype)
-    return k_cache, v_cache, index_cache
+def _norm_rope(x: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int) -> torch.Tensor:
+    wide = torch.promote_types(x.dtype, torch.float32)
+    xw = x.to(wide)
+    xw = xw * torch.rsqrt(xw.pow(2).mean(dim=-1, keepdim=True) + EPS)
+    n = (xw * (1.0 + w.to(wide))).to(x.dtype)
+    half = rot // 2
+    x1, x2 = n[..., :half].to(wide), n[..., half:rot].to(wide)
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    return torch.cat((rotated, n[..., rot:]), dim=-1)
+
+
+def _size_of(heads: int, hkv: int) -> str:
+    for size in TOKENS:
+        if Q_HEADS[size] + 2 * KV_HEADS[size] + IQ_HEADS[size] + 1 == heads and KV_HEADS[size] == hkv:
+            return size
+    raise ValueError(f"qkv packs {heads} heads with {hkv} kv heads, which is no size of this problem")
+
+
+def reference(qkv, q_norm_weight, k_norm_weight, index_q_norm_weight, index_k_norm_weight, positions,
+              cos_sin_cache, slot_mapping, index_slot_mapping, kv_cache, index_cache):
+    t = qkv.shape[0]
+    d = index_cache.shape[-1]
+    hkv, bs = kv_cache.shape[1], kv_cache.shape[2]
+    rot = cos_sin_cache.shape[-1]
+    size = _size_of(qkv.shape[1] // d, hkv)  # qkv packs hq + 2 hkv + hiq + 1 heads: the size fixes hq and hiq
+    hq, hiq = Q_HEADS[size], IQ_HEADS[size]
+    q, k, v, iq, ik = qkv.split([hq * d, hkv * d, hkv * d, hiq * d, d], dim=-1)
+    wide = torch.promote_types(qkv.dtype, torch.float32)
+    cs = cos_sin_cache.index_select(0, positions).to(wide)
+    cos, sin = cs[:, None, : rot // 2], cs[:, None, rot // 2 :]
+    q = _norm_rope(q.reshape(t, hq, d), q_norm_weight, cos, sin, rot)
+    k = _norm_rope(k.reshape(t, hkv, d), k_norm_weight, cos, sin, rot)
+    iq = _norm_rope(iq.reshape(t, hiq, d), index_q_norm_weight, cos, sin, rot)
+    ik = _norm_rope(ik.reshape(t, 1, d), index_k_norm_weight, cos, sin, rot)[:, 0]
+    blk, off = slot_mapping // bs, slot_mapping % bs
+    kv_cache[blk, :, off, :d] = k.to(kv_cache.dtype)
+    kv_cache[blk, :, off, d:] = v.reshape(t, hkv, d).to(kv_cache.dtype)
+    iblk, ioff = index_slot_mapping // bs, index_slot_mapping % bs
+    index_cache[iblk, ioff] = ik.to(index_cache.dtype)
+    return q, iq, kv_cache, index_cache
+
+
+def rope_cache(size: str) -> torch.Tensor:
+    """cos then sin of position x inverse frequency, bf16 [max_position, rot] (a constant of the config)."""
+    rot = ROT[size]
+    inv_freq = 1.0 / (ROPE_BASE ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    freq = torch.outer(torch.arange(MAX_POS[size], dtype=torch.float32), inv_freq)
+    return torch.cat((freq.cos(), freq.sin()), dim=-1).to(torch.bfloat16)
 
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
-    slots, islots, pages, ipages = _structure(size)
-    hkv, d, di = KV_HEADS[size], HEAD_DIM[size], INDEX_DIM[size]
-    t = len(slots)
+    t, d, hkv, bs, nb = TOKENS[size], HEAD_DIM[size], KV_HEADS[size], BLOCK[size], BLOCKS[size]
+    width = (Q_HEADS[size] + 2 * hkv + IQ_HEADS[size] + 1) * d
     g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
     bf = torch.bfloat16
-
-    def rn(*s):
-        return torch.randn(*s, generator=g, device=device).to(bf)
-
-    return (
-        rn(t, hkv, d), rn(t, hkv, d), rn(t, di),
-        torch.from_numpy(slots).to(device), torch.from_numpy(islots).to(device),
-        rn(pages, BLOCK, hkv, d), rn(pages, BLOCK, hkv, d), rn(ipages, INDEX_BLOCK, di),
-    )
+    qkv = torch.randn(t, width, generator=g, device=device).to(bf)
+    weights = [(torch.randn(d, generator=g, device=device) * 0.1).to(bf) for _ in range(4)]
+    positions = torch.randint(0, MAX_POS[size], (t,), generator=g, device=device, dtype=torch.int64)
+    kv_cache = torch.randn(nb, hkv, bs, 2 * d, generator=g, device=device).to(bf)
+    index_cache = torch.randn(nb, bs, d, generator=g, device=device).to(bf)
+    # slots are drawn from the seed as well (on the CPU, the same on every device): distinct, a subset of the pool
+    gs = torch.Generator().manual_seed(seed)
+    slots = torch.randperm(nb * bs, generator=gs)[:t]
+    islots = torch.randperm(nb * bs, generator=gs)[:t]
+    return (qkv, *weights, positions, rope_cache(size).to(device), slots.to(device), islots.to(device),
+            kv_cache, index_cache)

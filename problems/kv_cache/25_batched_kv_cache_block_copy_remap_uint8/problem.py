@@ -1,90 +1,80 @@
-"""Batched block copy with remapping across all layers of uint8 (fp8-stored) paged KV caches.
+"""Batched copy of KV-cache blocks from one uint8 (fp8-stored) paged cache into another, under a remap.
 
-vLLM's `copy_blocks` (cache_kernels.cu), used for copy-on-write when sequences fork (beam search,
-parallel sampling, prefix-cache forks): for every layer l and every pair (src, dst) of
-`block_mapping`,
+vLLM's `swap_blocks` (cache_kernels.cu; test_cache.py::test_swap_blocks), as upstream
+MetaKernelBench states it: for every pair (src, dst) of `block_mapping`,
 
-    key_caches[l, dst]   = key_caches[l, src]
-    value_caches[l, dst] = value_caches[l, src]
+    dst_k[dst] = src_k[src]
+    dst_v[dst] = src_v[src]
 
-Caches hold fp8 e4m3 codes stored as raw bytes (vLLM `kv_cache_dtype="fp8"`, torch.uint8), in
-vLLM's paged layouts, all layers stacked in one tensor:
+Caches are one layer of vLLM's flash layout, fp8 codes stored as raw bytes (torch.uint8):
 
-    key_caches   uint8 [layers, num_blocks, kv_heads, head_size // 16, block_size, 16]
-    value_caches uint8 [layers, num_blocks, kv_heads, head_size, block_size]
-    block_mapping int64 [num_pairs, 2]   (src, dst) block ids
+    src_k, src_v, dst_k, dst_v  uint8 [num_blocks, block_size, kv_heads, head_dim]
+    block_mapping               int64 [num_pairs, 2]   (src, dst) block ids
 
-Destinations are distinct; no destination is also a source; a source may be copied to several
-destinations (a fork into several children). Both caches are updated in place (META.mutates) and
-returned. Full size: Llama 3.1 8B (32 layers, 8 KV heads of 128, block size 16), 1024 blocks per
-layer, 384 pairs. A pure byte copy: the result is exact.
+The mapping is redrawn on every draw: a random permutation of the block ids gives distinct
+sources and distinct destinations, the two sets disjoint. The destination caches are updated in
+place (META.mutates) and returned; the sources are unchanged. Full size (upstream's): 1024 blocks
+of 32 tokens x 8 heads x 256 bytes, 256 pairs. A pure byte copy: the result is exact.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 
-LAYERS = {"full": 32, "smoke": 2}
 BLOCKS = {"full": 1024, "smoke": 48}
+BLOCK_SIZE = {"full": 32, "smoke": 16}
 KV_HEADS = {"full": 8, "smoke": 2}
-HEAD = {"full": 128, "smoke": 32}
-BLOCK_SIZE = {"full": 16, "smoke": 16}
-PAIRS = {"full": 384, "smoke": 10}
-X = 16  # bytes per 16-byte vector in vLLM's key layout (16 // element size)
-_STRUCT_SEED = 25_000
+HEAD = {"full": 256, "smoke": 32}
+PAIRS = {"full": 256, "smoke": 10}
 
 _f = "full"
-_BLOCK_BYTES = KV_HEADS[_f] * HEAD[_f] * BLOCK_SIZE[_f]  # one block of K (or V) of one layer
-_COPIED = 2 * LAYERS[_f] * PAIRS[_f] * _BLOCK_BYTES
+_BLOCK_BYTES = BLOCK_SIZE[_f] * KV_HEADS[_f] * HEAD[_f]  # one block of K (or V)
+_COPIED = 2 * PAIRS[_f] * _BLOCK_BYTES
 
 META = ProblemMeta(
     number=25,
     name="batched_kv_cache_block_copy_remap_uint8",
     family="kv_cache",
     dtypes=("uint8", "int64"),
-    source_model="meta-llama/Llama-3.1-8B served by vLLM with kv_cache_dtype=fp8",
-    source_config="num_hidden_layers=32, num_key_value_heads=8, head_dim=128; vLLM block_size=16, "
-    "key layout [blocks, heads, head/16, block, 16], value layout [blocks, heads, head, block]",
-    inputs=("key_caches", "value_caches", "block_mapping"),
-    outputs=(Output("key_caches", compare="exact"), Output("value_caches", compare="exact")),
+    source_model="vLLM swap_blocks (tests/kernels/attention/test_cache.py::test_swap_blocks), kv_cache_dtype=fp8",
+    source_config="num_blocks=1024, block_size=32, num_kv_heads=8, head_size=256, 256 (src, dst) pairs; "
+    "vLLM flash layout [blocks, block_size, heads, head_size]",
+    inputs=("src_k", "src_v", "dst_k", "dst_v", "block_mapping"),
+    outputs=(Output("dst_k", compare="exact"), Output("dst_v", compare="exact")),
     flops=0.0,
-    bytes=2.0 * _COPIED + PAIRS[_f] * 2 * 8,  # read and write each copied block once
+    bytes=2.0 * _COPIED + PAIRS[_f] * 2 * 8,  # read each copied source block and write its destination once
     peak="memory",
-    mutates=("key_caches", "value_caches"),
+    mutates=("dst_k", "dst_v"),
     structure_inputs=("block_mapping",),
     exact_reason="a byte copy between cache blocks: no arithmetic, the fp64 anchor equals the result",
-    notes="Mutated caches are also returned (same names as the inputs). bytes counts only the "
-    "copied blocks (the untouched rest of the caches need not move). Mapping (sources with "
-    "repeats, distinct destinations, disjoint from sources) is fixed per size.",
+    upstream=Upstream(
+        source="shipped",
+        path="problems/kv_cache/25_batched_kv_cache_block_copy_remap_uint8.py",
+        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
+                 "exactness"),
+    ),
+    notes="Mutated destinations are also returned (same names as the inputs). bytes counts only the copied "
+    "blocks (the untouched rest of the caches need not move). The mapping is redrawn per seed.",
 )
 
 
-def reference(key_caches: torch.Tensor, value_caches: torch.Tensor, block_mapping: torch.Tensor):
+def reference(src_k: torch.Tensor, src_v: torch.Tensor, dst_k: torch.Tensor, dst_v: torch.Tensor,
+              block_mapping: torch.Tensor):
     src = block_mapping[:, 0]
     dst = block_mapping[:, 1]
-    # sources are never destinations, so gathering first then scattering is the sequential result
-    key_caches[:, dst] = key_caches[:, src]
-    value_caches[:, dst] = value_caches[:, src]
-    return key_caches, value_caches
-
-
-def _mapping(size: str) -> torch.Tensor:
-    g = torch.Generator().manual_seed(_STRUCT_SEED)
-    nb, npairs = BLOCKS[size], PAIRS[size]
-    perm = torch.randperm(nb, generator=g)
-    n_src = max(2, (2 * npairs) // 3)
-    src_pool = perm[:n_src]
-    dst = perm[n_src : n_src + npairs]
-    # some parents fork into several children: draw sources with replacement
-    src = src_pool[torch.randint(0, n_src, (npairs,), generator=g)]
-    return torch.stack([src, dst], dim=1).to(torch.int64)
+    dst_k[dst] = src_k[src]
+    dst_v[dst] = src_v[src]
+    return dst_k, dst_v
 
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
-    L, nb, h, d, bs = LAYERS[size], BLOCKS[size], KV_HEADS[size], HEAD[size], BLOCK_SIZE[size]
+    nb, bs, h, d, npairs = BLOCKS[size], BLOCK_SIZE[size], KV_HEADS[size], HEAD[size], PAIRS[size]
     g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
-    key = torch.randint(0, 256, (L, nb, h, d // X, bs, X), generator=g, device=device, dtype=torch.uint8)
-    value = torch.randint(0, 256, (L, nb, h, d, bs), generator=g, device=device, dtype=torch.uint8)
-    return key, value, _mapping(size).to(device)
+    shape = (nb, bs, h, d)
+    caches = [torch.randint(0, 256, shape, generator=g, device=device, dtype=torch.uint8) for _ in range(4)]
+    # the mapping is drawn from the seed too (on the CPU, so that it is the same on every device)
+    perm = torch.randperm(nb, generator=torch.Generator().manual_seed(seed))
+    mapping = torch.stack([perm[:npairs], perm[npairs : 2 * npairs]], dim=1).to(torch.int64)
+    return (*caches, mapping.to(device))
