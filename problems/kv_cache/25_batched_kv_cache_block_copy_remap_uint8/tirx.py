@@ -1,9 +1,9 @@
-"""Baseline (TIRx): batched KV-cache block copy with remapping, 16-byte vector copies.
+"""Baseline (TIRx): batched KV-cache block copy into separate destination caches, 16-byte vector copies.
 
-A cache block of one layer is contiguous in both vLLM layouts, so each cache is viewed (no copy)
-as int32 words [layers, blocks, words_per_block]. One CTA per (pair, layer, cache) copies one
-block with `int32x4` (16-byte) loads and stores; the source/destination ids come from the int64
-mapping. Compiled once per cache geometry; launched on torch's current stream.
+A cache block is contiguous in vLLM's layout, so each of the four caches is viewed (no copy) as int32
+words [blocks, words_per_block]. One CTA per (pair, cache) copies one block from the source cache
+into the destination cache with `int32x4` (16-byte) loads and stores; the source/destination ids
+come from the int64 mapping. Compiled once per cache geometry; launched on torch's current stream.
 """
 
 import torch
@@ -13,19 +13,21 @@ from tvm.script import tirx as Tx
 _CACHE = {}
 
 
-def _make(L: int, NB: int, W: int):
+def _make(NB: int, W: int):
     VEC = W // 4  # int32x4 vectors per block
     NT = min(256, ((VEC + 31) // 32) * 32)
     ITERS = (VEC + NT - 1) // NT
 
     @Tx.prim_func
-    def kv_block_copy(k_ptr: Tx.handle, v_ptr: Tx.handle, m_ptr: Tx.handle):
+    def kv_block_copy(sk_ptr: Tx.handle, sv_ptr: Tx.handle, dk_ptr: Tx.handle, dv_ptr: Tx.handle, m_ptr: Tx.handle):
         P = Tx.int32()
-        Kc = Tx.match_buffer(k_ptr, (L, NB, W), "int32")
-        Vc = Tx.match_buffer(v_ptr, (L, NB, W), "int32")
+        SK = Tx.match_buffer(sk_ptr, (NB, W), "int32")
+        SV = Tx.match_buffer(sv_ptr, (NB, W), "int32")
+        DK = Tx.match_buffer(dk_ptr, (NB, W), "int32")
+        DV = Tx.match_buffer(dv_ptr, (NB, W), "int32")
         Map = Tx.match_buffer(m_ptr, (P, 2), "int64")
         Tx.device_entry()
-        p, l, c = Tx.cta_id([P, L, 2])
+        p, c = Tx.cta_id([P, 2])
         tx = Tx.thread_id([NT])
         src: Tx.let[Tx.int32] = Tx.Cast("int32", Map[p, 0])
         dst: Tx.let[Tx.int32] = Tx.Cast("int32", Map[p, 1])
@@ -33,9 +35,9 @@ def _make(L: int, NB: int, W: int):
             e: Tx.let[Tx.int32] = it * NT + tx
             if e < VEC:
                 if c == 0:
-                    Kc.vstore([l, dst, e * 4], Kc.vload([l, src, e * 4], dtype="int32x4"))
+                    DK.vstore([dst, e * 4], SK.vload([src, e * 4], dtype="int32x4"))
                 else:
-                    Vc.vstore([l, dst, e * 4], Vc.vload([l, src, e * 4], dtype="int32x4"))
+                    DV.vstore([dst, e * 4], SV.vload([src, e * 4], dtype="int32x4"))
 
     return kv_block_copy
 
@@ -45,22 +47,21 @@ def _arch() -> str:
     return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
 
 
-def _kernel(L: int, NB: int, W: int):
-    key = (L, NB, W)
+def _kernel(NB: int, W: int):
+    key = (NB, W)
     fn = _CACHE.get(key)
     if fn is None:
         target = tvm.target.Target({"kind": "cuda", "arch": _arch()})
         with target:
-            fn = tvm.compile(tvm.IRModule({"main": _make(L, NB, W)}), target=target, tir_pipeline="tirx")
+            fn = tvm.compile(tvm.IRModule({"main": _make(NB, W)}), target=target, tir_pipeline="tirx")
         _CACHE[key] = fn
     return fn
 
 
-def solve(key_caches, value_caches, block_mapping):
-    L, NB = key_caches.shape[:2]
-    kw = key_caches.view(L, NB, -1).view(torch.int32)
-    vw = value_caches.view(L, NB, -1).view(torch.int32)
-    if kw.shape != vw.shape or kw.shape[-1] % 4:
-        raise ValueError("key and value blocks must have the same size, a multiple of 16 bytes")
-    _kernel(L, NB, kw.shape[-1])(kw, vw, block_mapping.contiguous())
-    return key_caches, value_caches
+def solve(src_k, src_v, dst_k, dst_v, block_mapping):
+    NB = src_k.shape[0]
+    words = [t.view(NB, -1).view(torch.int32) for t in (src_k, src_v, dst_k, dst_v)]
+    if any(w.shape != words[0].shape for w in words) or words[0].shape[-1] % 4:
+        raise ValueError("all four caches must have the same geometry, blocks a multiple of 16 bytes")
+    _kernel(NB, words[0].shape[-1])(*words, block_mapping.contiguous())
+    return dst_k, dst_v
