@@ -1,8 +1,9 @@
 """Index structure for paged and ragged layouts: lengths, page tables, block tables, cu_seqlens.
 
-Problems fix their structure per size (drawn from a fixed seed) so that shapes and index tensors
-depend only on `size`; these helpers draw that structure once, on the CPU, and hand back plain
-Python lists that a problem turns into device tensors. Pages are placed in a shuffled pool with
+Shapes depend only on `size`; the structure itself is drawn from a generator the problem seeds,
+from a fixed key (`structure_rng(number, size)`: the same structure for every seed) or from the
+value seed (redrawn on every draw, as upstream MetaKernelBench does). These helpers draw it on the
+CPU and hand back plain Python lists or CPU tensors that a problem moves to its device. Pages are placed in a shuffled pool with
 spare (unreferenced) pages, so a page table is never the identity and a kernel that ignores it
 reads the wrong rows.
 """
@@ -21,11 +22,12 @@ __all__ = [
     "page_table",
     "cu_seqlens",
     "token_slots",
+    "padded_slots",
 ]
 
 
 def structure_rng(*key: int | str) -> np.random.Generator:
-    """A generator seeded from a fixed key (problem number, size name), never from the value seed."""
+    """A generator seeded from a key: (problem number, size name) for a fixed structure, or include the seed."""
     words = [k if isinstance(k, int) else int.from_bytes(str(k).encode()[:8].ljust(8, b"\0"), "little") for k in key]
     return np.random.default_rng(words)
 
@@ -120,3 +122,20 @@ def token_slots(pt: PageTable) -> list[np.ndarray]:
         pages = np.asarray(pt.indices[pt.indptr[b] : pt.indptr[b + 1]], dtype=np.int64)
         out.append(pages[t // pt.page_size] * pt.page_size + t % pt.page_size)
     return out
+
+
+def padded_slots(gen, num_slots: int, tokens: int, max_pad: int = 0):
+    """int64 [tokens] distinct cache slots drawn from a pool of `num_slots`, the last 1..max_pad of them -1.
+
+    vLLM's slot_mapping for a batch padded to a captured size (CUDA-graph padding): padding tokens
+    have slot -1 and write nothing. `gen` is a torch.Generator (CPU) seeded by the caller.
+    """
+    import torch
+
+    if tokens > num_slots:
+        raise ValueError(f"{tokens} tokens need distinct slots but the pool has {num_slots}; hint: enlarge the pool")
+    slots = torch.randperm(num_slots, generator=gen)[:tokens]
+    if max_pad > 0:
+        pads = int(torch.randint(1, max_pad + 1, (1,), generator=gen))
+        slots[tokens - pads :] = -1
+    return slots

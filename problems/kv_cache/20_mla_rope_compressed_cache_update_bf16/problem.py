@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 
 from mkb.problems._contract import Output, ProblemMeta, Upstream
+from mkb.problems.paged import padded_slots
+from mkb.problems.rope import cos_sin_cache as rope_table, neox_rotate
 
 TOKENS = {"full": 2048, "smoke": 24}
 MAX_PAD = {"full": 128, "smoke": 4}
@@ -84,17 +86,12 @@ def _size_of(c_r: int) -> str:
     raise ValueError(f"cache rows of {c_r} elements match no size of this problem")
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
 def _finish(q: torch.Tensor, kv_c, k_pe, positions, cos_sin_cache, slot_mapping, kv_cache, r: int, ct):
     """RoPE in `ct` on q's rope part and k_pe, then the cache write; q [T, H, nope + r] in `ct`."""
     cs = cos_sin_cache.index_select(0, positions).to(ct)
     cos, sin = cs[:, None, : r // 2], cs[:, None, r // 2 :]
-    q_out = torch.cat((q[..., :-r], _rope(q[..., -r:], cos, sin)), dim=-1)
-    kpe = _rope(k_pe.to(ct)[:, None], cos, sin)[:, 0]
+    q_out = torch.cat((q[..., :-r], neox_rotate(q[..., -r:], cos, sin)), dim=-1)
+    kpe = neox_rotate(k_pe.to(ct)[:, None], cos, sin)[:, 0]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
     bs = kv_cache.shape[1]
@@ -119,14 +116,6 @@ def eager(qkv_lora, q_b_weight, positions, cos_sin_cache, slot_mapping, kv_cache
     return q_out.to(qkv_lora.dtype), kv_cache
 
 
-def rope_cache(size: str) -> torch.Tensor:
-    """cos then sin of position x inverse frequency, bf16 [max_position, rope dim] (a constant of the config)."""
-    r = ROPE[size]
-    inv_freq = 1.0 / (THETA ** (torch.arange(0, r, 2, dtype=torch.float32) / r))
-    freq = torch.outer(torch.arange(MAX_POS[size], dtype=torch.float32), inv_freq)
-    return torch.cat((freq.cos(), freq.sin()), dim=-1).to(torch.bfloat16)
-
-
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     t, h, ql, c, r = TOKENS[size], HEADS[size], Q_LORA[size], KV_LORA[size], ROPE[size]
     bs, nb = BLOCK[size], BLOCKS[size]
@@ -136,9 +125,7 @@ def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     w = (torch.randn(h * (NOPE[size] + r), ql, generator=g, device=device) * 0.02).to(bf)
     positions = torch.randint(0, MAX_POS[size], (t,), generator=g, device=device, dtype=torch.int64)
     kv_cache = torch.randn(nb, bs, 1, c + r, generator=g, device=device).to(bf)
-    # slots and the padding count come from the seed too (on the CPU, the same on every device)
-    gs = torch.Generator().manual_seed(seed)
-    slots = torch.randperm(nb * bs, generator=gs)[:t]
-    pads = int(torch.randint(1, MAX_PAD[size] + 1, (1,), generator=gs))
-    slots[t - pads :] = -1
-    return qkv_lora, w, positions, rope_cache(size).to(device), slots.to(device), kv_cache
+    # slots and the padding count come from the seed too (drawn on the CPU: the same on every device)
+    slots = padded_slots(torch.Generator().manual_seed(seed), nb * bs, t, MAX_PAD[size])
+    table = rope_table(MAX_POS[size], r, THETA)
+    return qkv_lora, w, positions, table.to(device), slots.to(device), kv_cache

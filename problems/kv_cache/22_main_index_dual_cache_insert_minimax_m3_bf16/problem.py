@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 
 from mkb.problems._contract import Output, ProblemMeta, Upstream
+from mkb.problems.paged import padded_slots
+from mkb.problems.rope import cos_sin_cache, neox_rotate
 
 TOKENS = {"full": 513, "smoke": 9}
 Q_HEADS = {"full": 16, "smoke": 4}
@@ -79,9 +81,7 @@ def _norm_rope(x: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.T
     xw = x.to(wide)
     xw = xw * torch.rsqrt(xw.pow(2).mean(dim=-1, keepdim=True) + EPS)
     n = (xw * (1.0 + w.to(wide))).to(x.dtype)
-    half = rot // 2
-    x1, x2 = n[..., :half].to(wide), n[..., half:rot].to(wide)
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    rotated = neox_rotate(n[..., :rot].to(wide), cos, sin).to(x.dtype)
     return torch.cat((rotated, n[..., rot:]), dim=-1)
 
 
@@ -116,14 +116,6 @@ def reference(qkv, q_norm_weight, k_norm_weight, index_q_norm_weight, index_k_no
     return q, iq, kv_cache, index_cache
 
 
-def rope_cache(size: str) -> torch.Tensor:
-    """cos then sin of position x inverse frequency, bf16 [max_position, rot] (a constant of the config)."""
-    rot = ROT[size]
-    inv_freq = 1.0 / (ROPE_BASE ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
-    freq = torch.outer(torch.arange(MAX_POS[size], dtype=torch.float32), inv_freq)
-    return torch.cat((freq.cos(), freq.sin()), dim=-1).to(torch.bfloat16)
-
-
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     t, d, hkv, bs, nb = TOKENS[size], HEAD_DIM[size], KV_HEADS[size], BLOCK[size], BLOCKS[size]
     width = (Q_HEADS[size] + 2 * hkv + IQ_HEADS[size] + 1) * d
@@ -134,9 +126,8 @@ def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     positions = torch.randint(0, MAX_POS[size], (t,), generator=g, device=device, dtype=torch.int64)
     kv_cache = torch.randn(nb, hkv, bs, 2 * d, generator=g, device=device).to(bf)
     index_cache = torch.randn(nb, bs, d, generator=g, device=device).to(bf)
-    # slots are drawn from the seed as well (on the CPU, the same on every device): distinct, a subset of the pool
+    # slots come from the seed too (drawn on the CPU: the same on every device): distinct, a subset of the pool
     gs = torch.Generator().manual_seed(seed)
-    slots = torch.randperm(nb * bs, generator=gs)[:t]
-    islots = torch.randperm(nb * bs, generator=gs)[:t]
-    return (qkv, *weights, positions, rope_cache(size).to(device), slots.to(device), islots.to(device),
-            kv_cache, index_cache)
+    slots, islots = padded_slots(gs, nb * bs, t), padded_slots(gs, nb * bs, t)
+    table = cos_sin_cache(MAX_POS[size], ROT[size], ROPE_BASE)
+    return (qkv, *weights, positions, table.to(device), slots.to(device), islots.to(device), kv_cache, index_cache)
