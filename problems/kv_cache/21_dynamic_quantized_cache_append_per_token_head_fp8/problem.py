@@ -1,129 +1,99 @@
-"""Append new K/V to a paged fp8 e4m3 cache with a dynamic scale per token and KV head.
+"""Append new K/V to a paged fp8 e4m3 cache (stored as bytes) with a dynamic scale per token and KV head.
 
-For every new token t and KV head h (slot = slot_mapping[t], page = slot // B, row = slot % B):
+vLLM's per-token-head fp8 KV cache (tests/quantization/test_per_token_kv_cache.py; the Triton
+reshape_and_cache_flash kernel), as upstream MetaKernelBench states it. For every new token t and KV
+head h, where s = slot_mapping[t] >= 0 (page = s // B, row = s % B):
 
-    amax  = max_d |k[t, h, d]|                              (fp32)
-    s     = max(amax, 1e-6) / 448                           (fp32; 448 = e4m3 max)
-    k_cache[page, row, h, :] = e4m3(clamp(k[t, h, :] / s, -448, 448))   (round to nearest even)
-    k_scale[page, row, h]    = s
-    and the same for v into v_cache / v_scale.
+    amax  = max_d |key[t, h, d]|                                    (fp32)
+    scale = max(amax / 448, 1e-6)                                   (fp32; 448 = e4m3 max)
+    key_cache[page, row, h, :] = bytes of e4m3(clamp(key[t, h, :] * (1 / scale), -448, 448))
+    k_scale_cache[page, row, h] = scale
+    and the same for value into value_cache / v_scale_cache.
 
-Layouts: k, v bf16 [T, Hkv, D]; k_cache, v_cache float8_e4m3fn [num_blocks, B, Hkv, D];
-k_scale, v_scale fp32 [num_blocks, B, Hkv]; slot_mapping int64 [T]. All four caches are updated in
-place (META.mutates) and returned; slots not named by slot_mapping keep their stale contents.
-Caches compare as `quantized`: dequantised code x scale, one e4m3 quantum x scale of tolerance.
-Full size: Llama 3.1 70B (8 KV heads of 128), page size 16, a mixed batch of 64 requests
-(decode steps and prefill chunks of unequal lengths) appending to a shuffled page pool.
+The code is computed in fp32 exactly so (the reciprocal, then the product, then round-to-nearest-even
+to e4m3), and the caches are compared bytewise, as upstream compares them. Layouts: key, value bf16
+[T, Hkv, D]; key_cache, value_cache uint8 [num_blocks, B, Hkv, D] (e4m3 bytes); k/v_scale_cache fp32
+[num_blocks, B, Hkv]; slot_mapping int64 [T] (distinct slots, the last 1..128 entries -1: padding
+tokens that write nothing). All four caches are updated in place (META.mutates) and returned;
+other slots keep their stale contents. Slots and padding are redrawn on every draw. Full size
+(upstream's): 2048 tokens, 8 heads of 128, 256 blocks of 16.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from mkb.problems._contract import Output, ProblemMeta
-from mkb.problems.paged import draw_lengths, page_table, structure_rng, token_slots
+from mkb.problems._contract import Output, ProblemMeta, Upstream
+from mkb.problems.paged import padded_slots
 
+TOKENS = {"full": 2048, "smoke": 24}
+MAX_PAD = {"full": 128, "smoke": 4}
 KV_HEADS = {"full": 8, "smoke": 2}
 HEAD_DIM = {"full": 128, "smoke": 32}
-SEQS = {"full": 64, "smoke": 4}
-NEW = {"full": (1, 2048), "smoke": (1, 9)}
-CTX = {"full": (1, 8192), "smoke": (1, 40)}
-BLOCK = 16
+BLOCK = {"full": 16, "smoke": 4}
+BLOCKS = {"full": 256, "smoke": 8}
 FP8_MAX = 448.0
-AMAX_FLOOR = 1e-6
+SCALE_FLOOR = 1e-6
 FP8 = torch.float8_e4m3fn
 
-
-def _structure(size: str):
-    rng = structure_rng(21, size)
-    n = SEQS[size]
-    new = draw_lengths(rng, n, *NEW[size])
-    ctx = draw_lengths(rng, n, *CTX[size])
-    pt = page_table(rng, [c + m for c, m in zip(ctx, new)], BLOCK)
-    slots = np.concatenate([s[c:] for s, c in zip(token_slots(pt), ctx)])
-    return slots.astype(np.int64), pt.num_pages
-
-
-_SLOTS, _PAGES = _structure("full")
-_T, _Hkv, _D = len(_SLOTS), KV_HEADS["full"], HEAD_DIM["full"]
+_f = "full"
+_T, _Hkv, _D = TOKENS[_f], KV_HEADS[_f], HEAD_DIM[_f]
 
 META = ProblemMeta(
     number=21,
     name="dynamic_quantized_cache_append_per_token_head_fp8",
     family="kv_cache",
-    dtypes=("bf16", "fp8_e4m3", "fp32", "int64"),
-    source_model="meta-llama/Llama-3.1-70B with an fp8 e4m3 KV cache, per-token-head dynamic scales",
-    source_config="num_key_value_heads=8, head_dim=128; page size 16; scale = amax/448 per (token, kv head)",
-    inputs=("k", "v", "slot_mapping", "k_cache", "v_cache", "k_scale", "v_scale"),
+    dtypes=("bf16", "uint8", "fp32", "int64"),
+    source_model="vLLM per-token-head fp8 e4m3 KV cache (test_per_token_kv_cache.py)",
+    source_config="8 kv heads, head_dim=128, block size 16, 256 blocks; scale = max(amax / 448, 1e-6) per "
+    "(token, kv head); e4m3 codes stored as uint8",
+    inputs=("key", "value", "slot_mapping", "key_cache", "value_cache", "k_scale_cache", "v_scale_cache"),
     outputs=(
-        Output("k_cache", compare="quantized", dequantize="dequantize_k_cache"),
-        Output("v_cache", compare="quantized", dequantize="dequantize_v_cache"),
-        Output("k_scale"),
-        Output("v_scale"),
+        Output("key_cache", compare="exact"), Output("value_cache", compare="exact"),
+        Output("k_scale_cache"), Output("v_scale_cache"),
     ),
-    flops=float(2 * _T * _Hkv * _D * 3),  # abs-max, divide, clamp/convert
+    flops=float(2 * _T * _Hkv * _D * 3),  # abs-max, multiply, clamp/convert
     bytes=float(2 * _T * _Hkv * _D * (2 + 1) + 2 * _T * _Hkv * 4 + _T * 8),
     peak="memory",
-    mutates=("k_cache", "v_cache", "k_scale", "v_scale"),
+    mutates=("key_cache", "value_cache", "k_scale_cache", "v_scale_cache"),
     structure_inputs=("slot_mapping",),
-    notes=f"Full: {_T} new tokens of 64 requests, pool {_PAGES} pages. Mutated caches are also returned.",
+    upstream=Upstream(
+        source="shipped",
+        path="problems/kv_cache/21_dynamic_quantized_cache_append_per_token_head_fp8.py",
+        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
+                 "exactness"),
+    ),
+    notes="Mutated caches are also returned. The codes are fixed by the fp32 recipe above (a kernel that "
+    "divides instead of multiplying by the reciprocal can move a code and fails, as upstream).",
 )
 
 
-def reference(k, v, slot_mapping, k_cache, v_cache, k_scale, v_scale):
-    ct = torch.promote_types(k.dtype, torch.float32)
-    for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
-        xf = x.to(ct)
-        s = xf.abs().amax(dim=-1).clamp_min(AMAX_FLOOR) / FP8_MAX  # [T, Hkv]
-        codes = (xf / s[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-        if cache.dtype == FP8:  # scatter raw bytes: fp8 index_put is not implemented everywhere
-            cache.view(torch.uint8).flatten(0, 1)[slot_mapping] = codes.view(torch.uint8)
-        else:  # the fp64 anchor run
-            cache.flatten(0, 1)[slot_mapping] = codes.to(cache.dtype)
-        scale.flatten(0, 1)[slot_mapping] = s.to(scale.dtype)
-    return k_cache, v_cache, k_scale, v_scale
-
-
-def _e4m3_quantum(codes: torch.Tensor) -> torch.Tensor:
-    """Spacing of e4m3 values at each code's magnitude (subnormal spacing 2**-9 below 2**-6)."""
-    a = codes.abs().to(torch.float64)
-    e = torch.floor(torch.log2(a.clamp_min(2.0**-6)))
-    return torch.exp2(e - 3)
-
-
-def _dequantize(cache: torch.Tensor, scale: torch.Tensor):
-    c = cache.to(torch.float64)
-    s = scale.to(torch.float64)[..., None]
-    return c * s, _e4m3_quantum(c) * s
-
-
-def dequantize_k_cache(outputs):
-    return _dequantize(outputs[0], outputs[2])
-
-
-def dequantize_v_cache(outputs):
-    return _dequantize(outputs[1], outputs[3])
+def reference(key, value, slot_mapping, key_cache, value_cache, k_scale_cache, v_scale_cache):
+    ct = torch.promote_types(key.dtype, torch.float32)
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    bs = key_cache.shape[1]
+    page, row = slots // bs, slots % bs
+    for x, cache, scales in ((key, key_cache, k_scale_cache), (value, value_cache, v_scale_cache)):
+        xw = x.to(ct)
+        scale = (xw.abs().amax(dim=-1) / FP8_MAX).clamp(min=SCALE_FLOOR)  # [T, Hkv]
+        # the quantisation cast is fixed: fp32 reciprocal, fp32 product, e4m3 round-to-nearest-even
+        s32 = scale.to(torch.float32)
+        codes = (x.to(torch.float32) * (1.0 / s32[..., None])).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+        cache[page, row] = codes[valid].view(torch.uint8)
+        scales[page, row] = scale[valid].to(scales.dtype)
+    return key_cache, value_cache, k_scale_cache, v_scale_cache
 
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
-    slots, pages = _structure(size)
-    hkv, d = KV_HEADS[size], HEAD_DIM[size]
-    t = len(slots)
+    t, hkv, d, bs, nb = TOKENS[size], KV_HEADS[size], HEAD_DIM[size], BLOCK[size], BLOCKS[size]
     g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
-
-    def rn(*s):
-        return torch.randn(*s, generator=g, device=device)
-
-    # per-head magnitudes differ (and a few outlier channels), as in real K/V activations
-    k = rn(t, hkv, d) * (0.5 + 2.0 * torch.rand(1, hkv, 1, generator=g, device=device))
-    k[..., :: max(1, d // 8)] *= 4.0
-    v = rn(t, hkv, d) * (0.5 + torch.rand(1, hkv, 1, generator=g, device=device))
-    k_cache = (rn(pages, BLOCK, hkv, d) * 64).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # stale contents
-    v_cache = (rn(pages, BLOCK, hkv, d) * 64).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    k_scale = 0.01 + 0.02 * torch.rand(pages, BLOCK, hkv, generator=g, device=device)
-    v_scale = 0.01 + 0.02 * torch.rand(pages, BLOCK, hkv, generator=g, device=device)
-    return (
-        k.to(torch.bfloat16), v.to(torch.bfloat16), torch.from_numpy(slots).to(device),
-        k_cache, v_cache, k_scale, v_scale,
-    )
+    key = torch.randn(t, hkv, d, generator=g, device=device).to(torch.bfloat16)
+    value = torch.randn(t, hkv, d, generator=g, device=device).to(torch.bfloat16)
+    key_cache = torch.randint(0, 256, (nb, bs, hkv, d), generator=g, device=device, dtype=torch.uint8)
+    value_cache = torch.randint(0, 256, (nb, bs, hkv, d), generator=g, device=device, dtype=torch.uint8)
+    k_scale = torch.rand(nb, bs, hkv, generator=g, device=device) + 0.5
+    v_scale = torch.rand(nb, bs, hkv, generator=g, device=device) + 0.5
+    # slots and the padding count come from the seed too (drawn on the CPU: the same on every device)
+    slots = padded_slots(torch.Generator().manual_seed(seed), nb * bs, t, MAX_PAD[size])
+    return key, value, slots.to(device), key_cache, value_cache, k_scale, v_scale
