@@ -23,6 +23,7 @@ __all__ = [
     "cu_seqlens",
     "token_slots",
     "padded_slots",
+    "random_cuts",
 ]
 
 
@@ -139,3 +140,18 @@ def padded_slots(gen, num_slots: int, tokens: int, max_pad: int = 0):
         pads = int(torch.randint(1, max_pad + 1, (1,), generator=gen))
         slots[tokens - pads :] = -1
     return slots
+
+
+def random_cuts(gen, total: int, parts: int):
+    """int32 [parts] lengths >= 1 summing to `total`: `parts - 1` distinct cut points drawn uniformly.
+
+    A batch of fixed total tokens whose split into requests changes with every draw (upstream's
+    sequence cuts); `gen` is a torch.Generator (CPU) seeded by the caller.
+    """
+    import torch
+
+    if not 1 <= parts <= total:
+        raise ValueError(f"cannot cut {total} tokens into {parts} non-empty parts; hint: need 1 <= parts <= total")
+    cuts = (torch.randperm(total - 1, generator=gen)[: parts - 1] + 1).sort().values
+    bounds = torch.cat([torch.zeros(1, dtype=cuts.dtype), cuts, torch.full((1,), total, dtype=cuts.dtype)])
+    return bounds.diff().to(torch.int32)
