@@ -1,139 +1,135 @@
-"""Per-step block-table append and slot-mapping computation for a hybrid model's KV cache groups.
+"""Staged block-table writes for three hybrid KV-cache groups, then per-token slot mapping.
 
-vLLM v1 keeps one block table per KV cache group (`MultiGroupBlockTable`): a hybrid model's
-full-attention layers and its sliding-window layers form separate groups with their own block ids
-and block sizes. Each scheduler step, for every group g and request row r, the newly allocated
-blocks are appended to the row (`append_row`), then every scheduled token gets its slot
-(`compute_slot_mapping`):
+vLLM v1's `BlockTables.apply_staged_writes` fused over KV groups (tests/v1/worker/test_gpu_block_table.py::
+test_block_tables_apply_staged_writes_fuses_kv_groups), as upstream MetaKernelBench states it.
 
-    n = num_blocks_per_row[g, r] ; c = num_new_blocks[g, r]
-    block_tables[g, r, n : n + c] = new_block_ids[g, r, :c] ;  num_blocks_per_row[g, r] = n + c
-    slot_mapping[g, t] = block_tables[g, req_indices[t], positions[t] // bs_g] * bs_g + positions[t] % bs_g
-        with bs_g = block_sizes[g]  (computed with the appended rows)
+Groups g = 0, 1, 2 have allocation block sizes (16, 32, 8) and kernel block sizes (16, 16, 8): a group
+whose allocation block is e = 2 kernel blocks expands each staged block id b into e ids b e, b e + 1.
+1. Staged writes, in order w = 0 .. 127, per group: r = write_requests[w], c = staged_counts[g, w],
+   ids = expand(staged_ids[g, w, :c]), start = 0 if overwrite[w] else num_blocks[g, r]:
+       block_table_g[r, start : start + len(ids)] = ids ;  num_blocks[g, r] = start + len(ids)
+   (later writes see earlier ones: each request is written twice, once in each half).
+2. Slot mapping: for batch entry i, request r = idx_mapping[i], tokens query_start_loc[i] ..
+   query_start_loc[i + 1] - 1 at positions p: slot_mapping[g, t] = block_table_g[r, p // k_g] k_g + p % k_g,
+   with k_g the kernel block size; tokens past query_start_loc[-1] keep -1.
 
-Layouts: block_tables int32 [G, R, M]; num_blocks_per_row int32 [G, R]; new_block_ids int32
-[G, R, K] (entries past num_new_blocks are garbage and must not be copied); num_new_blocks int32
-[G, R]; req_indices int32 [T]; positions int64 [T]; block_sizes int32 [G]. Outputs: block_tables
-and num_blocks_per_row (updated in place, META.mutates, also returned) and slot_mapping int64 [G, T].
-Rows of requests not scheduled this step are unchanged. Integer arithmetic only: compared exactly.
-Full size: 2 groups (gpt-oss style full + sliding-window attention, block sizes 16 and 64),
-512 request rows of up to 2048 blocks, 160 scheduled requests (decodes and prefill chunks).
+Layouts: block_table_g int32 [64, (512, 1024, 512)]; num_blocks int32 [3, 64] (zeros); write_requests int32
+[128] (two permutations of the requests); overwrite bool [128]; staged_ids int32 [3, 128, 4] (-1 past the
+count); staged_counts int32 [3, 128] in 0..4; idx_mapping int32 [64]; query_start_loc int32 [65] (lengths
+0..64 per request); positions int64 [4096] in 0..63. Returns the three tables and num_blocks (updated in
+place, META.mutates) and slot_mapping int64 [3, 4096]. All of it is redrawn on every draw. Integer
+arithmetic only: compared exactly.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from mkb.problems._contract import Output, ProblemMeta
-from mkb.problems.paged import draw_lengths, structure_rng
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 
-ROWS = {"full": 512, "smoke": 12}
-MAX_BLOCKS = {"full": 2048, "smoke": 32}
-ACTIVE = {"full": 160, "smoke": 5}
-NEW = {"full": (1, 2048), "smoke": (1, 20)}
-CTX = {"full": (1, 24576), "smoke": (1, 90)}
-BLOCK_SIZES = {"full": (16, 64), "smoke": (4, 8)}
-POOL = {"full": 400000, "smoke": 400}  # physical blocks per group
-
-
-def _structure(size: str):
-    rng = structure_rng(26, size)
-    R, A = ROWS[size], ACTIVE[size]
-    rows = np.sort(rng.choice(R, size=A, replace=False))
-    new = np.array(draw_lengths(rng, A, *NEW[size]))
-    ctx = np.array(draw_lengths(rng, A, *CTX[size]))
-    bss = BLOCK_SIZES[size]
-    before = np.zeros((len(bss), R), dtype=np.int64)  # blocks held by each row before the step
-    after = np.zeros((len(bss), R), dtype=np.int64)
-    # idle rows hold blocks of requests that are not scheduled this step
-    for g, bs in enumerate(bss):
-        idle = rng.integers(0, MAX_BLOCKS[size] // 4, size=R)
-        before[g] = idle
-        after[g] = idle
-        before[g, rows] = -(-ctx // bs)
-        after[g, rows] = -(-(ctx + new) // bs)
-    req = np.concatenate([np.full(m, r) for r, m in zip(rows, new)])
-    pos = np.concatenate([np.arange(c, c + m) for c, m in zip(ctx, new)])
-    return before, after, req.astype(np.int32), pos.astype(np.int64)
+BLOCK_SIZES = (16, 32, 8)
+KERNEL_BLOCK_SIZES = (16, 16, 8)
+REQS = {"full": 64, "smoke": 8}
+TOKENS = {"full": 4096, "smoke": 64}  # max batched tokens = REQS x max tokens per request
+WIDTHS = {"full": (512, 1024, 512), "smoke": (16, 32, 16)}
+BLOCK_IDS = {"full": 2048, "smoke": 64}
+CAPACITY = 4  # staged block ids per write
+PAD_SLOT = -1
 
 
-_BEFORE, _AFTER, _REQ, _ = _structure("full")
-_G, _T = len(BLOCK_SIZES["full"]), len(_REQ)
-_APPENDED = int((_AFTER - _BEFORE).sum())
+def max_position(size: str) -> int:
+    """Positions stay within the blocks two rounds of staged writes can fill (upstream's bound)."""
+    return 2 * CAPACITY * min(BLOCK_SIZES)
+
+
+_f = "full"
+_R, _T, _W = REQS[_f], TOKENS[_f], 2 * REQS[_f]
 
 META = ProblemMeta(
     number=26,
     name="hybrid_kv_group_block_table_update_slot_mapping_int32_int64",
     family="kv_cache",
-    dtypes=("int32", "int64"),
-    source_model="openai/gpt-oss-120b served by vLLM v1 (hybrid KV cache manager: full + sliding-window groups)",
-    source_config="2 KV cache groups, block sizes 16 and 64 (the hybrid allocator may give groups different "
-    "block sizes), max_num_reqs=512, max blocks per request 2048",
-    inputs=(
-        "block_tables", "num_blocks_per_row", "new_block_ids", "num_new_blocks", "req_indices", "positions",
-        "block_sizes",
-    ),
+    dtypes=("int32", "int64", "bool"),
+    source_model="vLLM v1 GPU block tables (hybrid KV groups), test_block_tables_apply_staged_writes_fuses_kv_groups",
+    source_config="3 KV groups, block sizes (16, 32, 8), kernel block sizes (16, 16, 8), max_num_reqs=64, "
+    "max_num_batched_tokens=4096, max blocks per request (512, 1024, 512), 128 staged writes of up to 4 ids",
+    inputs=("block_table_0", "block_table_1", "block_table_2", "num_blocks", "write_requests", "overwrite",
+            "staged_ids", "staged_counts", "idx_mapping", "query_start_loc", "positions"),
     outputs=(
-        Output("block_tables", compare="exact"),
-        Output("num_blocks_per_row", compare="exact"),
+        Output("block_table_0", compare="exact"), Output("block_table_1", compare="exact"),
+        Output("block_table_2", compare="exact"), Output("num_blocks", compare="exact"),
         Output("slot_mapping", compare="exact"),
     ),
     flops=0.0,
-    bytes=float(_APPENDED * 4 * 2 + _T * (4 + 8) + _G * _T * (4 + 8) + _G * ROWS["full"] * 4 * 4),
+    # staged ids and their bookkeeping in, the written table entries out (at most 8 ids a write), then per
+    # token: position in, one table entry read per group, slot out per group
+    bytes=float(3 * _W * (CAPACITY * 4 + 4 + 4 + 1) + 3 * _W * 2 * CAPACITY * 4 + 3 * _R * 4 * 2
+                + _T * 8 + 3 * _T * (4 + 8) + (_R + 1) * 4 + _R * 4),
     peak="memory",
-    mutates=("block_tables", "num_blocks_per_row"),
-    structure_inputs=("num_blocks_per_row", "num_new_blocks", "req_indices", "positions", "block_sizes"),
+    mutates=("block_table_0", "block_table_1", "block_table_2", "num_blocks"),
+    structure_inputs=("write_requests", "staged_counts", "idx_mapping", "query_start_loc"),
+    fixed_inputs=("num_blocks",),
     exact_reason="integer index arithmetic and copies only",
-    notes=f"Full: {_T} scheduled tokens of {ACTIVE['full']} requests, {_APPENDED} blocks appended over "
-    "both groups. Mutated tables are also returned.",
+    upstream=Upstream(
+        source="shipped",
+        path="problems/kv_cache/26_hybrid_kv_group_block_table_update_slot_mapping_int32_int64.py",
+        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
+                 "exactness"),
+    ),
+    notes="The mutated tables and counts are also returned. num_blocks starts at zero on every draw, as upstream's. "
+    "The reference applies the writes in order (they depend on each other), reading the small bookkeeping "
+    "tensors on the host once; the slot mapping is one gather per group.",
 )
 
 
-def reference(block_tables, num_blocks_per_row, new_block_ids, num_new_blocks, req_indices, positions, block_sizes):
-    G, R, M = block_tables.shape
-    K = new_block_ids.shape[2]
-    dev = block_tables.device
-    slot_mapping = torch.empty(G, positions.shape[0], dtype=torch.int64, device=dev)
-    k = torch.arange(K, device=dev)
-    for g in range(G):
-        n = num_blocks_per_row[g].long()
-        c = num_new_blocks[g].long()
-        mask = k[None, :] < c[:, None]
-        rows = torch.arange(R, device=dev)[:, None].expand(R, K)[mask]
-        cols = (n[:, None] + k[None, :])[mask]
-        block_tables[g][rows, cols] = new_block_ids[g][mask]
-        num_blocks_per_row[g] += num_new_blocks[g]
-        bs = int(block_sizes[g])
-        blocks = block_tables[g][req_indices.long(), positions // bs].long()
-        slot_mapping[g] = blocks * bs + positions % bs
-    return block_tables, num_blocks_per_row, slot_mapping
+def reference(block_table_0, block_table_1, block_table_2, num_blocks, write_requests, overwrite, staged_ids,
+              staged_counts, idx_mapping, query_start_loc, positions):
+    tables = (block_table_0, block_table_1, block_table_2)
+    dev = block_table_0.device
+    requests = write_requests.tolist()
+    over = overwrite.tolist()
+    counts_host = staged_counts.tolist()
+    held = num_blocks.tolist()
+    for g, table in enumerate(tables):
+        e = BLOCK_SIZES[g] // KERNEL_BLOCK_SIZES[g]
+        for w, r in enumerate(requests):
+            c = counts_host[g][w]
+            ids = staged_ids[g, w, :c]
+            if e > 1:
+                ids = (ids[:, None] * e + torch.arange(e, device=dev, dtype=ids.dtype)[None, :]).reshape(-1)
+            start = 0 if over[w] else held[g][r]
+            table[r, start : start + ids.numel()] = ids.to(table.dtype)
+            held[g][r] = start + ids.numel()
+    num_blocks.copy_(torch.tensor(held, dtype=num_blocks.dtype))
+    n = positions.shape[0]
+    t = torch.arange(n, device=dev)
+    batch = torch.searchsorted(query_start_loc[1:].long(), t, right=True).clamp(max=idx_mapping.numel() - 1)
+    valid = t < query_start_loc[-1].long()
+    req = idx_mapping.long()[batch]
+    slot_mapping = torch.full((len(tables), n), PAD_SLOT, dtype=torch.int64, device=dev)
+    for g, table in enumerate(tables):
+        k = KERNEL_BLOCK_SIZES[g]
+        slots = table.long()[req, positions // k] * k + positions % k
+        slot_mapping[g] = torch.where(valid, slots, slot_mapping[g])
+    return block_table_0, block_table_1, block_table_2, num_blocks, slot_mapping
 
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
-    before, after, req, pos = _structure(size)
-    G, R, M = before.shape[0], ROWS[size], MAX_BLOCKS[size]
-    cnt = after - before
-    K = int(cnt.max())
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    # block ids are values: drawn from the seed, distinct within a group (a permutation of the pool)
-    tables = torch.randint(0, POOL[size], (G, R, M), generator=g, dtype=torch.int32)  # stale beyond the count
-    new_ids = torch.randint(0, POOL[size], (G, R, K), generator=g, dtype=torch.int32)  # garbage past the count
-    for gi in range(G):
-        perm = torch.randperm(POOL[size], generator=g).to(torch.int32)
-        used = 0
-        for r in range(R):
-            b, c = int(before[gi, r]), int(cnt[gi, r])
-            tables[gi, r, :b] = perm[used : used + b]
-            new_ids[gi, r, :c] = perm[used + b : used + b + c]
-            used += b + c
-    i32 = torch.int32
-    return (
-        tables.to(device),
-        torch.from_numpy(before).to(i32).to(device),
-        new_ids.to(device),
-        torch.from_numpy(cnt).to(i32).to(device),
-        torch.from_numpy(req).to(device),
-        torch.from_numpy(pos).to(device),
-        torch.tensor(BLOCK_SIZES[size], dtype=i32, device=device),
-    )
+    R, T, ids = REQS[size], TOKENS[size], BLOCK_IDS[size]
+    writes = 2 * R
+    g = torch.Generator().manual_seed(seed)  # drawn on the CPU (small tensors): the same on every device
+    tables = [torch.randint(0, ids, (R, w), generator=g, dtype=torch.int32) for w in WIDTHS[size]]
+    num_blocks = torch.zeros(3, R, dtype=torch.int32)
+    write_requests = torch.cat([torch.randperm(R, generator=g), torch.randperm(R, generator=g)]).to(torch.int32)
+    overwrite = torch.randint(0, 2, (writes,), generator=g).to(torch.bool)
+    staged_counts = torch.randint(0, CAPACITY + 1, (3, writes), generator=g, dtype=torch.int32)
+    candidates = torch.randint(0, ids, (3, writes, CAPACITY), generator=g, dtype=torch.int32)
+    filled = torch.arange(CAPACITY)[None, None, :] < staged_counts[:, :, None]
+    staged_ids = torch.where(filled, candidates, torch.full_like(candidates, -1))
+    idx_mapping = torch.randperm(R, generator=g).to(torch.int32)
+    lengths = torch.randint(0, T // R + 1, (R,), generator=g)
+    query_start_loc = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0).clamp(max=T)]).to(torch.int32)
+    positions = torch.randint(0, max_position(size), (T,), generator=g, dtype=torch.int64)
+    out = (*tables, num_blocks, write_requests, overwrite, staged_ids, staged_counts, idx_mapping, query_start_loc,
+           positions)
+    return tuple(x.to(device) for x in out)
