@@ -1,88 +1,86 @@
-"""GQA decode attention over a paged KV cache (FlashInfer layout), Qwen3-14B heads at TP 8, page size 1.
+"""GQA decode attention over a paged KV cache (FlashInfer layout), Llama 4 Scout 17B-16E at TP=8 heads, page size 1.
 
-One new query token per sequence attends to that sequence's whole KV cache (no mask inside a
-sequence: the cache holds exactly the tokens the query may see, the query's own token included).
+One new query token per sequence attends to that sequence's whole KV cache, as upstream MetaKernelBench
+states it (FlashInfer-Trace definition gqa_paged_decode_h5_kv1_d128_ps1).
 
 Inputs (bf16 unless stated):
 - q                [batch, 5, 128]: the query of each sequence's new token.
-- k_cache, v_cache [num_pages, page_size=1, 1, 128]: the page pool (NHD layout inside a page).
-  Pages not listed in kv_indices hold garbage and must not be read.
-- kv_indptr        int32 [batch + 1]: sequence b owns kv_indices[kv_indptr[b]:kv_indptr[b+1]].
-- kv_indices       int32 [nnz_pages]: page ids, in token order (not the identity permutation).
-- kv_last_page_len int32 [batch]: rows used in the last page of each sequence (1..page_size).
-  kv_len[b] = (kv_indptr[b+1] - kv_indptr[b] - 1) * page_size + kv_last_page_len[b];
-  token t of sequence b is row t % page_size of page kv_indices[kv_indptr[b] + t // page_size].
+- k_cache, v_cache [num_pages, 1, 1, 128]: the page pool (NHD inside a page); unlisted pages hold garbage.
+- kv_indptr        int32 [batch + 1]: sequence b owns kv_indices[kv_indptr[b]:kv_indptr[b+1]] (captured, fixed).
+- kv_indices       int32 [nnz_pages]: page ids in token order, redrawn on every draw (the first nnz entries of
+  a random permutation of the pool).
+  Page size 1: kv_len[b] = kv_indptr[b+1] - kv_indptr[b]; token t of sequence b is page
+  kv_indices[kv_indptr[b] + t].
+- sm_scale         float: the captured softmax scale.
 
-GQA: all 5 query heads share the single kv head (Qwen3-14B: 40 query / 8 kv heads, split over 8 GPUs).
+GQA: query head h uses kv head h // 5.
 
 Numerics: computed in float32 (float64 for the fp64 anchor).
-  s[b,h,t] = (q[b,h] . k[b,t,0]) * sm_scale, sm_scale = 1/sqrt(128);
-  out[b,h] = sum_t softmax_t(s[b,h,:]) v[b,t,0]            -> bf16 [batch, 5, 128]
-  lse[b,h] = log2(sum_t exp(s[b,h,t]))  (base 2, as FlashInfer)  -> float32 [batch, 5]
+  s[b,h,t] = (q[b,h] . k[b,t,h//5]) * sm_scale
+  out[b,h] = sum_t softmax_t(s[b,h,:]) v[b,t,h//5]       -> bf16 [batch, 5, 128]
+  lse[b,h] = log2(sum_t exp(s[b,h,t]))  (base 2, as FlashInfer) -> float32 [batch, 5]
 
-Sizes: full = 128 sequences with KV lengths 256..16384 (log-uniform, fixed); smoke = 3 short ones.
+Sizes: full = the captured trace (upstream's); smoke = 3 short sequences in a small pool.
 """
 
 from __future__ import annotations
 
-import math
-
-from mkb.problems import Output, ProblemMeta
-from mkb.problems.gqa import (
-    decode_cost,
-    decode_eager,
-    decode_inputs,
-    decode_reference,
-    decode_structure,
-)
-from mkb.problems.paged import PageTable, structure_rng
+from mkb.problems import Output, ProblemMeta, Upstream
+from mkb.problems.gqa import Trace, decode_cost, decode_eager, decode_inputs, decode_reference
 
 NUMBER = 2
 NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 5, 1, 128, 1
-SM_SCALE = 1.0 / math.sqrt(HEAD_DIM)
-_SIZES = {"full": (128, 256, 16384), "smoke": (3, 5, 40)}  # batch, min kv_len, max kv_len
+SM_SCALE = 0.08838834764831843
+KV_INDPTR = (0, 20, 28, 98, 102, 124, 147, 160, 193, 198, 207, 230, 266, 282, 397, 410, 418, 450, 461, 486, 508, 814,
+             1084, 1335, 1412, 1462, 1485, 1496, 1502, 1938, 1955, 2275, 2297, 2313, 2332, 2382, 2390, 2405, 2414, 2568,
+             2578, 2586, 2597, 4650, 4660, 4760, 4781, 4932, 4940, 4968, 5043, 5054, 5070, 5124, 10265, 15933, 15946,
+             16069, 16081, 17894, 19017, 19040, 19118, 19134)
+TRACES = {
+    "full": Trace(kv_indptr=KV_INDPTR, page_size=PAGE_SIZE, num_pages=53173),
+    "smoke": Trace(kv_indptr=(0, 5, 12, 40), page_size=PAGE_SIZE, num_pages=64),
+}
 
 
-def _structure(size: str) -> PageTable:
-    return decode_structure(structure_rng(NUMBER, size), _SIZES[size], PAGE_SIZE)
+def reference(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale):
+    return decode_reference(q, k_cache, v_cache, kv_indptr, kv_indices, None, sm_scale=sm_scale)
 
 
-def reference(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len):
-    return decode_reference(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale=SM_SCALE)
-
-
-def eager(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len):
-    """The eager baseline: bf16 SDPA over a padded batch gathered page by page (see `decode_eager`)."""
-    return decode_eager(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale=SM_SCALE)
+def eager(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale):
+    """The eager baseline: bf16 SDPA per kv head's query group, lse from fp32 scores (see `decode_eager`)."""
+    return decode_eager(q, k_cache, v_cache, kv_indptr, kv_indices, None, sm_scale=sm_scale)
 
 
 def make_inputs(seed: int, *, device, size: str = "full"):
-    return decode_inputs(seed, _structure(size), device=device, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM)
+    return decode_inputs(seed, TRACES[size], device=device, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS,
+                         head_dim=HEAD_DIM, sm_scale=SM_SCALE)
 
 
-_PT = _structure("full")
-_FLOPS, _BYTES = decode_cost(_PT, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM)
-_TOKENS = sum(_PT.kv_lens)
+_FLOPS, _BYTES = decode_cost(TRACES["full"], num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM)
+_TOKENS = sum(TRACES["full"].kv_lens)
 
 META = ProblemMeta(
-    number=2,
+    number=NUMBER,
     name="gqa_paged_decode_h5_kv1_d128_ps1_bf16",
     family="attention",
     dtypes=("bfloat16", "int32", "float32"),
-    source_model="Qwen/Qwen3-14B at tensor-parallel 8 (served by FlashInfer/vLLM)",
-    source_config="num_attention_heads=40, num_key_value_heads=8, head_dim=128, TP=8 -> 5 q / 1 kv "
-    "heads per GPU; FlashInfer "
-    "BatchDecodeWithPagedKVCache layout (NHD pages, CSR page table), page_size=1",
-    inputs=("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page_len"),
+    source_model="meta-llama/Llama-4-Scout-17B-16E at TP=8 (FlashInfer-Trace record 69ec7197)",
+    source_config="num_qo_heads=5, num_kv_heads=1, head_dim=128; FlashInfer BatchDecodeWithPagedKVCache layout "
+    "(NHD pages, CSR page table), page_size=1",
+    inputs=("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale"),
     outputs=(Output("out"), Output("lse")),
     flops=_FLOPS,
     bytes=_BYTES,
-    structure_inputs=("kv_indptr", "kv_indices", "kv_last_page_len"),
+    structure_inputs=("kv_indices",),
+    fixed_inputs=("kv_indptr",),
     peak="memory",
-    notes=f"full: 128 sequences, kv_len 256..16384 log-uniform, {_TOKENS} cached tokens, 25% spare "
-    "pages in a shuffled pool. flops = 4*H*D*sum(kv_len); bytes = referenced KV pages + q + out + "
-    "lse + page table (spare pages not counted). lse is base 2 (FlashInfer convention). "
-    "Eager baseline: bf16 torch SDPA over a padded batch gathered page by page (each kv head's query "
-    "group as query rows, a boolean padding mask); lse from fp32 scores (a bf16 GEMM with fp32 "
-    "result) on the side.",
+    upstream=Upstream(
+        source="shipped",
+        path="problems/attention/02_gqa_paged_decode_h5_kv1_d128_ps1_bf16.py",
+        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
+                 "exactness"),
+    ),
+    notes=f"full: {TRACES['full'].batch} sequences, {_TOKENS} cached tokens in a pool of {TRACES['full'].num_pages} "
+    "pages. flops = 4*H*D*sum(kv_len); bytes = referenced KV + q + out + lse + page table (spare pages not "
+    "counted). lse is base 2. Eager baseline: bf16 torch SDPA (padded batch, or per sequence where padding would "
+    "gather more than 4x the real KV), lse from fp32 scores on the side.",
 )

@@ -1,89 +1,79 @@
-"""Causal GQA prefill over ragged (unpaged) Q and KV, Qwen3-Next-80B-A3B attention heads at TP 2.
+"""Causal GQA prefill over ragged (unpaged) Q and KV, Qwen3 Next 80B A3B at TP=2 heads.
 
-Qwen3-Next interleaves gated-DeltaNet layers with full (gated) attention layers; this is the core
-of a full-attention layer (q/k norm, partial RoPE and the output gate are applied outside it).
-
-A batch of sequences each has qo_len[b] new tokens and kv_len[b] = prefix[b] + qo_len[b] keys
-(the prefix came from a cache and was copied in front of the new keys; some prefixes are empty).
-Everything is packed ragged, FlashInfer BatchPrefillWithRaggedKVCache / FlashAttention varlen style.
+Each sequence has qo_len[b] new tokens after a cached prefix: kv_len[b] = prefix[b] + qo_len[b], packed
+ragged (FlashInfer BatchPrefillWithRaggedKVCache), as upstream MetaKernelBench states it (FlashInfer-Trace
+definition gqa_ragged_prefill_causal_h8_kv1_d256: captured query lengths, upstream's authored prefixes).
 
 Inputs (bf16 unless stated):
 - q     [total_q, 8, 256]:  sequence b owns rows qo_indptr[b]:qo_indptr[b+1].
-- k, v  [total_kv, 1, 256]:  sequence b owns rows kv_indptr[b]:kv_indptr[b+1].
-- qo_indptr, kv_indptr int32 [batch + 1] (cu_seqlens).
+- k, v  [total_kv, 1, 256]: sequence b owns rows kv_indptr[b]:kv_indptr[b+1].
+- qo_indptr, kv_indptr int32 [batch + 1] (cu_seqlens; fixed, as upstream's: only values are redrawn).
+- sm_scale float.
 
-GQA: all 8 query heads share the single kv head.
+GQA: query head h uses kv head h // 8.
 
-Numerics: computed in float32 (float64 for the fp64 anchor). For query row i (0-based within its
-sequence) and key t of the same sequence:
-  causal mask, aligned bottom-right: key t is visible iff t <= i + (kv_len[b] - qo_len[b]);
-  s = (q . k) * sm_scale, sm_scale = 1/sqrt(256); p = softmax over visible keys;
-  out[i,h] = sum_t p v[t, 0]                               -> bf16 [total_q, 8, 256]
-  lse[i,h] = log2(sum_visible exp(s))  (base 2, as FlashInfer) -> float32 [total_q, 8]
+Numerics: computed in float32 (float64 for the fp64 anchor). Causal mask aligned bottom-right: query row i
+sees key t iff t <= i + (kv_len[b] - qo_len[b]); sm_scale = 0.08838834764831843 (sm_scale is the captured 1/sqrt(128), not 1/sqrt(256): the model's query pre-scaling, as the trace records it).
+  out = softmax(s) v over visible keys -> bf16 [total_q, 8, 256]
+  lse = log2(sum over visible keys of exp(s)) (base 2) -> float32 [total_q, 8]
 
-Sizes: full = 8 sequences, qo_len 256..4096, prefix 0..4096 (fixed); smoke = 3 short ones.
+Sizes: full = upstream's lengths; smoke = 3 short sequences.
 """
 
 from __future__ import annotations
 
-import math
-
-from mkb.problems import Output, ProblemMeta
-from mkb.problems.gqa import (
-    prefill_cost,
-    prefill_lengths,
-    ragged_prefill_eager,
-    ragged_prefill_inputs,
-    ragged_prefill_reference,
-)
-from mkb.problems.paged import structure_rng
+from mkb.problems import Output, ProblemMeta, Upstream
+from mkb.problems.gqa import prefill_cost, ragged_prefill_eager, ragged_prefill_inputs, ragged_prefill_reference, ragged_trace
 
 NUMBER = 9
 NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM = 8, 1, 256
-SM_SCALE = 1.0 / math.sqrt(HEAD_DIM)
-# batch, qo_len range, prefix range
-_SIZES = {"full": (8, (256, 4096), (64, 4096)), "smoke": (3, (3, 12), (2, 20))}
+SM_SCALE = 0.08838834764831843
+Q_LENS = (35, 71, 76, 69, 62, 52, 61, 39, 102, 94, 64, 44, 63, 37, 49, 56, 53, 58, 47, 18, 61, 83, 49, 63, 64, 19,
+          82, 63, 17, 39, 59, 46, 66, 86, 41, 58, 36, 41, 33, 18, 19, 25, 32, 39, 68, 47, 73, 41, 50, 13, 27, 59, 22,
+          29, 66, 23, 20, 37, 32, 40, 19, 55, 43)
+PREFIX_LENS = (0, 64, 17, 39, 5, 58, 26, 44, 11, 0, 33, 61, 8, 22, 49, 0, 14, 55, 30, 3, 41, 64, 19, 7, 36, 0, 52, 24,
+               60, 13, 28, 46, 1, 0, 57, 20, 35, 9, 63, 42, 16, 0, 50, 27, 4, 38, 59, 23, 12, 45, 0, 31, 54, 18, 6, 40,
+               62, 29, 15, 48, 0, 34, 21)
+TRACES = {"full": ragged_trace(Q_LENS, PREFIX_LENS), "smoke": ragged_trace((5, 9, 3), (0, 7, 2))}
 
 
-def _structure(size: str):
-    return prefill_lengths(structure_rng(NUMBER, size), _SIZES[size])
+def reference(q, k, v, qo_indptr, kv_indptr, sm_scale):
+    return ragged_prefill_reference(q, k, v, qo_indptr, kv_indptr, sm_scale=sm_scale)
 
 
-def reference(q, k, v, qo_indptr, kv_indptr):
-    return ragged_prefill_reference(q, k, v, qo_indptr, kv_indptr, sm_scale=SM_SCALE)
-
-
-def eager(q, k, v, qo_indptr, kv_indptr):
+def eager(q, k, v, qo_indptr, kv_indptr, sm_scale):
     """The eager baseline: per sequence, bf16 SDPA on its ragged slices (see `ragged_prefill_eager`)."""
-    return ragged_prefill_eager(q, k, v, qo_indptr, kv_indptr, sm_scale=SM_SCALE)
+    return ragged_prefill_eager(q, k, v, qo_indptr, kv_indptr, sm_scale=sm_scale)
 
 
 def make_inputs(seed: int, *, device, size: str = "full"):
-    qo_lens, kv_lens = _structure(size)
-    return ragged_prefill_inputs(seed, qo_lens, kv_lens, device=device, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM)
+    return ragged_prefill_inputs(seed, TRACES[size], device=device, num_qo_heads=NUM_QO_HEADS,
+                                 num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, sm_scale=SM_SCALE)
 
 
-_LENS = _structure("full")
-_FLOPS, _BYTES = prefill_cost(*_LENS, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, index_bytes=8 * (len(_LENS[0]) + 1))
+_FLOPS, _BYTES = prefill_cost(TRACES["full"], num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM)
 
 META = ProblemMeta(
     number=NUMBER,
     name="gqa_ragged_prefill_causal_h8_kv1_d256_bf16",
     family="attention",
     dtypes=("bfloat16", "int32", "float32"),
-    source_model="Qwen/Qwen3-Next-80B-A3B-Instruct (gated full-attention layers) at tensor-parallel 2 "
-    "(served by FlashInfer/vLLM)",
-    source_config="num_attention_heads=16, num_key_value_heads=2, head_dim=256, TP=2 -> 8 q / 1 kv "
-    "heads per GPU; FlashInfer BatchPrefillWithRaggedKVCache layout (NHD, indptr), causal",
-    inputs=("q", "k", "v", "qo_indptr", "kv_indptr"),
+    source_model="Qwen/Qwen3-Next-80B-A3B at TP=2 (FlashInfer-Trace record 96ee50a6)",
+    source_config="num_qo_heads=8, num_kv_heads=1, head_dim=256; FlashInfer BatchPrefillWithRaggedKVCache, "
+    "causal, sm_scale=0.08838834764831843",
+    inputs=("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale"),
     outputs=(Output("out"), Output("lse")),
     flops=_FLOPS,
     bytes=_BYTES,
-    structure_inputs=("qo_indptr", "kv_indptr"),
+    fixed_inputs=("qo_indptr", "kv_indptr"),
     peak="bf16_tc",
-    notes=f"full: (qo_len, kv_len) = {list(zip(*_LENS))}. flops count only unmasked (visible) "
-    "query-key pairs: 4*H*D*sum_b(qo*(kv-qo) + qo*(qo+1)/2). Causal mask aligned bottom-right; "
-    "lse base 2. "
-    "Eager baseline: per sequence, bf16 torch SDPA with the causal_lower_right bias (enable_gqa); lse "
-    "from fp32 scores (a bf16 GEMM with fp32 result) on the side.",
+    upstream=Upstream(
+        source="shipped",
+        path="problems/attention/09_gqa_ragged_prefill_causal_h8_kv1_d256_bf16.py",
+        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
+                 "exactness"),
+    ),
+    notes=f"full: {TRACES['full'].batch} sequences, {sum(TRACES['full'].qo_lens)} query rows, "
+    f"{sum(TRACES['full'].kv_lens)} keys. flops count visible query-key pairs only. lse is base 2. Eager baseline: "
+    "per sequence, bf16 torch SDPA with a bottom-right causal mask; lse from fp32 scores on the side.",
 )
