@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from mkb.problems.paged import cu_seqlens
+from mkb.problems.paged import cu_seqlens, pool_indices
 
 __all__ = [
     "CHUNK_Q",
@@ -104,9 +104,7 @@ def _i32(x, device) -> torch.Tensor:
 
 
 def _page_indices(seed: int, trace: Trace, device) -> torch.Tensor:
-    """The first nnz entries of a random permutation of the pool, drawn on the CPU from `seed`."""
-    perm = torch.randperm(trace.num_pages, generator=torch.Generator().manual_seed(seed))
-    return perm[: trace.kv_indptr[-1]].to(torch.int32).to(device)
+    return pool_indices(seed, trace.num_pages, trace.kv_indptr[-1]).to(device)
 
 
 def _scores_f32(a, b):

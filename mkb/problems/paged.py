@@ -24,6 +24,7 @@ __all__ = [
     "token_slots",
     "padded_slots",
     "random_cuts",
+    "pool_indices",
 ]
 
 
@@ -155,3 +156,16 @@ def random_cuts(gen, total: int, parts: int):
     cuts = (torch.randperm(total - 1, generator=gen)[: parts - 1] + 1).sort().values
     bounds = torch.cat([torch.zeros(1, dtype=cuts.dtype), cuts, torch.full((1,), total, dtype=cuts.dtype)])
     return bounds.diff().to(torch.int32)
+
+
+def pool_indices(seed: int, num_pages: int, nnz: int):
+    """int32 [nnz] page ids: the first nnz entries of a random permutation of a pool of `num_pages`.
+
+    Upstream MetaKernelBench's page assignment for captured FlashInfer traces, redrawn on every draw
+    from the value seed (drawn on the CPU, so it is the same on every device).
+    """
+    import torch
+
+    if nnz > num_pages:
+        raise ValueError(f"{nnz} pages referenced but the pool has {num_pages}; hint: enlarge the pool")
+    return torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed))[:nnz].to(torch.int32)

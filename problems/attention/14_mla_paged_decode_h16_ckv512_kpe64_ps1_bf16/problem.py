@@ -13,16 +13,20 @@ Inputs (bf16 unless stated):
   Pages not listed in kv_indices hold garbage and must not be read.
 - kv_indptr  int32 [batch + 1]: sequence b owns kv_indices[kv_indptr[b]:kv_indptr[b+1]]; with
   page size 1, kv_len[b] = kv_indptr[b+1] - kv_indptr[b].
-- kv_indices int32 [nnz]: page ids in token order (a shuffled pool, not the identity).
+- kv_indices int32 [nnz]: page ids in token order, redrawn on every draw (the first nnz entries of a
+  random permutation of the pool).
+- sm_scale   float: the captured softmax scale.
 
 Numerics: computed in float32 (float64 for the fp64 anchor).
   s[b,h,t] = (q_nope[b,h] . ckv[b,t] + q_pe[b,h] . kpe[b,t]) * sm_scale
-  sm_scale = (128 + 64)^-0.5 * mscale^2, mscale = 0.1 * 1.0 * ln(40) + 1 (DeepSeek-V3 YaRN,
-  factor 40, mscale_all_dim 1) = 0.1352337...;
+  sm_scale = 0.1352337747812271, the captured value of (128 + 64)^-0.5 * mscale^2 with
+  mscale = 0.1 * 1.0 * ln(40) + 1 (DeepSeek-V3 YaRN, factor 40, mscale_all_dim 1);
   out[b,h] = sum_t softmax_t(s[b,h,:]) ckv[b,t]               -> bf16 [batch, 16, 512]
   lse[b,h] = log2(sum_t exp(s[b,h,t]))  (base 2, as FlashInfer) -> float32 [batch, 16]
 
-Sizes: full = 128 sequences with KV lengths 256..8192 (log-uniform, fixed); smoke = 3 short ones.
+Sizes: full = upstream's captured FlashInfer-Trace record (64 sequences, 75145 cached tokens in a pool of
+989669 pages); smoke = 3 short sequences in a pool of 64. The geometry (kv_indptr) is fixed; the page
+assignment is redrawn on every draw, as upstream's.
 """
 
 from __future__ import annotations
@@ -31,22 +35,24 @@ import math
 
 import torch
 
-from mkb.problems import Output, ProblemMeta
-from mkb.problems.paged import draw_lengths, page_table, structure_rng
+from mkb.problems import Output, ProblemMeta, Upstream
+from mkb.problems.paged import pool_indices
 
 NUMBER = 14
 NUM_HEADS, CKV_DIM, KPE_DIM, PAGE_SIZE = 16, 512, 64, 1
-SM_SCALE = (128 + 64) ** -0.5 * (0.1 * 1.0 * math.log(40.0) + 1.0) ** 2
-_SIZES = {"full": (128, 256, 8192), "smoke": (3, 5, 40)}  # batch, min kv_len, max kv_len
+SM_SCALE = 0.1352337747812271
+KV_INDPTR = {
+    "full": (0, 537, 1051, 1689, 2199, 3771, 5311, 6904, 8494, 11155, 13258, 15676, 24873, 25427, 25946, 27825, 28517,
+             29331, 30010, 30680, 31220, 31736, 32254, 32866, 33378, 36677, 37310, 37846, 38896, 39415, 39983, 40641,
+             41155, 41689, 42417, 43059, 43975, 45419, 47001, 48634, 50171, 51682, 52311, 53407, 54908, 56394, 57906,
+             58425, 58975, 59915, 60483, 61003, 64016, 64571, 65094, 66520, 67099, 67743, 68267, 68784, 69317, 70745,
+             72061, 73455, 75145),
+    "smoke": (0, 5, 12, 40),
+}
+NUM_PAGES = {"full": 989669, "smoke": 64}
 
 
-def _structure(size: str):
-    batch, lo, hi = _SIZES[size]
-    rng = structure_rng(NUMBER, size)
-    return page_table(rng, draw_lengths(rng, batch, lo, hi), PAGE_SIZE)
-
-
-def reference(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices):
+def reference(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):
     dt = torch.promote_types(q_nope.dtype, torch.float32)
     batch, num_heads, _ = q_nope.shape
     page_size = ckv_cache.shape[1]
@@ -59,7 +65,7 @@ def reference(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices):
     ckv = ckv_cache.reshape(-1, ckv_cache.shape[-1])[slot].to(dt)  # [batch, max_len, 512]
     kpe = kpe_cache.reshape(-1, kpe_cache.shape[-1])[slot].to(dt)  # [batch, max_len, 64]
     s = torch.einsum("bhd,bld->bhl", q_nope.to(dt), ckv) + torch.einsum("bhd,bld->bhl", q_pe.to(dt), kpe)
-    s = (s * SM_SCALE).masked_fill(~valid[:, None, :], float("-inf"))
+    s = (s * sm_scale).masked_fill(~valid[:, None, :], float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None])
     out = torch.einsum("bhl,bld->bhd", p, ckv)
@@ -78,7 +84,7 @@ def _scores_f32(a, b):
     return torch.bmm(a.float(), b.float().transpose(1, 2))
 
 
-def eager(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices):
+def eager(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):
     """The eager baseline, in the form of DeepSeek's own eager MLA: bf16 GEMMs, fp32 scores and softmax.
 
     Over a padded batch: scores from two GEMMs with fp32 results (latent and RoPE parts), a masked
@@ -92,7 +98,7 @@ def eager(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices):
     slot = kv_indices.long()[(kv_indptr[:-1].long()[:, None] + t[None, :]).clamp(max=kv_indices.numel() - 1)]
     ckv = ckv_cache.reshape(-1, ckv_cache.shape[-1])[slot]  # [batch, max_len, 512] bf16
     kpe = kpe_cache.reshape(-1, kpe_cache.shape[-1])[slot]
-    s = _scores_f32(q_nope, ckv).add_(_scores_f32(q_pe, kpe)).mul_(SM_SCALE)
+    s = _scores_f32(q_nope, ckv).add_(_scores_f32(q_pe, kpe)).mul_(sm_scale)
     s.masked_fill_(~valid[:, None, :], float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s.sub_(lse[..., None])).to(q_nope.dtype)
@@ -100,30 +106,32 @@ def eager(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices):
 
 
 def make_inputs(seed: int, *, device, size: str = "full"):
-    pt = _structure(size)
-    g = torch.Generator(device=device).manual_seed(seed)
+    indptr, pages = KV_INDPTR[size], NUM_PAGES[size]
+    meta = torch.device(device).type == "meta"
+    g = None if meta else torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape):
+        if meta:
+            return torch.empty(*shape, device=device, dtype=torch.bfloat16)
         return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
 
-    q_nope = randn(pt.batch, NUM_HEADS, CKV_DIM)
-    q_pe = randn(pt.batch, NUM_HEADS, KPE_DIM)
-    ckv_cache = randn(pt.num_pages, PAGE_SIZE, CKV_DIM)
-    kpe_cache = randn(pt.num_pages, PAGE_SIZE, KPE_DIM)
-
-    def i32(x):
-        return torch.tensor(x, dtype=torch.int32, device=device)
-
-    return q_nope, q_pe, ckv_cache, kpe_cache, i32(pt.indptr), i32(pt.indices)
+    batch = len(indptr) - 1
+    q_nope = randn(batch, NUM_HEADS, CKV_DIM)
+    q_pe = randn(batch, NUM_HEADS, KPE_DIM)
+    ckv_cache = randn(pages, PAGE_SIZE, CKV_DIM)
+    kpe_cache = randn(pages, PAGE_SIZE, KPE_DIM)
+    kv_indptr = torch.tensor(indptr, dtype=torch.int32, device=device)
+    kv_indices = pool_indices(seed, pages, indptr[-1]).to(device)
+    return q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, SM_SCALE
 
 
 def _cost():
-    pt = _structure("full")
-    tokens = sum(pt.kv_lens)
+    indptr = KV_INDPTR["full"]
+    tokens, batch = indptr[-1], len(indptr) - 1
     flops = 2.0 * NUM_HEADS * (CKV_DIM + KPE_DIM + CKV_DIM) * tokens
     kv_bytes = 2 * tokens * (CKV_DIM + KPE_DIM)
-    qo_bytes = pt.batch * NUM_HEADS * (2 * (2 * CKV_DIM + KPE_DIM) + 4)
-    idx_bytes = 4 * (len(pt.indptr) + len(pt.indices))
+    qo_bytes = batch * NUM_HEADS * (2 * (2 * CKV_DIM + KPE_DIM) + 4)
+    idx_bytes = 4 * (len(indptr) + tokens)
     return flops, float(kv_bytes + qo_bytes + idx_bytes), tokens
 
 
@@ -137,14 +145,20 @@ META = ProblemMeta(
     source_model="deepseek-ai/DeepSeek-V3 at tensor-parallel 8 (FlashInfer BatchMLAPagedAttention)",
     source_config="num_attention_heads=128 (TP=8 -> 16), kv_lora_rank=512, qk_rope_head_dim=64, "
     "qk_nope_head_dim=128, v_head_dim=128, rope_scaling yarn factor=40 mscale_all_dim=1; page_size=1",
-    inputs=("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices"),
+    inputs=("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices", "sm_scale"),
     outputs=(Output("out"), Output("lse")),
     flops=_FLOPS,
     bytes=_BYTES,
-    structure_inputs=("kv_indptr", "kv_indices"),
+    structure_inputs=("kv_indices",),
+    fixed_inputs=("kv_indptr",),
     peak="memory",
-    notes=f"full: 128 sequences, kv_len 256..8192 log-uniform, {_TOKENS} cached tokens, 25% spare "
-    "pages in a shuffled pool. flops = 2*H*(512+64+512)*sum(kv_len); bytes = referenced cache rows "
+    upstream=Upstream(
+        source="shipped",
+        path="problems/attention/14_mla_paged_decode_h16_ckv512_kpe64_ps1_bf16.py",
+        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
+                 "exactness"),
+    ),
+    notes=f"full: 64 sequences, {_TOKENS} cached tokens in a pool of {NUM_PAGES['full']} pages. flops = 2*H*(512+64+512)*sum(kv_len); bytes = referenced cache rows "
     "+ q + out + lse + page table. lse base 2. "
     "Eager baseline: DeepSeek-style eager MLA over a padded batch: bf16 GEMMs with fp32 scores, "
     "masked fp32 softmax (its normaliser is lse), bf16 probabilities times the latents.",

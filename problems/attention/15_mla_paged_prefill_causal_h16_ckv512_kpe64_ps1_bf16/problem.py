@@ -11,20 +11,23 @@ Inputs (bf16 unless stated):
   qo_indptr[b]:qo_indptr[b+1] (RoPE already applied to q_pe).
 - ckv_cache  [num_pages, page_size=1, 512], kpe_cache [num_pages, page_size=1, 64]: page pool;
   pages not listed in kv_indices hold garbage and must not be read.
-- qo_indptr  int32 [batch + 1].
-- kv_indptr  int32 [batch + 1]: sequence b owns kv_indices[kv_indptr[b]:kv_indptr[b+1]];
+- qo_indptr  int32 [batch + 1] (captured, fixed).
+- kv_indptr  int32 [batch + 1] (captured, fixed): sequence b owns kv_indices[kv_indptr[b]:kv_indptr[b+1]];
   with page size 1, kv_len[b] = kv_indptr[b+1] - kv_indptr[b].
-- kv_indices int32 [nnz]: page ids in token order (a shuffled pool, not the identity).
+- kv_indices int32 [nnz]: page ids in token order, redrawn on every draw (the first nnz entries of a
+  random permutation of the pool).
+- sm_scale   float: the captured softmax scale.
 
 Numerics: computed in float32 (float64 for the fp64 anchor). For query row i (0-based within its
 sequence) and cached token t of the same sequence:
   causal mask, aligned bottom-right: t is visible iff t <= i + (kv_len[b] - qo_len[b]);
   s = (q_nope . ckv[t] + q_pe . kpe[t]) * sm_scale,
-  sm_scale = (128 + 64)^-0.5 * (0.1 * ln(40) + 1)^2 = 0.1352337... (DeepSeek-V3 YaRN mscale);
+  sm_scale = 0.1352337747812271, the captured (128 + 64)^-0.5 * (0.1 * ln(40) + 1)^2 (DeepSeek-V3 YaRN mscale);
   out[i,h] = sum_t softmax(s) ckv[t]                          -> bf16 [total_q, 16, 512]
   lse[i,h] = log2(sum_visible exp(s))  (base 2, as FlashInfer) -> float32 [total_q, 16]
 
-Sizes: full = 6 sequences, qo_len 128..2048, prefix 0..4096 (fixed); smoke = 3 short ones.
+Sizes: full = upstream's captured FlashInfer-Trace record (28 sequences, 1954 query rows, 2044 cached tokens in
+a pool of 989669 pages); smoke = 3 short sequences in a pool of 48.
 """
 
 from __future__ import annotations
@@ -33,26 +36,26 @@ import math
 
 import torch
 
-from mkb.problems import Output, ProblemMeta
-from mkb.problems.paged import cu_seqlens, draw_lengths, page_table, structure_rng
+from mkb.problems import Output, ProblemMeta, Upstream
+from mkb.problems.paged import pool_indices
 
 NUMBER = 15
 NUM_HEADS, CKV_DIM, KPE_DIM, PAGE_SIZE = 16, 512, 64, 1
-SM_SCALE = (128 + 64) ** -0.5 * (0.1 * 1.0 * math.log(40.0) + 1.0) ** 2
-# batch, qo_len range, prefix range
-_SIZES = {"full": (6, (128, 2048), (64, 4096)), "smoke": (3, (3, 12), (2, 20))}
+SM_SCALE = 0.1352337747812271
+QO_INDPTR = {
+    "full": (0, 20, 31, 114, 128, 164, 173, 190, 327, 423, 456, 460, 499, 520, 602, 603, 613, 1033, 1061, 1081, 1142,
+             1532, 1581, 1757, 1823, 1832, 1864, 1943, 1954),
+    "smoke": (0, 3, 10, 12),
+}
+KV_INDPTR = {
+    "full": (0, 23, 38, 123, 141, 180, 191, 212, 353, 452, 488, 494, 538, 561, 651, 655, 669, 1092, 1122, 1145, 1209,
+             1602, 1655, 1835, 1905, 1917, 1951, 2032, 2044),
+    "smoke": (0, 5, 14, 30),
+}
+NUM_PAGES = {"full": 989669, "smoke": 48}
 
 
-def _structure(size: str):
-    batch, (qlo, qhi), (plo, phi) = _SIZES[size]
-    rng = structure_rng(NUMBER, size)
-    qo_lens = draw_lengths(rng, batch, qlo, qhi)
-    prefix = draw_lengths(rng, batch, plo, phi)
-    prefix[0] = 0  # one plain prefill (no cached prefix)
-    return qo_lens, page_table(rng, [p + q for p, q in zip(prefix, qo_lens)], PAGE_SIZE)
-
-
-def reference(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices):
+def reference(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale):
     dt = torch.promote_types(q_nope.dtype, torch.float32)
     ckv_flat = ckv_cache.reshape(-1, ckv_cache.shape[-1])
     kpe_flat = kpe_cache.reshape(-1, kpe_cache.shape[-1])
@@ -64,7 +67,7 @@ def reference(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indic
         slot = kv_indices[kvp[b] : kvp[b + 1]].long()  # page size 1: one token per page
         ckv, kpe = ckv_flat[slot].to(dt), kpe_flat[slot].to(dt)
         q_len, kv_len = qn.shape[0], ckv.shape[0]
-        s = (torch.einsum("qhd,kd->hqk", qn, ckv) + torch.einsum("qhd,kd->hqk", qp, kpe)) * SM_SCALE
+        s = (torch.einsum("qhd,kd->hqk", qn, ckv) + torch.einsum("qhd,kd->hqk", qp, kpe)) * sm_scale
         i = torch.arange(q_len, device=qn.device)[:, None]
         t = torch.arange(kv_len, device=qn.device)[None, :]
         s = s.masked_fill(t > i + (kv_len - q_len), float("-inf"))
@@ -87,7 +90,7 @@ def _scores_f32(a, b):
     return torch.bmm(a.float(), b.float().transpose(1, 2))
 
 
-def eager(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices):
+def eager(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale):
     """The eager baseline, in the form of DeepSeek's own eager MLA: bf16 GEMMs, fp32 scores and softmax.
 
     Per sequence (a batch of a few): every head reads the same latent cache, so the heads fold into
@@ -106,7 +109,7 @@ def eager(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices):
         ckv, kpe = ckv_flat[slot][None], kpe_flat[slot][None]  # [1, kv_len, d] bf16
         q_len, kv_len = qn.shape[0], ckv.shape[1]
         s = _scores_f32(qn.reshape(1, q_len * num_heads, -1), ckv)
-        s = s.add_(_scores_f32(qp.reshape(1, q_len * num_heads, -1), kpe)).mul_(SM_SCALE).view(q_len, num_heads, kv_len)
+        s = s.add_(_scores_f32(qp.reshape(1, q_len * num_heads, -1), kpe)).mul_(sm_scale).view(q_len, num_heads, kv_len)
         i = torch.arange(q_len, device=qn.device)[:, None, None]
         t = torch.arange(kv_len, device=qn.device)[None, None, :]
         s.masked_fill_(t > i + (kv_len - q_len), float("-inf"))
@@ -118,31 +121,37 @@ def eager(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices):
 
 
 def make_inputs(seed: int, *, device, size: str = "full"):
-    qo_lens, pt = _structure(size)
-    g = torch.Generator(device=device).manual_seed(seed)
+    qo, kvp, pages = QO_INDPTR[size], KV_INDPTR[size], NUM_PAGES[size]
+    meta = torch.device(device).type == "meta"
+    g = None if meta else torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape):
+        if meta:
+            return torch.empty(*shape, device=device, dtype=torch.bfloat16)
         return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
 
-    q_nope = randn(sum(qo_lens), NUM_HEADS, CKV_DIM)
-    q_pe = randn(sum(qo_lens), NUM_HEADS, KPE_DIM)
-    ckv_cache = randn(pt.num_pages, PAGE_SIZE, CKV_DIM)
-    kpe_cache = randn(pt.num_pages, PAGE_SIZE, KPE_DIM)
+    q_nope = randn(qo[-1], NUM_HEADS, CKV_DIM)
+    q_pe = randn(qo[-1], NUM_HEADS, KPE_DIM)
+    ckv_cache = randn(pages, PAGE_SIZE, CKV_DIM)
+    kpe_cache = randn(pages, PAGE_SIZE, KPE_DIM)
 
     def i32(x):
         return torch.tensor(x, dtype=torch.int32, device=device)
 
-    return q_nope, q_pe, ckv_cache, kpe_cache, i32(cu_seqlens(qo_lens)), i32(pt.indptr), i32(pt.indices)
+    kv_indices = pool_indices(seed, pages, kvp[-1]).to(device)
+    return q_nope, q_pe, ckv_cache, kpe_cache, i32(qo), i32(kvp), kv_indices, SM_SCALE
 
 
 def _cost():
-    qo_lens, pt = _structure("full")
-    pairs = sum(q * (kv - q) + q * (q + 1) // 2 for q, kv in zip(qo_lens, pt.kv_lens))
+    qo, kvp = QO_INDPTR["full"], KV_INDPTR["full"]
+    qo_lens = [b - a for a, b in zip(qo, qo[1:])]
+    kv_lens = [b - a for a, b in zip(kvp, kvp[1:])]
+    pairs = sum(q * (kv - q) + q * (q + 1) // 2 for q, kv in zip(qo_lens, kv_lens))
     flops = 2.0 * NUM_HEADS * (CKV_DIM + KPE_DIM + CKV_DIM) * pairs
-    kv_bytes = 2 * sum(pt.kv_lens) * (CKV_DIM + KPE_DIM)
+    kv_bytes = 2 * sum(kv_lens) * (CKV_DIM + KPE_DIM)
     qo_bytes = sum(qo_lens) * NUM_HEADS * (2 * (2 * CKV_DIM + KPE_DIM) + 4)
-    idx_bytes = 4 * (2 * len(pt.indptr) + len(pt.indices))
-    return flops, float(kv_bytes + qo_bytes + idx_bytes), (qo_lens, pt.kv_lens)
+    idx_bytes = 4 * (2 * len(qo) + kvp[-1])
+    return flops, float(kv_bytes + qo_bytes + idx_bytes), (qo_lens, kv_lens)
 
 
 _FLOPS, _BYTES, _LENS = _cost()
@@ -155,12 +164,19 @@ META = ProblemMeta(
     source_model="deepseek-ai/DeepSeek-V3 at tensor-parallel 8 (FlashInfer BatchMLAPagedAttention)",
     source_config="num_attention_heads=128 (TP=8 -> 16), kv_lora_rank=512, qk_rope_head_dim=64, "
     "qk_nope_head_dim=128, rope_scaling yarn factor=40 mscale_all_dim=1; page_size=1, causal",
-    inputs=("q_nope", "q_pe", "ckv_cache", "kpe_cache", "qo_indptr", "kv_indptr", "kv_indices"),
+    inputs=("q_nope", "q_pe", "ckv_cache", "kpe_cache", "qo_indptr", "kv_indptr", "kv_indices", "sm_scale"),
     outputs=(Output("out"), Output("lse")),
     flops=_FLOPS,
     bytes=_BYTES,
-    structure_inputs=("qo_indptr", "kv_indptr", "kv_indices"),
+    structure_inputs=("kv_indices",),
+    fixed_inputs=("qo_indptr", "kv_indptr"),
     peak="bf16_tc",
+    upstream=Upstream(
+        source="shipped",
+        path="problems/attention/15_mla_paged_prefill_causal_h16_ckv512_kpe64_ps1_bf16.py",
+        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
+                 "exactness"),
+    ),
     notes=f"full: (qo_len, kv_len) = {list(zip(*_LENS))}. flops count only unmasked (visible) pairs: "
     "2*H*(512+64+512)*sum_b(qo*(kv-qo) + qo*(qo+1)/2). Causal mask aligned bottom-right; lse base 2. "
     "Eager baseline: DeepSeek-style eager MLA per sequence, heads folded into query rows, "
