@@ -10,17 +10,19 @@ Inputs (bf16 unless stated):
   sequence b owns rows qo_indptr[b]:qo_indptr[b+1].
 - k  [total_kv, 16, 192]: [k_nope | k_pe] per head; sequence b owns rows kv_indptr[b]:kv_indptr[b+1].
 - v  [total_kv, 16, 128].
-- qo_indptr, kv_indptr int32 [batch + 1] (cu_seqlens).
+- qo_indptr, kv_indptr int32 [batch + 1] (cu_seqlens; fixed, as upstream's: only values are redrawn).
+- sm_scale float: the captured softmax scale.
 
 Numerics: computed in float32 (float64 for the fp64 anchor). For query row i (0-based within its
 sequence) and key t of the same sequence:
   causal mask, aligned bottom-right: t is visible iff t <= i + (kv_len[b] - qo_len[b]);
-  s = (q . k) * sm_scale, sm_scale = 192^-0.5 * (0.1 * ln(40) + 1)^2 = 0.1352337...
-  (DeepSeek-V3 YaRN mscale, factor 40, mscale_all_dim 1);
+  s = (q . k) * sm_scale, sm_scale = 0.08838834764831843 = 1/sqrt(128), the value the captured trace
+  records (not 192^-0.5 times DeepSeek-V3's YaRN mscale^2: upstream keeps the trace's scale);
   out[i,h] = sum_t softmax(s) v[t,h]                          -> bf16 [total_q, 16, 128]
   lse[i,h] = log2(sum_visible exp(s))  (base 2, as FlashInfer) -> float32 [total_q, 16]
 
-Sizes: full = 8 sequences, qo_len 256..4096, prefix 0..4096 (fixed); smoke = 3 short ones.
+Sizes: full = upstream's captured FlashInfer-Trace record (63 sequences of 38..54 new tokens after 256 cached
+ones); smoke = 3 short ones.
 """
 
 from __future__ import annotations
@@ -31,26 +33,27 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from mkb.problems import Output, ProblemMeta
-from mkb.problems.paged import cu_seqlens, draw_lengths, structure_rng
+from mkb.problems import Output, ProblemMeta, Upstream
+from mkb.problems.paged import cu_seqlens
 
 NUMBER = 16
 NUM_HEADS, QK_DIM, V_DIM = 16, 192, 128
-SM_SCALE = QK_DIM**-0.5 * (0.1 * 1.0 * math.log(40.0) + 1.0) ** 2
-# batch, qo_len range, prefix range
-_SIZES = {"full": (8, (256, 4096), (64, 4096)), "smoke": (3, (3, 12), (2, 20))}
+SM_SCALE = 0.08838834764831843
+Q_LENS = {
+    "full": (39, 38, 39, 39, 39, 40, 40, 40, 41, 40, 40, 42, 42, 41, 42, 42, 43, 42, 43, 42, 43, 43, 44, 44, 44, 46, 45,
+             44, 45, 45, 46, 46, 46, 46, 46, 47, 47, 47, 47, 48, 49, 48, 47, 48, 49, 50, 49, 49, 50, 50, 51, 51, 50, 51,
+             51, 52, 50, 52, 53, 53, 54, 53, 52),
+    "smoke": (5, 9, 3),
+}
+PREFIX_LENS = {"full": (256,) * 63, "smoke": (0, 7, 2)}
 
 
 def _structure(size: str):
-    batch, (qlo, qhi), (plo, phi) = _SIZES[size]
-    rng = structure_rng(NUMBER, size)
-    qo_lens = draw_lengths(rng, batch, qlo, qhi)
-    prefix = draw_lengths(rng, batch, plo, phi)
-    prefix[0] = 0  # one plain prefill (no prefix)
-    return qo_lens, [p + q for p, q in zip(prefix, qo_lens)]
+    qo_lens = list(Q_LENS[size])
+    return qo_lens, [p + q for p, q in zip(PREFIX_LENS[size], qo_lens)]
 
 
-def reference(q, k, v, qo_indptr, kv_indptr):
+def reference(q, k, v, qo_indptr, kv_indptr, sm_scale):
     dt = torch.promote_types(q.dtype, torch.float32)
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
     out = torch.empty((*q.shape[:2], v.shape[-1]), dtype=dt, device=q.device)
@@ -59,7 +62,7 @@ def reference(q, k, v, qo_indptr, kv_indptr):
         qb = q[qo[b] : qo[b + 1]].to(dt)
         kb, vb = k[kvp[b] : kvp[b + 1]].to(dt), v[kvp[b] : kvp[b + 1]].to(dt)
         q_len, kv_len = qb.shape[0], kb.shape[0]
-        s = torch.einsum("qhd,khd->hqk", qb, kb) * SM_SCALE
+        s = torch.einsum("qhd,khd->hqk", qb, kb) * sm_scale
         i = torch.arange(q_len, device=q.device)[:, None]
         t = torch.arange(kv_len, device=q.device)[None, :]
         s = s.masked_fill(t > i + (kv_len - q_len), float("-inf"))
@@ -94,7 +97,7 @@ def _causal_lse(qb, kb, scale):
     return torch.logsumexp(s, dim=-1).T / math.log(2.0)
 
 
-def eager(q, k, v, qo_indptr, kv_indptr):
+def eager(q, k, v, qo_indptr, kv_indptr, sm_scale):
     """The eager baseline: per sequence (a batch of a few), bf16 SDPA on its ragged slices.
 
     The bottom-right causal mask is torch's `causal_lower_right` bias (flash or memory-efficient
@@ -107,18 +110,21 @@ def eager(q, k, v, qo_indptr, kv_indptr):
         qb = q[qo[b] : qo[b + 1]].transpose(0, 1)  # [H, q_len, D]
         kb, vb = k[kvp[b] : kvp[b + 1]].transpose(0, 1), v[kvp[b] : kvp[b + 1]].transpose(0, 1)
         mask = causal_lower_right(qb.shape[1], kb.shape[1])
-        ob = F.scaled_dot_product_attention(qb[None], kb[None], vb[None], attn_mask=mask, scale=SM_SCALE,
+        ob = F.scaled_dot_product_attention(qb[None], kb[None], vb[None], attn_mask=mask, scale=sm_scale,
                                             enable_gqa=kb.shape[0] != qb.shape[0])
         out[qo[b] : qo[b + 1]] = ob[0].transpose(0, 1)
-        lse[qo[b] : qo[b + 1]] = _causal_lse(qb, kb, SM_SCALE)
+        lse[qo[b] : qo[b + 1]] = _causal_lse(qb, kb, sm_scale)
     return out, lse
 
 
 def make_inputs(seed: int, *, device, size: str = "full"):
     qo_lens, kv_lens = _structure(size)
-    g = torch.Generator(device=device).manual_seed(seed)
+    meta = torch.device(device).type == "meta"
+    g = None if meta else torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape):
+        if meta:
+            return torch.empty(*shape, device=device, dtype=torch.bfloat16)
         return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
 
     q = randn(sum(qo_lens), NUM_HEADS, QK_DIM)
@@ -128,7 +134,7 @@ def make_inputs(seed: int, *, device, size: str = "full"):
     def i32(x):
         return torch.tensor(x, dtype=torch.int32, device=device)
 
-    return q, k, v, i32(cu_seqlens(qo_lens)), i32(cu_seqlens(kv_lens))
+    return q, k, v, i32(cu_seqlens(qo_lens)), i32(cu_seqlens(kv_lens)), SM_SCALE
 
 
 def _cost():
@@ -151,13 +157,19 @@ META = ProblemMeta(
     "head_dim_qk=192, head_dim_vo=128)",
     source_config="num_attention_heads=128 (TP=8 -> 16), qk_nope_head_dim=128, qk_rope_head_dim=64, "
     "v_head_dim=128, rope_scaling yarn factor=40 mscale_all_dim=1; causal",
-    inputs=("q", "k", "v", "qo_indptr", "kv_indptr"),
+    inputs=("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale"),
     outputs=(Output("out"), Output("lse")),
     flops=_FLOPS,
     bytes=_BYTES,
-    structure_inputs=("qo_indptr", "kv_indptr"),
+    fixed_inputs=("qo_indptr", "kv_indptr"),
     peak="bf16_tc",
-    notes=f"full: (qo_len, kv_len) = {list(zip(*_LENS))}. flops count only unmasked (visible) pairs: "
+    upstream=Upstream(
+        source="shipped",
+        path="problems/attention/16_mla_ragged_prefill_causal_h16_qk192_vo128_bf16.py",
+        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
+                 "exactness"),
+    ),
+    notes=f"full: {len(_LENS[0])} sequences, {sum(_LENS[0])} query rows, {sum(_LENS[1])} keys. flops count only unmasked (visible) pairs: "
     "2*H*(192+128)*sum_b(qo*(kv-qo) + qo*(qo+1)/2). Causal mask aligned bottom-right; lse base 2. "
     "Eager baseline: per sequence, bf16 torch SDPA with the causal_lower_right bias; lse from fp32 "
     "scores (a bf16 GEMM with fp32 result) on the side.",
