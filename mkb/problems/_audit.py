@@ -1,7 +1,8 @@
 """The problem audit: at smoke size on the CPU, checks that a problem cannot be passed by a trivial output.
 
 DESIGN (Problem contract, Audit): all-zeros, a constant and a copy of an input must fail the
-comparison; outputs must change with every input and with the seed; the fp64 gap (for top-k
+comparison; outputs must change with every input and with the seed (inputs declared fixed must not
+change, structure inputs must change where the problem claims upstream's per-draw structure); the fp64 gap (for top-k
 indices, that of their scores) must be > 0 unless the problem says why it is exact, and then it
 must be 0; the smoke reference runs in <= 0.1 s on the CPU; `eager` agrees with `reference`.
 A problem that fails gets better inputs, never a looser check.
@@ -163,7 +164,8 @@ def _audit(problem: Problem, seeds, smoke_limit_s, checks: list[AuditCheck]) -> 
             continue
         if _same(a[k], b[k]):
             add(f"input_changes_with_seed[{name}]", False,
-                "this input is identical for two seeds; draw its values from the seed, or declare it in META.structure_inputs")
+                "this input is identical for two seeds; draw its values from the seed, or declare it in "
+                "META.fixed_inputs (the same for every seed by specification)")
             continue
         x = list(a)
         x[k] = b[k].clone()

@@ -55,3 +55,62 @@ def test_lengths_stay_in_range_and_differ():
     assert min(lens) >= 3 and max(lens) <= 4096
     assert len(set(lens)) > 1
     assert cu_seqlens([3, 1, 4]) == [0, 3, 4, 8]
+
+
+def test_padded_slots_are_distinct_with_a_padded_tail_and_change_with_the_seed():
+    import torch
+
+    from mkb.problems.paged import padded_slots
+
+    a = padded_slots(torch.Generator().manual_seed(1), 64, 40, 8)
+    b = padded_slots(torch.Generator().manual_seed(2), 64, 40, 8)
+    assert a.dtype == torch.int64 and a.shape == (40,)
+    real = a[a >= 0]
+    pads = int((a < 0).sum())
+    assert 1 <= pads <= 8 and bool((a[40 - pads :] == -1).all())  # padding only at the end
+    assert len(set(real.tolist())) == real.numel() and int(real.max()) < 64
+    assert not torch.equal(a, b)
+    assert int((padded_slots(torch.Generator().manual_seed(1), 64, 40) < 0).sum()) == 0
+    import pytest
+
+    with pytest.raises(ValueError, match="hint"):
+        padded_slots(torch.Generator(), 10, 11)
+
+
+def test_random_cuts_sum_to_the_total_and_move_with_the_seed():
+    import torch
+
+    from mkb.problems.paged import random_cuts
+
+    a = random_cuts(torch.Generator().manual_seed(3), 641, 3)
+    b = random_cuts(torch.Generator().manual_seed(4), 641, 3)
+    assert a.dtype == torch.int32 and int(a.sum()) == 641 and bool((a >= 1).all())
+    assert not torch.equal(a, b)
+    assert random_cuts(torch.Generator(), 5, 5).tolist() == [1] * 5
+
+
+def test_pool_indices_are_distinct_pages_of_the_pool_redrawn_per_seed():
+    from mkb.problems.paged import pool_indices
+
+    a, b = pool_indices(0, 100, 60), pool_indices(1, 100, 60)
+    assert len(set(a.tolist())) == 60 and int(a.max()) < 100
+    assert a.tolist() != b.tolist() and a.tolist() == pool_indices(0, 100, 60).tolist()
+
+
+def test_neox_rotation_preserves_the_norm_of_each_pair_and_matches_the_angle():
+    import math
+
+    import torch
+
+    from mkb.problems.rope import cos_sin_cache, neox_rotate
+
+    table = cos_sin_cache(16, 8, 10000.0)
+    assert table.dtype == torch.bfloat16 and table.shape == (16, 8)
+    x = torch.randn(3, 8, dtype=torch.float64)
+    pos = 5
+    cos, sin = table[pos, :4].double(), table[pos, 4:].double()
+    y = neox_rotate(x, cos, sin)
+    pairs_x = x[:, :4] ** 2 + x[:, 4:] ** 2
+    pairs_y = y[:, :4] ** 2 + y[:, 4:] ** 2
+    assert torch.allclose(pairs_x * (cos**2 + sin**2), pairs_y)
+    assert abs(float(table[pos, 0]) - math.cos(pos)) < 1e-2  # the first frequency is 1

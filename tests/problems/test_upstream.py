@@ -97,3 +97,42 @@ def test_diff_upstream_prints_each_problem_of_a_family():
         assert p.slug in r.output
     r = CliRunner().invoke(app, ["problems", "diff-upstream", "--markdown", "--family", "kv_cache"])
     assert r.exit_code == 0 and "| # | problem | upstream |" in r.output
+
+
+STRUCTURED = '''
+"""A tiny problem with an index input, for the per-draw structure audit."""
+import torch
+from mkb.problems._contract import Output, ProblemMeta, Upstream, UPSTREAM_ASPECTS
+
+PER_DRAW = True
+
+META = ProblemMeta(number=27, name="tiny", family="mlp_norm", dtypes=("fp32",), source_model="m", source_config="c",
+                   inputs=("x", "idx", "table"), outputs=(Output("y"),), flops=1.0, bytes=8.0, peak="memory",
+                   structure_inputs=("idx",), fixed_inputs=("table",),
+                   upstream=Upstream(source="shipped", path="p.py", matches=UPSTREAM_ASPECTS))
+
+
+def reference(x, idx, table):
+    return x[idx.long()] * 2 + table
+
+
+def make_inputs(seed, *, device="cpu", size="full"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(16, generator=g)
+    idx = torch.randperm(16, generator=torch.Generator().manual_seed(seed if PER_DRAW else 0))[:8]
+    return x, idx, torch.linspace(0, 1, 8)
+'''
+
+
+def test_the_audit_checks_structure_is_redrawn_where_the_record_claims_it(tmp_path):
+    from mkb.problems._audit import audit_problem
+
+    ok = audit_problem(load_problem(_write(tmp_path / "a", "mlp_norm/27_tiny", STRUCTURED)))
+    names = {c.name: c.ok for c in ok.checks}
+    assert names["structure_redrawn[idx]"] and names["fixed_input_is_fixed[table]"], ok.failures()
+    fixed = audit_problem(load_problem(_write(tmp_path / "b", "mlp_norm/27_tiny",
+                                              STRUCTURED.replace("PER_DRAW = True", "PER_DRAW = False"))))
+    assert not fixed.ok and "structure_redrawn[idx]" in fixed.failures()
+    drifting = STRUCTURED.replace("torch.linspace(0, 1, 8)", "torch.randn(8, generator=g)")
+    bad = audit_problem(load_problem(_write(tmp_path / "c", "mlp_norm/27_tiny", drifting)))
+    assert "fixed_input_is_fixed[table]" in bad.failures()
