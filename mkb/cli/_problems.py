@@ -73,20 +73,25 @@ def register(app: typer.Typer) -> None:
 
     @group.command("audit")
     def audit(family: Optional[str] = typer.Option(None, "--family", "-f"),
-              problem: Optional[str] = typer.Option(None, "--problem", "-p")) -> None:
-        """Run the CPU smoke audit (degenerate outputs fail, sensitivity, fp64 gap, smoke speed, eager)."""
+              problem: Optional[str] = typer.Option(None, "--problem", "-p"),
+              size: str = typer.Option("smoke", help="smoke (CPU, CI) or full (the GPU host)."),
+              device: str = typer.Option("cpu", help="cpu or cuda.")) -> None:
+        """Run the audit (degenerate outputs fail, sensitivity, per-draw structure, fp64 gap, smoke speed, eager)."""
         from rich.console import Console
 
         from mkb.problems import get_problem, problems
-        from mkb.problems._audit import audit_problem
+        from mkb.problems._audit import audit_many
 
+        if size not in ("smoke", "full"):
+            typer.echo(f"unknown size {size!r}\nhint: smoke or full", err=True)
+            raise typer.Exit(2)
         ps = (get_problem(problem),) if problem else problems(family=family)
         c = Console()
         bad = 0
-        for p in ps:
-            rep = audit_problem(p)
+        for p, rep, secs in audit_many(ps, size=size, device=device):
             bad += not rep.ok
-            c.print(f"{'[green]ok[/green]  ' if rep.ok else '[red]FAIL[/red]'} {p.slug}  (reference {rep.reference_s * 1e3:.1f} ms)")
+            ref = f"reference {rep.reference_s * 1e3:.1f} ms" if size == "smoke" else f"{secs:.1f} s"
+            c.print(f"{'[green]ok[/green]  ' if rep.ok else '[red]FAIL[/red]'} {p.slug}  ({ref})")
             for ch in rep.checks:
                 if not ch.ok:
                     c.print(f"      {ch.name}: {ch.detail}")

@@ -35,3 +35,34 @@ def test_slow_problems_get_fewer_timed_calls_but_never_below_twenty():
     w, n = _plan_calls(0.05, 2.0)
     assert w == 3 and 20 <= n < 50
     assert _plan_calls(1.0, 5.0) == (3, 20)
+
+
+def test_the_gpu_script_packs_the_store_and_writes_one_audit_line_per_problem(tmp_path):
+    """scripts/characterise.py on the CPU at smoke size: what the lead runs on the H200 at full size."""
+    import json
+    import subprocess
+    import sys
+    import tarfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    store, pack, audit = tmp_path / "ds", tmp_path / "ds.tar", tmp_path / "audit.jsonl"
+    env = {"PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, str(repo / "scripts" / "characterise.py"), "--size", "smoke", "--device", "cpu",
+                        "--problem", "25", "--problem", "24", "--budget-s", "10", "--store", str(store),
+                        "--pack", str(pack), "--audit-out", str(audit)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    with tarfile.open(pack) as tar:
+        assert any("kind=characterisation" in n and n.endswith(".parquet") for n in tar.getnames())
+    rows = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [(x["problem"], x["ok"], x["skipped"]) for x in rows] == [(25, True, False), (24, True, False)]
+    assert "audit: 2 ok, 0 failed, 0 skipped" in r.stdout
+
+
+def test_an_audit_over_budget_skips_the_rest_and_says_so():
+    from mkb.problems._audit import audit_many
+
+    seen = []
+    res = audit_many([get_problem(25), get_problem(24)], budget_s=-1.0, on_report=lambda p, r, s: seen.append(r))
+    assert [r for _, r, _ in res] == [None, None] and seen == [None, None]
