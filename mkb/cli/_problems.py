@@ -54,7 +54,11 @@ def register(app: typer.Typer) -> None:
         c.print(f"source: {m.source_model}\nconfig: {m.source_config}")
         c.print(f"FLOPs {si(m.flops)}, bytes {si(m.bytes, 'B')}, peak {m.peak}; speed of light (H200) {sol.us:.1f} us ({sol.bound}-bound)")
         c.print("outputs: " + ", ".join(f"{o.name} ({o.compare})" for o in m.outputs))
-        c.print(f"mutates: {', '.join(m.mutates) or '-'}   structure inputs: {', '.join(m.structure_inputs) or '-'}")
+        c.print(f"mutates: {', '.join(m.mutates) or '-'}   structure inputs: {', '.join(m.structure_inputs) or '-'}"
+                f"   fixed inputs: {', '.join(m.fixed_inputs) or '-'}")
+        if m.upstream is not None:
+            c.print(f"upstream ({m.upstream.source}): matches {', '.join(m.upstream.matches) or '-'}; differs "
+                    f"{', '.join(a for a, _ in m.upstream.differs) or '-'} (`mkb-run problems diff-upstream` says why)")
         c.print(f"eager: {'own eager()' if p.has_eager else 'the reference'}   exact: {m.exact_reason or '-'}")
         for size in ("smoke", "full"):
             c.print(f"{size} inputs:")

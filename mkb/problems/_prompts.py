@@ -36,7 +36,8 @@ Rules (static checks enforce what they can, the grader the rest):
 - Outputs are plain torch.Tensor objects (no subclasses, no lazy values).
 
 ## How it is judged
-- Correctness: at least 5 input draws with fresh secret seeds. Float outputs must be within
+- Correctness: at least 5 input draws with fresh secret seeds; each seed draws the values and, where
+  the problem says so, the index structure (page assignments, sequence cuts, padding). Float outputs must be within
   3 x max(reference error vs an fp64 anchor, eps(dtype) x max|anchor|) of the anchor (the reference
   run on float64 copies of the inputs); integer outputs exactly equal; NaN/Inf, all-zero and
   constant outputs fail; inputs not listed as updated must be left unchanged.
