@@ -46,14 +46,18 @@ MARGIN = 1e-3
 REDRAWS = 16
 
 
-def unpack_cache(k_index_cache_fp8: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The packed pages as `dtype` keys already multiplied by their per-token scale, [num_pages, 64, 128]."""
+def gather_keys(k_index_cache_fp8: torch.Tensor, slot: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The keys of cache slots `slot` (page * 64 + row), as `dtype` already multiplied by their scale: [*slot.shape, 128].
+
+    Only the gathered rows are dequantised (the pool is much larger than what a batch reads).
+    """
     pages, ps, _, row = k_index_cache_fp8.shape
     d = row - 4
     flat = k_index_cache_fp8.view(torch.uint8).reshape(pages, ps * row)
-    k = flat[:, : ps * d].reshape(pages, ps, d).view(torch.float8_e4m3fn).to(dtype)
-    scale = flat[:, ps * d :].contiguous().view(torch.float32).reshape(pages, ps).to(dtype)
-    return k * scale[..., None]
+    values = flat[:, : ps * d].reshape(pages * ps, d)  # a view: token-major fp8 bytes
+    scales = flat[:, ps * d :].contiguous().view(torch.float32).reshape(pages * ps)
+    k = values[slot].view(torch.float8_e4m3fn).to(dtype)
+    return k * scales[slot].to(dtype)[..., None]
 
 
 def _slots(seq_lens: torch.Tensor, block_table: torch.Tensor, max_len: int):
@@ -68,7 +72,7 @@ def scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table):
     dt = torch.promote_types(weights.dtype, torch.float32)
     max_len = int(seq_lens.max())
     slot, valid = _slots(seq_lens, block_table, max_len)
-    k = unpack_cache(k_index_cache_fp8, dt).reshape(-1, k_index_cache_fp8.shape[-1] - 4)[slot]  # [b, L, d]
+    k = gather_keys(k_index_cache_fp8, slot, dt)  # [b, L, d]
     logits = torch.einsum("bhd,bld->bhl", q_index_fp8.to(dt), k).relu_()
     s = torch.einsum("bh,bhl->bl", weights.to(dt), logits)
     return s.masked_fill(~valid, float("-inf"))
