@@ -25,7 +25,8 @@ Numerics: computed in float32 (float64 for the fp64 anchor). With D = 64, cap = 
   since j <= t < valid_lens[b].)
 
 Sizes: full = the seen shape (batch 64, 1721 frames, hidden 512 = 8 heads x 64, 256 timescales),
-valid lengths 400..1721 fixed; smoke = batch 2, 40 frames. q and k are drawn with std 3 so that
+valid lengths drawn per draw in 1709..1721 (time - 12 .. time, as the SOL-ExecBench recipe redraws its
+padding mask); smoke = batch 2, 40 frames. q and k are drawn with std 3 so that
 logits reach the soft cap.
 """
 
@@ -37,19 +38,17 @@ import torch
 import torch.nn.functional as F
 
 from mkb.problems import Output, ProblemMeta, Upstream
-from mkb.problems.paged import draw_lengths, structure_rng
 
 NUMBER = 12
 HEADS, HEAD_DIM, MAX_PAST, SOFT_CAP, NUM_TIMESCALES = 8, 64, 12, 50.0, 256
 _SIZES = {"full": (64, 1721), "smoke": (2, 40)}
 
 
-def _structure(size: str):
+def _valid_lens(seed: int, size: str) -> torch.Tensor:
+    """int32 [batch]: valid frames per row, uniform in time - MAX_PAST .. time, redrawn with every seed (CPU)."""
     batch, time = _SIZES[size]
-    rng = structure_rng(NUMBER, size)
-    lens = draw_lengths(rng, batch, max(1, time // 4), time)
-    lens[0] = time  # one unpadded row
-    return batch, time, lens
+    return torch.randint(time - MAX_PAST, time + 1, (batch,), generator=torch.Generator().manual_seed(seed),
+                         dtype=torch.int32)
 
 
 def reference(q, k, v, per_dim_scale, pos_proj_weight, valid_lens):
@@ -85,7 +84,7 @@ def reference(q, k, v, per_dim_scale, pos_proj_weight, valid_lens):
 
 
 def make_inputs(seed: int, *, device, size: str = "full"):
-    batch, time, lens = _structure(size)
+    batch, time = _SIZES[size]
     g = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape, std=1.0):
@@ -96,11 +95,11 @@ def make_inputs(seed: int, *, device, size: str = "full"):
     v = randn(batch, time, HEADS, HEAD_DIM)
     per_dim_scale = randn(HEAD_DIM, std=0.5)
     pos_proj_weight = randn(HEADS * HEAD_DIM, 2 * NUM_TIMESCALES, std=(2 * NUM_TIMESCALES) ** -0.5)
-    return q, k, v, per_dim_scale, pos_proj_weight, torch.tensor(lens, dtype=torch.int32, device=device)
+    return q, k, v, per_dim_scale, pos_proj_weight, _valid_lens(seed, size).to(device)
 
 
 def _cost():
-    batch, time, _ = _structure("full")
+    batch, time = _SIZES["full"]
     rows = batch * time * HEADS
     flops = rows * (MAX_PAST + 1) * (6.0 * HEAD_DIM + 10) + 2.0 * (MAX_PAST + 1) * 512 * 512
     nbytes = 4 * (4 * rows * HEAD_DIM + HEAD_DIM + 512 * 512 + batch)
@@ -128,13 +127,12 @@ META = ProblemMeta(
     upstream=Upstream(
         source="recipe",
         path='problems/_sol_execbench/12_relative_position_local_attention_gemma3n_audio_fp32.json',
-        matches=('in_place', 'dtypes', 'exactness'),
+        matches=('in_place', 'dtypes', 'structure_per_draw', 'exactness'),
         differs=(
             ('computation', "not aligned yet (issue #15, open): the recipe's subgraph includes the q/k/v projections from hidden_states and takes the timescales as an input; mkb's starts from projected q, k, v"),
             ('outputs', "not aligned yet (issue #15, open): the recipe's output follows its block (from hidden states); mkb returns the attention output [64, 1721, 8, 64] with padding frames zero"),
             ('shapes', "not aligned yet (issue #15, open): batch 64, 1721 frames, hidden 512 and 256 timescales match; the recipe's inputs are hidden states and four [512, 512] weights where mkb's are q, k, v, per_dim_scale and the position projection"),
             ('distributions', 'not aligned yet (issue #15, open): the recipe draws hidden states and weights (1/sqrt(fan-in)); mkb draws q, k with std 3'),
-            ('structure_per_draw', "not aligned yet (issue #15, open): the recipe redraws valid lengths (and so the padding mask) on every draw; mkb's are fixed per size"),
         ),
     ),
     notes="Seen shape: batch 64, seq 1721, hidden 512, 256 timescales, logit soft cap, per-row valid "
