@@ -4,7 +4,8 @@ A problem module defines (DESIGN.md, Problem contract):
 
 - ``META = ProblemMeta(...)`` (below).
 - ``reference(*inputs)``: the specification. Computes in ``torch.promote_types(dtype, float32)`` so
-  that float64 copies of the inputs give the fp64 anchor; only quantisation casts are fixed.
+  that float64 copies of the inputs give the fp64 anchor; only quantisation casts are fixed (roundings
+  to the input dtype, as upstream's reference has them, vanish in the anchor and are allowed).
   Returns one tensor or a tuple, in the order of ``META.outputs``. Updates the inputs named in
   ``META.mutates`` in place (and may return them too).
 - ``make_inputs(seed, *, device, size="full")`` -> tuple of inputs (tensors, or Python scalars that
