@@ -114,3 +114,20 @@ def test_neox_rotation_preserves_the_norm_of_each_pair_and_matches_the_angle():
     pairs_y = y[:, :4] ** 2 + y[:, 4:] ** 2
     assert torch.allclose(pairs_x * (cos**2 + sin**2), pairs_y)
     assert abs(float(table[pos, 0]) - math.cos(pos)) < 1e-2  # the first frequency is 1
+
+
+def test_gqa_decode_eager_agrees_with_the_reference_padded_and_per_sequence(monkeypatch):
+    """The decode eager pads to one batch or, for very unequal lengths (the captured traces), runs per sequence."""
+    import mkb.problems.gqa as gqa
+    from mkb.measure import clone_inputs, compare, expect
+    from mkb.problems import get_problem
+
+    for number in (2, 3):
+        p = get_problem(number)
+        x = p.make_inputs(0, device="cpu", size="smoke")
+        exp = expect(p.module, x)
+        for pad_factor in (100.0, 0.0):
+            monkeypatch.setattr(gqa, "PAD_FACTOR", pad_factor)
+            y = clone_inputs(x)
+            verdict = compare(exp, p.module.eager(*y), inputs_after=y, input_names=p.meta.inputs)
+            assert verdict.ok, (number, pad_factor, verdict.message)
