@@ -122,7 +122,9 @@ def _audit(problem: Problem, seeds, smoke_limit_s, checks: list[AuditCheck], *, 
         for name in m.structure_inputs:
             k = m.inputs.index(name)
             add(f"structure_redrawn[{name}]", not _same(a[k], b[k]),
-                "META.upstream says structure is drawn per seed, but this structure input is the same for two seeds")
+                "META.upstream says structure is drawn per seed, but this structure input is the same for two seeds; "
+                "hint: draw it from the seed, or move an input that is the same for every seed by specification "
+                "to META.fixed_inputs")
     try:
         exp = expect(problem.module, a)
         ref_out, ref_after = _run(problem, problem.reference, a)
