@@ -1,7 +1,8 @@
-"""`mkb-run problems ...` (list, show, prompt, audit) and `mkb-run characterise`."""
+"""`mkb-run problems ...` (list, show, prompt, audit, diff-upstream) and `mkb-run characterise`."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -90,6 +91,39 @@ def register(app: typer.Typer) -> None:
                 if not ch.ok:
                     c.print(f"      {ch.name}: {ch.detail}")
         raise typer.Exit(1 if bad else 0)
+
+    @group.command("diff-upstream")
+    def diff_upstream(
+        markdown: bool = typer.Option(False, "--markdown", help="Print the markdown table instead of text."),
+        write: bool = typer.Option(False, "--write", help="Write the table into --out (between its markers)."),
+        check: bool = typer.Option(False, "--check", help="Exit 1 when --out's table differs from the problems (for CI)."),
+        out: Optional[Path] = typer.Option(None, "--out", help="The README holding the table (default: problems/README.md)."),
+        family: Optional[str] = typer.Option(None, "--family", "-f", help="Only this family (printing only)."),
+    ) -> None:
+        """Per problem, what matches upstream MetaKernelBench and what differs, with the reason."""
+        from mkb.problems import problems
+        from mkb.problems._loader import problems_root
+        from mkb.problems._upstream import render_markdown, render_readme, render_text, upstream_rows
+
+        if (write or check) and family:
+            typer.echo("--family selects what is printed; the README table covers every problem\n"
+                       "hint: drop --family with --write/--check", err=True)
+            raise typer.Exit(2)
+        rows = upstream_rows(problems(family=family))
+        if write or check:
+            target = out or (problems_root() / "README.md")
+            current = target.read_text() if target.exists() else ""
+            text = render_readme(current, rows)
+            if check:
+                if current != text:
+                    typer.echo(f"{target} is out of date\nhint: run `mkb-run problems diff-upstream --write`", err=True)
+                    raise typer.Exit(1)
+                typer.echo(f"{target} is up to date")
+                return
+            target.write_text(text)
+            typer.echo(f"wrote {target}")
+            return
+        typer.echo(render_markdown(rows) if markdown else render_text(rows), nl=False)
 
     @app.command("characterise")
     def characterise(

@@ -8,9 +8,12 @@ A problem module defines (DESIGN.md, Problem contract):
   Returns one tensor or a tuple, in the order of ``META.outputs``. Updates the inputs named in
   ``META.mutates`` in place (and may return them too).
 - ``make_inputs(seed, *, device, size="full")`` -> tuple of inputs (tensors, or Python scalars that
-  never change), in the order of ``META.inputs``. Shapes and index structure (page tables,
-  lengths, routing) depend only on ``size``; values depend only on ``seed``. ``size="smoke"``
-  runs the reference on CPU in <= 0.1 s.
+  never change), in the order of ``META.inputs``. Shapes, dtypes and scalars depend only on
+  ``size``; values depend only on ``seed``, and so does index structure (page assignments,
+  sequence cuts, padding) wherever upstream redraws it per draw (``"structure_per_draw"`` in
+  ``META.upstream.matches``), so the grader's fresh seeds give every verification draw and every
+  timed call a fresh structure of the same shapes. ``size="smoke"`` runs the reference on CPU
+  in <= 0.1 s.
 - optional ``eager(*inputs)``: what the eager baseline times, when ``reference`` is deliberately
   slow (an exact recurrence). Must agree with ``reference`` within the comparison rules.
 - for ``compare="topk"`` outputs: a module function named by ``Output.topk_scores`` taking the
@@ -69,6 +72,33 @@ class Upstream:
     matches: tuple[UpstreamAspect, ...]
     differs: tuple[tuple[UpstreamAspect, str], ...] = ()  # (aspect, why we differ on purpose)
 
+    def problems(self) -> list[str]:
+        """What makes this record incomplete or malformed (empty when every aspect is accounted for once)."""
+        out: list[str] = []
+        if self.source not in ("shipped", "recipe"):
+            out.append(f"source {self.source!r} is not 'shipped' or 'recipe'")
+        if not isinstance(self.path, str) or not self.path.strip():
+            out.append("path is empty (name the upstream file compared against)")
+        seen: list[str] = list(self.matches)
+        for row in self.differs:
+            if not (isinstance(row, tuple) and len(row) == 2 and isinstance(row[1], str)):
+                out.append(f"differs row {row!r} is not (aspect, why)")
+                continue
+            aspect, why = row
+            seen.append(aspect)
+            if not why.strip():
+                out.append(f"differs row for {aspect!r} gives no reason")
+        unknown = sorted({a for a in seen if a not in UPSTREAM_ASPECTS})
+        if unknown:
+            out.append(f"unknown aspects {unknown} (known: {', '.join(UPSTREAM_ASPECTS)})")
+        twice = sorted({a for a in seen if seen.count(a) > 1 and a in UPSTREAM_ASPECTS})
+        if twice:
+            out.append(f"aspects {twice} are listed more than once (each goes in matches or in differs, once)")
+        missing = [a for a in UPSTREAM_ASPECTS if a not in seen]
+        if missing:
+            out.append(f"aspects {missing} are neither in matches nor in differs")
+        return out
+
 
 @dataclass(frozen=True)
 class ProblemMeta:
@@ -91,8 +121,9 @@ class ProblemMeta:
     peak: Peak
     mutates: tuple[str, ...] = ()  # names from `inputs` updated in place
     exact_reason: str | None = None  # why the fp64 gap is 0 (integer/copy problems); None otherwise
-    # inputs that are index structure fixed by `size` (page tables, lengths, routing): the audit does not
-    # require outputs to change when they are redrawn, since they do not change with the seed
+    # inputs that are index structure (page tables, lengths, slot maps, routing), drawn together with each
+    # other: the audit does not swap one alone between seeds (it would no longer agree with the rest), and
+    # where `upstream` claims structure_per_draw it checks that each of them changes with the seed
     structure_inputs: tuple[str, ...] = ()
     upstream: Upstream | None = None  # the comparison with upstream MetaKernelBench (issue: upstream fidelity)
     notes: str = ""  # shape choices, deviations, anything a reader of the catalog should know

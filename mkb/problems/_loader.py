@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any, Callable, get_args
 
 from mkb._resources import data_dir
-from mkb.problems._contract import FAMILIES, CompareMode, Output, Peak, ProblemMeta
+from mkb.problems._contract import FAMILIES, CompareMode, Output, Peak, ProblemMeta, Upstream
 
 _DIR_RE = re.compile(r"^(\d{2})_([a-z0-9_]+)$")
 _SOLUTION_FILES = ("cute.py", "tirx.py")  # baseline solutions: not part of the problem's identity
@@ -196,6 +196,11 @@ def validate(module: ModuleType, path: Path) -> ProblemMeta:
         if o.quantized_from is not None and not callable(getattr(module, o.quantized_from, None)):
             raise _fail(path, f"output {o.name!r} names quantized_from={o.quantized_from!r}, which is no module function",
                         "define the pre-quantisation values function, or leave quantized_from out")
+    if meta.upstream is not None:  # optional until every problem is compared; when present it must be complete
+        wrong = meta.upstream.problems() if isinstance(meta.upstream, Upstream) else ["it is not an Upstream(...)"]
+        if wrong:
+            raise _fail(path, f"META.upstream is incomplete: {'; '.join(wrong)}",
+                        "every aspect of mkb.problems.UPSTREAM_ASPECTS goes once in matches or in differs with a reason")
     if meta.peak not in get_args(Peak):
         raise _fail(path, f"unknown peak {meta.peak!r}", f"one of {get_args(Peak)}")
     if not (meta.flops >= 0 and meta.bytes > 0):
