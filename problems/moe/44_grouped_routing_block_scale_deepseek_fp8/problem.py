@@ -81,8 +81,10 @@ META = ProblemMeta(
     upstream=Upstream(
         source="shipped",
         path="problems/moe/44_grouped_routing_block_scale_deepseek_fp8.py",
-        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "structure_per_draw", "exactness"),
+        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "structure_per_draw"),
         differs=(
+            ("exactness", "both compare within a tolerance; mkb's is anchored to fp64 (3 x the reference's own error "
+             "vs the fp64 anchor, at least eps(dtype) x max|anchor|) instead of a fixed atol/rtol"),
             ("distributions", "routing_bias holds upstream's captured values (155 x 4.9375, 101 x 4.96875) but which "
              "experts get the higher value is permuted per draw (upstream: one fixed assignment): every input that is "
              "not index structure changes with the seed, so a kernel cannot bake the bias in. Other inputs as upstream."),
