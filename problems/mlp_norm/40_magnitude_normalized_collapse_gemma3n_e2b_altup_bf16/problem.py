@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 
 ALTUP = 4
 MAG_EPS = 1e-5
@@ -50,6 +50,18 @@ META = ProblemMeta(
     flops=(ALTUP - 1) * 2.0 * _T * _H * _H + 30.0 * _T * _H,
     bytes=2.0 * (ALTUP * _T * _H + (ALTUP - 1) * _H * _H + _H + _T * _H),
     peak="bf16_tc",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/40_magnitude_normalized_collapse_gemma3n_e2b_altup_bf16.json',
+        matches=('outputs', 'in_place', 'dtypes', 'structure_per_draw'),
+        differs=(
+            ('computation', 'upstream: 3 AltUp streams, two [3072, 3072] projections of the auxiliary streams matched in magnitude to the first and averaged with it (eps 1e-5 as an input), no final norm; mkb: 4 streams (altup_num_inputs 4), hidden 2048, and the final RMSNorm - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: [3, 64, 256, 3072]; mkb: [4, 8192, 2048] - not yet converted (issue #15 follow-up)'),
+            ('distributions', 'upstream: streams and weights N(0, 1) in bf16 (weights unscaled); mkb: per-token log-normal stream scales, weights / sqrt(hidden) - not yet converted (issue #15 follow-up)'),
+            ("exactness", "both compare within a tolerance; mkb's is anchored to fp64 (3 x the reference's own error "
+             "vs the fp64 anchor, at least eps(dtype) x max|anchor|) instead of a fixed atol/rtol"),
+        ),
+    ),
     notes="Includes the final RMSNorm that follows the collapse in Gemma3nTextModel. Smoke: 48 tokens x 128.",
 )
 
