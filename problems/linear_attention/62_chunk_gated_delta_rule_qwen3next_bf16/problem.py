@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 from mkb.problems.linear import delta_rule_chunked, delta_rule_recurrence, l2norm
 
 BATCH = {"full": 2, "smoke": 1}
@@ -56,6 +56,19 @@ META = ProblemMeta(
     bytes=float(_B * _T * (2 * HK[_f] * _K + _Hv * _V) * 2 + _B * _T * _Hv * (4 + 2) + _B * _T * _Hv * _V * 2
                 + 2 * _B * _Hv * _K * _V * 2),
     peak="bf16_tc",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/62_chunk_gated_delta_rule_qwen3next_bf16.json',
+        matches=('in_place', 'dtypes', 'structure_per_draw'),
+        differs=(
+            ('computation', 'upstream: head-major q, k [B, 4, T, 128], v [B, 16, T, 128], log-decay g and beta per (b, head, t), scale as an input, no initial state; mkb: sequence-major layouts, an initial state and q/k L2 normalisation in the kernel (FLA use_qk_l2norm_in_kernel) - not yet converted (issue #15 follow-up)'),
+            ('outputs', 'upstream returns the output only; mkb also returns the final state - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: batch 16 x 256 tokens, 4 key / 16 value heads of 128, chunk 64; mkb: 2 x 4096 tokens, 16 / 32 heads (Qwen3-Next-80B-A3B) - not yet converted (issue #15 follow-up)'),
+            ('distributions', 'upstream: q, k, v N(0, 1) bf16, g U(-0.05, 0), beta sigmoid(N(0, 1)); mkb: gates from A_log / softplus as the model computes them - not yet converted (issue #15 follow-up)'),
+            ("exactness", "both compare within a tolerance; mkb's is anchored to fp64 (3 x the reference's own error "
+             "vs the fp64 anchor, at least eps(dtype) x max|anchor|) instead of a fixed atol/rtol"),
+        ),
+    ),
     notes="The reference is the token-by-token recurrence (slow at full size; the fp64 anchor is its "
     "float64 run); eager is the chunked form. Gate values follow Qwen3-Next: g = -exp(A_log) * "
     "softplus(a + dt_bias) with A ~ U(1, 16). The state is bf16 in memory so that a chunked kernel "
