@@ -1,0 +1,49 @@
+"""The problems that follow upstream's shapes produce exactly those shapes at size="full" (on the meta device, no memory).
+
+The expected shapes are upstream MetaKernelBench's (d90ba28): the shipped problems' make_inputs and the
+SOL-ExecBench recipes' constants. A change of a problem's full size that drifts from upstream fails here
+and must come with a `differs` row in its META.upstream instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mkb.problems import get_problem
+
+E, L, FP8, F32, BF16, I32, I64 = 256, 32, torch.float8_e4m3fn, torch.float32, torch.bfloat16, torch.int32, torch.int64
+UPSTREAM_FULL = {
+    28: [((14509, 4096), BF16), ((14509, 4096), BF16), ((4096,), BF16)],
+    30: [((64, 56, 56, 128), F32), ((512, 128), F32), ((512,), F32), ((512,), F32), ((512,), F32), ((128, 512), F32), ((128,), F32)],
+    36: [((520128, 128), BF16), ((128,), BF16)],
+    39: [((32, 256, 3072), F32), ((32, 3072), F32), ((6144, 3072), F32), ((6144,), F32), ((64, 3072), F32), ((64,), F32)],
+    44: [((14107, E), F32), ((E,), BF16), ((14107, 7168), FP8), ((56, 14107), F32), ((L, 4096, 7168), FP8),
+         ((L, 32, 56), F32), ((L, 7168, 2048), FP8), ((L, 56, 16), F32), 32, 2.5],
+    68: [((8, 1024, 16, 128), BF16)] * 4 + [((8, 1024, 16), BF16)],
+    69: [((8, 1024, 4, 256), BF16), ((8, 1024, 4, 256), BF16), ((8, 1024, 4, 512), BF16), ((8, 1024, 4, 256), BF16)],
+    70: [((8, 8, 1024, 256), BF16), ((8, 8, 1024, 256), BF16), ((8, 8, 1024, 512), BF16)],
+    71: [((959, 8, 128), BF16), ((959, 8, 128), BF16), ((959, 16, 128), BF16), ((4, 16, 128, 128), F32), ((16,), F32),
+         ((959, 16), BF16), ((16,), F32), ((959, 16), BF16), ((5,), I64), 128**-0.5],
+    72: [((64, 1, 8, 128), BF16), ((64, 1, 8, 128), BF16), ((64, 1, 16, 128), BF16), ((64, 16, 128, 128), F32),
+         ((16,), F32), ((64, 1, 16), BF16), ((16,), F32), ((64, 1, 16), BF16), 128**-0.5],
+    73: [((32, 4, 8, 128), BF16), ((32, 4, 8, 128), BF16), ((32, 4, 16, 128), BF16), ((49, 16, 128, 128), F32),
+         ((32,), I32), ((16,), F32), ((32, 4, 16), BF16), ((16,), F32), ((32, 4, 16), BF16), 128**-0.5],
+    74: [((8, 16, 1024, 128), BF16)] * 3 + [((8, 16, 1024), BF16), ((8, 16, 128, 128), F32)],
+}
+
+
+def _describe(v):
+    return (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v
+
+
+@pytest.mark.parametrize("number", sorted(UPSTREAM_FULL))
+def test_full_size_inputs_have_upstreams_shapes_and_dtypes(number):
+    problem = get_problem(number)
+    got = [_describe(v) for v in problem.make_inputs(0, device="meta", size="full")]
+    want = UPSTREAM_FULL[number]
+    assert len(got) == len(want) == len(problem.meta.inputs)
+    for name, g, w in zip(problem.meta.inputs, got, want):
+        assert g == pytest.approx(w) if isinstance(w, float) else g == w, f"{number} {name}: {g} != upstream {w}"
+    u = problem.meta.upstream
+    assert u is not None and "shapes" in u.matches and "dtypes" in u.matches
