@@ -75,7 +75,7 @@ def check_seed(problem, seed: int) -> SeedCheck:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mkb.problems import discover, load_problem
+    from mkb.problems import discover, load_problem, problem_hash
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20, help="seeds 0..N-1 per problem (default 20)")
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         n_runs += len(res)
         n_bad += len(bad)
         secs = sum(r.seconds for r in res)
-        say(f"{p.slug}: {len(res) - len(bad)}/{len(res)} seeds ok ({secs:.1f} s)")
+        say(f"{p.slug} [{problem_hash(path.parent)[:12]}]: {len(res) - len(bad)}/{len(res)} seeds ok ({secs:.1f} s)")
         for r in bad:
             for f in r.failures:
                 say(f"  seed {r.seed}: {f}")
