@@ -49,10 +49,10 @@ META = ProblemMeta(
     upstream=Upstream(
         source='recipe',
         path='problems/_sol_execbench/33_residual_rmsnorm_swiglu_mlp_hermes_bf16.json',
-        matches=('computation', 'outputs', 'in_place', 'dtypes', 'structure_per_draw'),
+        matches=('outputs', 'in_place', 'dtypes', 'distributions', 'structure_per_draw'),
         differs=(
+            ('computation', "the recipe hides its reference ('add a residual, apply RMS normalization, and compute a SwiGLU MLP projection', eps 1e-5 passed as an input): mkb returns the updated residual stream s + down(silu(gate(n)) * up(n)), n = RMSNorm(s), with eps a constant 1e-5; upstream may return the MLP output alone"),
             ('shapes', "upstream: 64 x 128 = 8192 tokens, hidden 16384, intermediate 53248 (Hermes-3 405B): 43 TFLOP per call, ~45 ms at the H200's dense bf16 peak, so the eager baseline would exceed the 50 ms ceiling of the eager band; mkb keeps the same computation at Llama-3.1-8B geometry (4096 tokens, 4096 -> 14336)"),
-            ('distributions', 'upstream: both streams N(0, 1), norm weight 1 + 0.1 N, weights N(0, 1)/sqrt(in), eps 1e-5 as an input; mkb: attention output 0.5 N(0, 1), norm weight 1 + 0.2 N, w_down x1.5 - not yet converted (issue #15 follow-up)'),
             ("exactness", "both compare within a tolerance; mkb's is anchored to fp64 (3 x the reference's own error "
              "vs the fp64 anchor, at least eps(dtype) x max|anchor|) instead of a fixed atol/rtol"),
         ),
@@ -82,9 +82,9 @@ def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     t, h, i = SHAPES[size]
     g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
     residual = torch.randn(t, h, generator=g, device=device)
-    attn_out = 0.5 * torch.randn(t, h, generator=g, device=device)
-    norm_weight = 1.0 + 0.2 * torch.randn(h, generator=g, device=device)
+    attn_out = torch.randn(t, h, generator=g, device=device)
+    norm_weight = 1.0 + 0.1 * torch.randn(h, generator=g, device=device)
     w_gate = torch.randn(i, h, generator=g, device=device) / math.sqrt(h)
     w_up = torch.randn(i, h, generator=g, device=device) / math.sqrt(h)
-    w_down = 1.5 * torch.randn(h, i, generator=g, device=device) / math.sqrt(i)
+    w_down = torch.randn(h, i, generator=g, device=device) / math.sqrt(i)
     return tuple(v.to(torch.bfloat16) for v in (attn_out, residual, norm_weight, w_gate, w_up, w_down))
