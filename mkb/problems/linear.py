@@ -27,6 +27,7 @@ __all__ = [
     "delta_rule_chunked",
     "delta_rule_recurrence",
     "l2norm",
+    "l2normalize",
     "segsum",
     "ssd_chunked",
     "ssd_recurrence",
@@ -36,6 +37,11 @@ __all__ = [
 def l2norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(sum(x**2) + eps) over the last dim (FLA's in-kernel q/k normalisation)."""
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def l2normalize(x: torch.Tensor) -> torch.Tensor:
+    """x / max(||x||_2, 1e-12) over the last dim (torch's F.normalize, as fla's naive references normalise q/k)."""
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-12)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,6 +33,22 @@ def select_topk(scores: torch.Tensor, top_k: int, *, n_group: int = 1, topk_grou
     return s.topk(top_k, dim=-1).indices.sort(dim=-1).values
 
 
+def topk_margins(scores: torch.Tensor, top_k: int, *, n_group: int = 1, topk_group: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, (gap between the last kept and first dropped group score, gap between the k-th and (k+1)-th
+    kept expert score): a selection whose gaps exceed the rounding of the scores is a property of the inputs.
+    Without groups the group gap is +inf."""
+    t, e = scores.shape
+    s = scores
+    group_gap = torch.full((t,), float("inf"), dtype=scores.dtype, device=scores.device)
+    if n_group > 1:
+        gs = scores.view(t, n_group, e // n_group).topk(2, dim=-1).values.sum(-1)
+        gsv = gs.sort(dim=-1, descending=True).values
+        group_gap = gsv[:, topk_group - 1] - gsv[:, topk_group]
+        s = scores.masked_fill(~group_mask(scores, n_group, topk_group), float("-inf"))
+    sv = s.sort(dim=-1, descending=True).values
+    return group_gap, sv[:, top_k - 1] - sv[:, top_k]
+
+
 def separate_topk(
     logits: torch.Tensor,
     score_fn: Callable[[torch.Tensor], torch.Tensor],
@@ -167,4 +183,4 @@ def routed_swiglu_padded(x, idx, wts, w_gate_up, w_down, *, cdt) -> torch.Tensor
     return out
 
 
-__all__ = ["expert_popularity", "group_mask", "routed_swiglu", "routed_swiglu_padded", "select_topk", "separate_topk", "skewed_logits"]
+__all__ = ["expert_popularity", "group_mask", "routed_swiglu", "routed_swiglu_padded", "select_topk", "separate_topk", "skewed_logits", "topk_margins"]

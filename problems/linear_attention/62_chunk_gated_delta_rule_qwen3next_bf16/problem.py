@@ -1,40 +1,40 @@
-"""Chunked gated delta rule (Gated DeltaNet prefill) of Qwen3-Next, bf16 activations, fp32 state.
+"""Chunked gated delta rule (Gated DeltaNet prefill) at Qwen3-Next's head geometry, bf16, head-major layouts.
 
-The sequence-mixing core of a Qwen3-Next linear-attention layer over a prefill batch
-(FLA `chunk_gated_delta_rule` with `use_qk_l2norm_in_kernel=True`). Per batch b and value head h
-(key head h // (Hv // Hk)), with S_0 = initial_state[b, h] (a [K, V] matrix), for t = 1..T, in
-fp32 (the promoted dtype):
+Upstream MetaKernelBench's problem 62 (a SOL-ExecBench recipe): gated delta-rule linear attention over
+B sequences of T tokens from a zero state, with L2-normalised queries and keys and a per-token scalar
+log decay. Per batch b and value head h (query/key head h // (Hv // Hk)), with S_0 = 0 ([K, V]),
+for t = 1..T, in fp32 (the promoted dtype):
 
-    qn = q_t / sqrt(sum(q_t**2) + 1e-6) * K**-0.5 ;  kn = k_t / sqrt(sum(k_t**2) + 1e-6)
+    qn = q_t / sqrt(sum(q_t**2) + 1e-6) * scale ;  kn = k_t / sqrt(sum(k_t**2) + 1e-6)
     S  = S_{t-1} * exp(g_t)                                  (g_t <= 0: log decay)
     S_t = S + outer(kn, beta_t * (v_t - kn @ S))            (delta rule)
-    o_t = qn @ S_t
+    o_t = qn @ S_t                                           (rounded to bf16)
 
-Layouts: q, k bf16 [B, T, Hk, K]; v bf16 [B, T, Hv, V]; g fp32 [B, T, Hv]; beta bf16 [B, T, Hv]
-(already sigmoid-ed); initial_state bf16 [B, Hv, K, V] (vLLM's default state dtype for a bf16
-model). Outputs: o bf16 [B, T, Hv, V] and final_state bf16 [B, Hv, K, V], each rounded once; the
-state stays fp32 between tokens. `reference` runs the exact recurrence above token by token;
-`eager` is the chunked WY form (chunk 64, as in the HF `torch_chunk_gated_delta_rule`), which
-agrees within the comparison tolerance. Full size: Qwen3-Next-80B-A3B heads (16 key, 32 value,
-dim 128), 2 sequences of 4096 tokens.
+Layouts (head-major, as the recipe): q, k bf16 [B, Hk, T, K]; v bf16 [B, Hv, T, V]; g, beta bf16
+[B, Hv, T] (beta already sigmoid-ed); scale float (1/sqrt(128)). Output: o bf16 [B, Hv, T, V].
+`reference` runs the exact recurrence token by token; `eager` is the chunked WY form (chunk 64, as
+in the HF `torch_chunk_gated_delta_rule`). Full size: the recipe's (batch 16 x 256 tokens, 4 key
+heads, 16 value heads, dim 128).
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+import math
 
-from mkb.problems._contract import Output, ProblemMeta
+import torch
+
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 from mkb.problems.linear import delta_rule_chunked, delta_rule_recurrence, l2norm
 
-BATCH = {"full": 2, "smoke": 1}
-SEQ = {"full": 4096, "smoke": 150}
-HK = {"full": 16, "smoke": 1}
-HV = {"full": 32, "smoke": 2}
+BATCH = {"full": 16, "smoke": 1}
+SEQ = {"full": 256, "smoke": 150}
+HK = {"full": 4, "smoke": 1}
+HV = {"full": 16, "smoke": 2}
 DK = {"full": 128, "smoke": 16}
 DV = {"full": 128, "smoke": 16}
 CHUNK = 64
 L2_EPS = 1e-6
+SCALE = 1.0 / math.sqrt(128)
 
 _f = "full"
 _B, _T, _Hv, _K, _V = BATCH[_f], SEQ[_f], HV[_f], DK[_f], DV[_f]
@@ -43,44 +43,52 @@ META = ProblemMeta(
     number=62,
     name="chunk_gated_delta_rule_qwen3next_bf16",
     family="linear_attention",
-    dtypes=("bf16", "fp32"),
-    source_model="Qwen/Qwen3-Next-80B-A3B-Instruct",
-    source_config="linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, "
-    "linear_value_head_dim=128; q/k l2norm eps 1e-6 in kernel, scale 1/sqrt(128); chunk 64; bf16 state in memory "
-    "(mamba_ssm_cache_dtype auto), fp32 in compute",
-    inputs=("q", "k", "v", "g", "beta", "initial_state"),
-    outputs=(Output("o"), Output("final_state")),
+    dtypes=("bf16",),
+    source_model="Qwen/Qwen3-Next-80B-A3B-Instruct (head dims); SOL-ExecBench recipe",
+    source_config="4 key heads, 16 value heads, head dims 128; q/k l2norm (eps 1e-6, FLA's in-kernel norm), "
+    "scale 1/sqrt(128); chunk 64; batch 16 x 256 tokens",
+    inputs=("q", "k", "v", "g", "beta", "scale"),
+    outputs=(Output("o"),),
     # chunked form per (token, value head): k k^T and q k^T (2*2*C*K), T@u and T@w, attn@v_new
     # (2*(C*V + C*K + C*V)), and four K x V products with the state (4*2*K*V)
     flops=float(_B * _T * _Hv * (4 * CHUNK * _K + 2 * CHUNK * (2 * _V + _K) + 8 * _K * _V)),
-    bytes=float(_B * _T * (2 * HK[_f] * _K + _Hv * _V) * 2 + _B * _T * _Hv * (4 + 2) + _B * _T * _Hv * _V * 2
-                + 2 * _B * _Hv * _K * _V * 2),
+    bytes=float(_B * _T * (2 * HK[_f] * _K + _Hv * _V) * 2 + _B * _T * _Hv * 2 * 2 + _B * _T * _Hv * _V * 2),
     peak="bf16_tc",
-    notes="The reference is the token-by-token recurrence (slow at full size; the fp64 anchor is its "
-    "float64 run); eager is the chunked form. Gate values follow Qwen3-Next: g = -exp(A_log) * "
-    "softplus(a + dt_bias) with A ~ U(1, 16). The state is bf16 in memory so that a chunked kernel "
-    "(different fp32 rounding from the recurrence) is judged at the state's storage precision.",
+    upstream=Upstream(
+        source="recipe",
+        path="problems/_sol_execbench/62_chunk_gated_delta_rule_qwen3next_bf16.json",
+        matches=("outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw", "exactness"),
+        differs=(
+            ("computation", "the recipe hides its reference and shows only 'L2-normalized queries, decay gating, "
+             "recurrent state carry': mkb normalises q and k as FLA's use_qk_l2norm_in_kernel does (eps 1e-6 inside "
+             "the square root) and returns o head-major like its inputs; details the recipe does not show may differ"),
+        ),
+    ),
+    notes="Inputs as the recipe: q, k, v N(0, 1) in bf16, g U(-0.05, 0) in bf16, beta = sigmoid of a bf16 N(0, 1) "
+    "draw. The reference is the token-by-token recurrence (its float64 run is the anchor); eager is the chunked "
+    "form. Smoke: 1 x 150 tokens, 1 key head, 2 value heads, dim 16.",
 )
 
 
-def _prep(q, k, v, g, beta, initial_state):
-    ct = torch.promote_types(torch.promote_types(q.dtype, torch.float32), initial_state.dtype)
-    rep = v.shape[2] // q.shape[2]
-    qn = l2norm(q.to(ct), L2_EPS).repeat_interleave(rep, dim=2) * q.shape[-1] ** -0.5
-    kn = l2norm(k.to(ct), L2_EPS).repeat_interleave(rep, dim=2)
-    return ct, qn, kn, v.to(ct), g.to(ct), beta.to(ct), initial_state.to(ct)
+def _prep(q, k, v, g, beta, scale):
+    """Sequence-major fp32 copies (mkb.problems.linear's layout) with normalised, head-expanded q and k."""
+    ct = torch.promote_types(q.dtype, torch.float32)
+    rep = v.shape[1] // q.shape[1]
+    qn = (l2norm(q.to(ct), L2_EPS) * scale).repeat_interleave(rep, dim=1).transpose(1, 2)
+    kn = l2norm(k.to(ct), L2_EPS).repeat_interleave(rep, dim=1).transpose(1, 2)
+    B, H, _, V = v.shape
+    S = torch.zeros(B, H, q.shape[-1], V, dtype=ct, device=q.device)
+    return qn, kn, v.to(ct).transpose(1, 2), g.to(ct).transpose(1, 2), beta.to(ct).transpose(1, 2), S
 
 
-def reference(q, k, v, g, beta, initial_state):
-    ct, qn, kn, vv, gg, bb, S = _prep(q, k, v, g, beta, initial_state)
-    o, S = delta_rule_recurrence(qn, kn, vv, gg, bb, S)
-    return o.to(q.dtype), S.to(initial_state.dtype)
+def reference(q, k, v, g, beta, scale):
+    o, _ = delta_rule_recurrence(*_prep(q, k, v, g, beta, scale))
+    return o.transpose(1, 2).to(q.dtype)
 
 
-def eager(q, k, v, g, beta, initial_state):
-    ct, qn, kn, vv, gg, bb, S = _prep(q, k, v, g, beta, initial_state)
-    o, S = delta_rule_chunked(qn, kn, vv, gg, bb, S, chunk=CHUNK)
-    return o.to(q.dtype), S.to(initial_state.dtype)
+def eager(q, k, v, g, beta, scale):
+    o, _ = delta_rule_chunked(*_prep(q, k, v, g, beta, scale), chunk=CHUNK)
+    return o.transpose(1, 2).to(q.dtype)
 
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
@@ -91,10 +99,7 @@ def make_inputs(seed: int, *, device="cpu", size: str = "full"):
         return torch.randn(*s, generator=gen, device=device)
 
     bf = torch.bfloat16
-    q, k, v = rn(B, T, hk, dk).to(bf), rn(B, T, hk, dk).to(bf), rn(B, T, hv, dv).to(bf)
-    A = 1.0 + 15.0 * torch.rand(hv, generator=gen, device=device)
-    dt_bias = 0.5 * rn(hv)
-    g = -A * F.softplus(rn(B, T, hv) - 4.0 + dt_bias)  # mostly slow decay, some fast-forgetting steps
-    beta = torch.sigmoid(rn(B, T, hv)).to(bf)
-    initial_state = (0.5 * rn(B, hv, dk, dv)).to(bf)
-    return q, k, v, g, beta, initial_state
+    q, k, v = rn(B, hk, T, dk).to(bf), rn(B, hk, T, dk).to(bf), rn(B, hv, T, dv).to(bf)
+    g = (-0.05 * torch.rand(B, hv, T, generator=gen, device=device)).to(bf)
+    beta = rn(B, hv, T).to(bf).sigmoid()
+    return q, k, v, g, beta, SCALE

@@ -27,7 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 from mkb.problems.linear import ssd_chunked, ssd_recurrence
 
 BATCH = {"full": 8, "smoke": 1}
@@ -68,6 +68,14 @@ META = ProblemMeta(
     bytes=float((_PROJ * _d + _d * _I) * 2 + 2 * _BT * _d * 2  # weights; hidden in, out
                 + (_I + 2 * _G * _N) * (CONV + 1) * 2 + _I * 2 + 3 * _H * 4),
     peak="bf16_tc",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/63_mamba2_selective_scan_nemotron_h_bf16.json',
+        matches=('computation', 'outputs', 'in_place', 'shapes', 'dtypes', 'structure_per_draw', "exactness"),
+        differs=(
+            ('distributions', "upstream: N(0, 1) hidden and biases, in/out projections N(0, 1)/sqrt(in), conv weight / 2, A_log U(-5, ...) and norm weight near 1, plus time_step_limit (0, 1e6) and eps 1e-5 passed as scalar inputs; mkb draws dt_bias / A_log from Mamba2's initialisation ranges and fixes the limits and eps (no effect on the computation) - not yet converted (issue #15 follow-up)"),
+        ),
+    ),
     notes="The two projections are ~97% of the FLOPs. The reference computes them in fp32 (the spec); "
     "the eager baseline in bf16 with fp32 accumulation, as the model runs.",
 )

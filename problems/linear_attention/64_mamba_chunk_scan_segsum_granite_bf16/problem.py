@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 from mkb.problems.linear import ssd_chunked, ssd_recurrence
 
 BATCH = {"full": 2, "smoke": 1}
@@ -50,6 +50,16 @@ META = ProblemMeta(
     flops=float(_B * _T * (GROUPS * 2 * _l * _N + _H * (2 * _l * _P + 4 * _P * _N))),
     bytes=float(_B * _T * (_H * (2 * _P + 1) + 2 * GROUPS * _N) * 2 + 2 * _B * _H * _P * _N * 2),
     peak="bf16_tc",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/64_mamba_chunk_scan_segsum_granite_bf16.json',
+        matches=('outputs', 'in_place', 'dtypes', 'structure_per_draw', "exactness"),
+        differs=(
+            ('computation', 'upstream passes the per-head log decay A (dt already applied, [B, H, T]) directly and has no dt / dt_bias / A_log inputs; mkb computes dt = softplus(dt + dt_bias) and A = -exp(A_log) itself - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: batch 8 x 1024 tokens, 16 heads of 64, state 256, 1 group, chunk 256; mkb: 2 x 4096 tokens, 128 heads, state 128 (Granite 4.0-H) - not yet converted (issue #15 follow-up)'),
+            ('distributions', "upstream: N(0, 1) x, B, C, D and initial state (bf16), decay U(-0.02, -0.0005); mkb's differ - not yet converted (issue #15 follow-up)"),
+        ),
+    ),
     notes="The reference is the token-by-token recurrence (its float64 run is the anchor); eager is "
     "the chunked segsum form. States are bf16 in memory so a chunked kernel is judged at storage precision.",
 )

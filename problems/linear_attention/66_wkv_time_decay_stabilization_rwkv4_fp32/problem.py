@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 
 BATCH = {"full": 8, "smoke": 2}
 SEQ = {"full": 1024, "smoke": 37}
@@ -48,6 +48,17 @@ META = ProblemMeta(
     flops=float(_B * _T * _C * 20),  # ~6 exp/max and ~14 mul/add/div per step
     bytes=float(3 * _B * _T * _C * 4 + 2 * _C * 4),
     peak="fp32_simt",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/66_wkv_time_decay_stabilization_rwkv4_fp32.json',
+        matches=('in_place', 'dtypes', 'structure_per_draw', "exactness"),
+        differs=(
+            ('computation', 'upstream resumes from a carried-in state (three [B, C] tensors: numerator, denominator, running max) and returns the output with the new state; mkb starts from the empty state (0, 0, -1e38) - not yet converted (issue #15 follow-up)'),
+            ('outputs', 'upstream returns the output and the three state tensors; mkb the output only - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: batch 64 x 1721 tokens, 2048 channels; mkb: 8 x 1024 tokens, 2560 channels (RWKV-4 3B) - not yet converted (issue #15 follow-up)'),
+            ('distributions', "upstream: time_decay U(-6, -1), time_first and k, v N(0, 1), state N(0, 1) and max U(., 2); mkb: RWKV-4's initialisation ramps plus key outliers - not yet converted (issue #15 follow-up)"),
+        ),
+    ),
     notes="The reference is the sequential kernel (its float64 run is the anchor); eager is chunked "
     "(the sequential form costs ~14 launches per token at full size).",
 )

@@ -25,7 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 
 BATCH = {"full": 16, "smoke": 2}
 SEQ = {"full": 2048, "smoke": 64}
@@ -49,6 +49,16 @@ META = ProblemMeta(
     flops=float(_B * _L * 3 * _D * 6 + _B * _D * 3 * 2.5 * _N * math.log2(_N) + _B * _L * _D * 6),
     bytes=float(_B * _L * (3 * _D + _D) * 4 + _D * _L * 4 + 3 * _D * 4 * 4),
     peak="fp32_simt",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/67_hyena_fft_conv_block_hyena_small_fp32.json',
+        matches=('outputs', 'in_place', 'dtypes', 'structure_per_draw', "exactness"),
+        differs=(
+            ('computation', 'upstream: the complete Hyena block - LayerNorms, in/out projections, the implicit filter network (positional embedding, sine MLP, exponential modulation), FFT long convolution, short filter, gating and a GELU MLP; mkb: the HyenaOperator core on the projected input with the long filter already materialised - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: batch 32 x 256 tokens, d_model 256, d_inner 1024, order 2; mkb: 16 x 2048 tokens, width 768 (hyena-small) - not yet converted (issue #15 follow-up)'),
+            ('distributions', "upstream: N(0, 1) activations, norm weights 1 + 0.1 N, biases 0.1 N; mkb's differ - not yet converted (issue #15 follow-up)"),
+        ),
+    ),
     notes="Filters (long_filter is what the implicit filter network produces: an exponentially "
     "modulated sinusoid mixture) change with the seed.",
 )

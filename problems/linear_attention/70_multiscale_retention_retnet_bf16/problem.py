@@ -1,35 +1,29 @@
-"""RetNet multi-scale retention: xPos-style rotation, per-head fixed decay, per-head norm, swish gate, bf16.
+"""RetNet multi-scale retention (parallel form): per-head fixed exponential decay on a causal q-k score matrix, bf16.
 
-The retention block of RetNet (Sun et al. 2023) between its projections. Per batch b and head h
-(decay gamma_h = 1 - 2**(-5 - h)), positions n = 0..T-1, with S_{-1} = 0 ([K, V]), in fp32 (the
-promoted dtype):
+Upstream MetaKernelBench's problem 70 (flash-linear-attention's `naive_retention`, RetNet head
+geometry). Per batch b and head h, with gamma_h = 1 - 2**(-5 - h) and positions n, m = 0..T-1,
+in fp32 (the promoted dtype):
 
-    rot(x)_n: pairs (2i, 2i+1) rotated by angle n * theta_i, theta_i = 10000**(-i / (K/2 - 1))
-              (torchscale's `theta_shift` with `rotate_every_two`)
-    qr = rot(q_n) ;  kr = rot(k_n) * K**-0.5
-    S_n = gamma_h * S_{n-1} + outer(kr, v_n) ;  r_n = qr @ S_n        (the recurrent form)
-    y_n = r_n / sqrt(mean(r_n**2) + 1e-6)                              (per-head RMSNorm, no affine)
-    out[b, n, h*V:(h+1)*V] = silu(gate[b, n, h*V:(h+1)*V]) * y_n       (rounded to bf16)
+    D[h, n, m] = gamma_h ** (n - m) if n >= m else 0
+    o[b, h]    = ((q[b, h] * K**-0.5) @ k[b, h]^T * D[h]) @ v[b, h]         (rounded to bf16)
 
-Layouts: q, k bf16 [B, T, H, K]; v bf16 [B, T, H, V]; gate bf16 [B, T, H*V]. Output: out bf16
-[B, T, H*V]. `reference` is the recurrent form; `eager` the parallel form (Q K^T masked by the decay
-matrix D[n, m] = gamma**(n - m), n >= m) that RetNet trains with. torchscale's extra
-normalisations of D and of Q K^T are omitted (the per-head RMSNorm makes them nearly cancel).
-Full size: RetNet 1.3B (hidden 2048, 8 heads, key dim 256, value dim 512), 4 sequences of 2048.
+Inputs: q, k bf16 [B, H, T, K]; v bf16 [B, H, T, V]. Output: o bf16 [B, H, T, V]. No xPos
+rotation, normalisation or gate (those sit outside this subgraph upstream). The decay is
+computed as exp2((n - m) * log2(gamma_h)), as fla's naive form computes it.
+Full size: upstream's (B 8, 8 heads, T 1024, key dim 256, value dim 512).
 """
 
 from __future__ import annotations
 
 import torch
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 
-BATCH = {"full": 4, "smoke": 1}
-SEQ = {"full": 2048, "smoke": 40}
+BATCH = {"full": 8, "smoke": 1}
+SEQ = {"full": 1024, "smoke": 40}
 HEADS = {"full": 8, "smoke": 2}
 DK = {"full": 256, "smoke": 16}
 DV = {"full": 512, "smoke": 32}
-NORM_EPS = 1e-6
 
 _f = "full"
 _B, _T, _H, _K, _V = BATCH[_f], SEQ[_f], HEADS[_f], DK[_f], DV[_f]
@@ -39,68 +33,44 @@ META = ProblemMeta(
     name="multiscale_retention_retnet_bf16",
     family="linear_attention",
     dtypes=("bf16",),
-    source_model="RetNet 1.3B (Sun et al. 2023; microsoft/torchscale MultiScaleRetention)",
-    source_config="hidden 2048, 8 retention heads, key dim 256, value_factor 2 (value dim 512 per head), "
-    "gamma_h = 1 - 2^(-5-h), RMSNorm eps 1e-6 without affine, swish gate",
-    inputs=("q", "k", "v", "gate"),
-    outputs=(Output("out"),),
+    source_model="RetNet (Sun et al. 2023); flash-linear-attention naive_retention",
+    source_config="8 retention heads, key dim 256, value dim 512, gamma_h = 1 - 2^(-5-h), scale K^-0.5",
+    inputs=("q", "k", "v"),
+    outputs=(Output("o"),),
     # parallel (causal) form: Q K^T and (.)V over the lower triangle
     flops=float(_B * _H * _T * _T * (_K + _V)),
-    bytes=float(_B * _T * _H * (2 * _K + 3 * _V) * 2),
+    bytes=float(_B * _H * _T * (2 * _K + 2 * _V) * 2),
     peak="bf16_tc",
-    notes="The reference is the recurrent form (its float64 run is the anchor); eager is the parallel "
-    "form. A chunkwise kernel needs only O(T * chunk) work.",
+    upstream=Upstream(
+        source="shipped",
+        path="problems/linear_attention/70_multiscale_retention_retnet_bf16.py",
+        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw", "exactness"),
+    ),
+    notes="Inputs N(0, 1) in bf16, as upstream. The eager baseline is the same parallel form on bfloat16 "
+    "operands (the score matrix rounded to bf16 before the decay mask and again before the value GEMM). A "
+    "chunkwise kernel needs only O(T * chunk) work. Smoke: 1 x 2 heads x 40 positions, K 16, V 32.",
 )
 
 
-def _rotate(x, pos_dtype):
-    T, K = x.shape[1], x.shape[-1]
-    theta = 10000.0 ** (-torch.linspace(0, 1, K // 2, dtype=pos_dtype, device=x.device))
-    ang = torch.arange(T, dtype=pos_dtype, device=x.device)[:, None] * theta[None, :]  # [T, K/2]
-    cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
-
-
-def _gammas(H, ct, device):
-    return 1.0 - torch.exp2(-5.0 - torch.arange(H, dtype=ct, device=device))
-
-
-def _finish(r, gate):
-    y = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + NORM_EPS)  # [B, T, H, V]
-    g = gate.to(r.dtype)
-    return (torch.nn.functional.silu(g) * y.flatten(2)).to(gate.dtype)
-
-
-def _prep(q, k, v):
-    ct = torch.promote_types(q.dtype, torch.float32)
-    qr = _rotate(q.to(ct), ct)
-    kr = _rotate(k.to(ct), ct) * q.shape[-1] ** -0.5
-    return ct, qr, kr, v.to(ct)
-
-
-def reference(q, k, v, gate):
-    ct, qr, kr, vv = _prep(q, k, v)
-    B, T, H, K = q.shape
-    gam = _gammas(H, ct, q.device)[None, :, None, None]
-    S = torch.zeros(B, H, K, v.shape[-1], dtype=ct, device=q.device)
-    out = []
-    for t in range(T):
-        S = gam * S + kr[:, t, :, :, None] * vv[:, t, :, None, :]
-        out.append(torch.einsum("bhk,bhkv->bhv", qr[:, t], S))
-    return _finish(torch.stack(out, dim=1), gate)
-
-
-def eager(q, k, v, gate):
-    ct, qr, kr, vv = _prep(q, k, v)
-    B, T, H, K = q.shape
-    n = torch.arange(T, device=q.device, dtype=ct)
+def _decay(H: int, T: int, dtype: torch.dtype, device) -> torch.Tensor:
+    log2g = torch.log2(1.0 - torch.exp2(-5.0 - torch.arange(H, dtype=dtype, device=device)))
+    n = torch.arange(T, dtype=dtype, device=device)
     diff = n[:, None] - n[None, :]
-    logg = torch.log(_gammas(H, ct, q.device))[:, None, None]
-    D = torch.where(diff >= 0, torch.exp(diff.clamp_min(0) * logg), torch.zeros((), dtype=ct, device=q.device))
-    scores = torch.einsum("bthk,bshk->bhts", qr, kr) * D[None]
-    r = torch.einsum("bhts,bshv->bthv", scores, vv)
-    return _finish(r, gate)
+    return torch.exp2(diff[None] * log2g[:, None, None]) * (diff >= 0)  # [H, T, T]
+
+
+def reference(q, k, v):
+    ct = torch.promote_types(q.dtype, torch.float32)
+    _, H, T, K = q.shape
+    s = (q.to(ct) * K**-0.5) @ k.to(ct).transpose(-1, -2) * _decay(H, T, ct, q.device)
+    return (s @ v.to(ct)).to(q.dtype)
+
+
+def eager(q, k, v):
+    _, H, T, K = q.shape
+    s = (q * K**-0.5) @ k.transpose(-1, -2)
+    s = (s.float() * _decay(H, T, torch.float32, q.device)).to(q.dtype)
+    return s @ v
 
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
@@ -108,7 +78,6 @@ def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     gen = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def rn(*s):
-        return torch.randn(*s, generator=gen, device=device)
+        return torch.randn(*s, generator=gen, device=device).to(torch.bfloat16)
 
-    bf = torch.bfloat16
-    return rn(B, T, H, K).to(bf), rn(B, T, H, K).to(bf), rn(B, T, H, V).to(bf), (1.5 * rn(B, T, H * V)).to(bf)
+    return rn(B, H, T, K), rn(B, H, T, K), rn(B, H, T, V)

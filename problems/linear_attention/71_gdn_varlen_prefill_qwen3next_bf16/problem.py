@@ -1,143 +1,140 @@
-"""Gated DeltaNet varlen prefill of Qwen3-Next: packed sequences, fused gating, state pool in place.
+"""Gated DeltaNet varlen prefill of Qwen3-Next 80B-A3B at TP=2: packed ragged sequences, per-sequence states, bf16.
 
-The prefill path of a Qwen3-Next linear-attention layer over a packed batch of N sequences
-(`cu_seqlens`), with the gate computation, q/k L2 normalisation and GQA head expansion fused in,
-initial states read from a state pool and final states written back to it. Per sequence n and
-value head h (key head h // (Hv // Hk)), in fp32 (the promoted dtype):
+Upstream MetaKernelBench's problem 71 (FlashInfer-Trace definition gdn_prefill_qk8_v16_d128_k_last):
+the prefill path of a Qwen3-Next linear-attention layer over a packed batch of N sequences
+(`cu_seqlens`), with the gate computation and the GQA head expansion fused in. Each sequence starts
+from its own state (k-last layout, [V, K] per head) and its final state is returned. q and k arrive
+already L2-normalised (the layer normalises them before this subgraph); the reference does not
+normalise them again. Per sequence n and value head h (query/key head h // (Hv // Hq)), in fp32:
 
-    S_0 = ssm_state[state_indices[n], h] if has_initial_state[n] else 0          ([K, V])
+    S = state[n, h]^T                                                           ([K, V])
     for each token t of the sequence, in order:
-        g    = -exp(A_log[h]) * softplus(a[t, h] + dt_bias[h]) ;  beta = sigmoid(b[t, h])
-        qn   = q_t / sqrt(sum(q_t**2) + 1e-6) * K**-0.5 ;  kn = k_t / sqrt(sum(k_t**2) + 1e-6)
-        S    = S * exp(g) ;  S = S + outer(kn, beta * (v_t - kn @ S)) ;  o_t = qn @ S
-    ssm_state[state_indices[n], h] = S                                          (in place)
+        decay = exp(-exp(A_log[h]) * softplus(a[t, h] + dt_bias[h])) ;  beta = sigmoid(b[t, h])
+        S = S * decay ;  S = S + outer(k_t, beta * (v_t - k_t @ S)) ;  o_t = scale * (q_t @ S)
+    new_state[n, h] = S^T
 
-Layouts: q, k bf16 [N_tok, Hk, K]; v bf16 [N_tok, Hv, V]; a, b bf16 [N_tok, Hv]; A_log, dt_bias fp32
-[Hv]; ssm_state bf16 [slots, Hv, K, V] (vLLM's default state dtype for a bf16 model); state_indices
-int32 [N]; has_initial_state bool [N]; cu_seqlens int32 [N + 1]. Outputs: o bf16 [N_tok, Hv, V] and
-the pool (META.mutates, also returned); slots not named by state_indices are unchanged. `reference`
-runs the exact recurrence; `eager` the chunked WY form (chunk 64) on the zero-padded batch. Full
-size: Qwen3-Next-80B-A3B heads (16 key, 32 value, dim 128), 8 sequences of 256-4096 tokens, half
-of them continuing from a cached state.
+Inputs: q, k bf16 [N_tok, Hq, K]; v bf16 [N_tok, Hv, V]; state fp32 [N, Hv, V, K]; A_log, dt_bias
+fp32 [Hv]; a, b bf16 [N_tok, Hv]; cu_seqlens int64 [N + 1]; scale float. Outputs: o bf16
+[N_tok, Hv, V] and new_state fp32 [N, Hv, V, K] (no input is modified). `reference` runs the exact
+recurrence; `eager` the chunked WY form (chunk 64) on the zero-padded batch.
+Full size: the captured workload (959 tokens in 4 sequences; 8 query/key heads, 16 value heads, dim 128).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-from mkb.problems._contract import Output, ProblemMeta
-from mkb.problems.linear import delta_rule_chunked, delta_rule_recurrence, l2norm
-from mkb.problems.paged import cu_seqlens, draw_lengths, structure_rng
+from mkb.problems._contract import Output, ProblemMeta, Upstream
+from mkb.problems.linear import delta_rule_chunked, delta_rule_recurrence, l2normalize
 
-SEQS = {"full": 8, "smoke": 3}
-LENS = {"full": (256, 4096), "smoke": (20, 150)}
-SLOTS = {"full": 32, "smoke": 6}
-HK = {"full": 16, "smoke": 1}
-HV = {"full": 32, "smoke": 2}
+TOKENS = {"full": 959, "smoke": 40}
+SEQS = {"full": 4, "smoke": 4}
+HK = {"full": 8, "smoke": 2}
+HV = {"full": 16, "smoke": 4}
 DK = {"full": 128, "smoke": 16}
-DV = {"full": 128, "smoke": 16}
 CHUNK = 64
-L2_EPS = 1e-6
+SCALE = 1.0 / math.sqrt(128)
+# captured per-head A_log and dt_bias of the layer (upstream's workload record); assigned to heads per draw
+A_LOG = (1.3984375, 1.203125, 2.203125, 0.1474609375, 1.46875, -0.6171875, 1.8125, -1.359375, 0.50390625, 1.03125,
+         2.953125, 1.2890625, 1.3203125, 2.109375, 3.34375, 1.78125)
+DT_BIAS = (-2.34375, -3.421875, -4.03125, -1.65625, -3.25, 2.046875, -5.625, -2.65625, -2.375, -2.984375, -2.328125,
+           -4.09375, -4.25, -3.71875, -4.96875, -3.578125)
+A_MEAN, A_STD, B_MEAN, B_STD, V_STD = -0.12, 1.26, 1.47, 2.01, 0.041
 
-
-def _structure(size: str):
-    rng = structure_rng(71, size)
-    lens = draw_lengths(rng, SEQS[size], *LENS[size])
-    idx = rng.permutation(SLOTS[size])[: SEQS[size]]
-    has = [i % 2 == 1 for i in range(SEQS[size])]
-    return lens, [int(i) for i in idx], has
-
-
-_LENS, _, _ = _structure("full")
-_N, _Hv, _K, _V, _Hk = sum(_LENS), HV["full"], DK["full"], DV["full"], HK["full"]
+_N, _S, _Hv, _K, _Hk = TOKENS["full"], SEQS["full"], HV["full"], DK["full"], HK["full"]
 
 META = ProblemMeta(
     number=71,
     name="gdn_varlen_prefill_qwen3next_bf16",
     family="linear_attention",
-    dtypes=("bf16", "fp32", "int32", "bool"),
-    source_model="Qwen/Qwen3-Next-80B-A3B-Instruct",
-    source_config="linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, "
-    "linear_value_head_dim=128; g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), q/k l2norm "
-    "eps 1e-6, scale 1/sqrt(128); bf16 state pool (mamba_ssm_cache_dtype auto), fp32 compute",
-    inputs=(
-        "q", "k", "v", "a", "b", "A_log", "dt_bias", "ssm_state", "state_indices", "has_initial_state", "cu_seqlens",
-    ),
-    outputs=(Output("o"), Output("ssm_state")),
-    flops=float(_N * _Hv * (4 * CHUNK * _K + 2 * CHUNK * (2 * _V + _K) + 8 * _K * _V)),
-    bytes=float(_N * (2 * _Hk * _K + 2 * _Hv * _V + 2 * _Hv) * 2 + 2 * len(_LENS) * _Hv * _K * _V * 2),
+    dtypes=("bf16", "fp32", "int64"),
+    source_model="Qwen/Qwen3-Next-80B-A3B-Instruct (TP 2)",
+    source_config="linear_num_key_heads=16, linear_num_value_heads=32 (8 / 16 per TP-2 rank), head dims 128; "
+    "decay = exp(-exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b), scale 1/sqrt(128); fp32 states, k-last; "
+    "FlashInfer-Trace gdn_prefill_qk8_v16_d128_k_last (959 tokens, 4 sequences)",
+    inputs=("q", "k", "v", "state", "A_log", "a", "dt_bias", "b", "cu_seqlens", "scale"),
+    outputs=(Output("o"), Output("new_state")),
+    flops=float(_N * _Hv * (4 * CHUNK * _K + 2 * CHUNK * 3 * _K + 8 * _K * _K)),
+    bytes=float(_N * (2 * _Hk * _K + 2 * _Hv * _K + 2 * _Hv) * 2 + 2 * _S * _Hv * _K * _K * 4),
     peak="bf16_tc",
-    mutates=("ssm_state",),
-    structure_inputs=("state_indices", "has_initial_state", "cu_seqlens"),
-    notes=f"Full: {len(_LENS)} sequences, {_N} tokens (lengths {_LENS}). The reference is the "
-    "token-by-token recurrence; eager pads to the longest sequence and runs the chunked form. "
-    "The pool is also returned.",
+    structure_inputs=("cu_seqlens",),
+    upstream=Upstream(
+        source="shipped",
+        path="problems/linear_attention/71_gdn_varlen_prefill_qwen3next_bf16.py",
+        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "exactness"),
+        differs=(
+            ("distributions", "A_log and dt_bias hold upstream's captured per-head values, but which head gets which "
+             "(A_log, dt_bias) pair is permuted per draw (upstream: one fixed assignment), so a kernel cannot bake "
+             "them in. Other inputs as upstream (q, k L2-normalised N(0, 1), v 0.041 N(0, 1), state N(0, 1/128), "
+             "a, b at the captured moments)."),
+            ("structure_per_draw", "upstream keeps the captured sequence cuts (0, 19, 50, 940, 959) on every draw; "
+             "mkb redraws the 3 inner cuts per draw (same 959 tokens, same 4 sequences, each >= 1 token), so a "
+             "kernel cannot specialise on one set of lengths"),
+        ),
+    ),
+    notes="The reference is the token-by-token recurrence; eager pads to the longest sequence and runs the chunked "
+    "form. Smoke: 40 tokens in 4 sequences, 2 query/key heads, 4 value heads, head dim 16.",
 )
 
 
-def _padded(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens):
-    """Gates, normalised q/k and initial states on a zero-padded [N, Lmax] batch (padding is inert)."""
-    ct = torch.promote_types(q.dtype, torch.float32)
+def _padded(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
+    """Gates, expanded q/k and initial states on a zero-padded [N, Lmax] batch (padding is inert)."""
+    ct = torch.promote_types(torch.promote_types(q.dtype, torch.float32), state.dtype)
     dev = q.device
     cu = cu_seqlens.long()
     lens = cu[1:] - cu[:-1]
-    n, lmax = lens.shape[0], int(lens.max())
+    lmax = int(lens.max())
     t = torch.arange(lmax, device=dev)
     valid = t[None, :] < lens[:, None]  # [N, Lmax]
     src = torch.where(valid, cu[:-1, None] + t[None, :], torch.zeros_like(valid, dtype=torch.long))
     rep = v.shape[1] // q.shape[1]
-    qn = l2norm(q.to(ct), L2_EPS).repeat_interleave(rep, dim=1) * q.shape[-1] ** -0.5
-    kn = l2norm(k.to(ct), L2_EPS).repeat_interleave(rep, dim=1)
-    g = -torch.exp(A_log.to(ct)) * F.softplus(a.to(ct) + dt_bias.to(ct))
+    qe = q.to(ct).repeat_interleave(rep, dim=1) * scale
+    ke = k.to(ct).repeat_interleave(rep, dim=1)
+    logdecay = -torch.exp(A_log.to(ct)) * F.softplus(a.to(ct) + dt_bias.to(ct))  # [N_tok, Hv]
     beta = torch.sigmoid(b.to(ct))
     m3 = valid[..., None].to(ct)
     m4 = m3[..., None]
-    qp, kp, vp = qn[src] * m4, kn[src] * m4, v.to(ct)[src] * m4
-    gp, bp = g[src] * m3, beta[src] * m3
-    idx = state_indices.long()
-    S = ssm_state[idx].to(ct) * has_initial_state.to(ct)[:, None, None, None]
-    return qp, kp, vp, gp, bp, S, valid, idx
+    S = state.to(ct).transpose(-1, -2)  # [N, Hv, K, V]
+    return qe[src] * m4, ke[src] * m4, v.to(ct)[src] * m4, logdecay[src] * m3, beta[src] * m3, S, valid
 
 
-def _finish(o, S, valid, idx, q, ssm_state):
-    ssm_state[idx] = S.to(ssm_state.dtype)
-    return o[valid].to(q.dtype), ssm_state
+def _finish(o, S, valid, q, state):
+    return o[valid].to(q.dtype), S.transpose(-1, -2).contiguous().to(state.dtype)
 
 
-def reference(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens):
-    args = (q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens)
-    qp, kp, vp, gp, bp, S, valid, idx = _padded(*args)
+def reference(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
+    qp, kp, vp, gp, bp, S, valid = _padded(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale)
     o, S = delta_rule_recurrence(qp, kp, vp, gp, bp, S)
-    return _finish(o, S, valid, idx, q, ssm_state)
+    return _finish(o, S, valid, q, state)
 
 
-def eager(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens):
-    args = (q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices, has_initial_state, cu_seqlens)
-    qp, kp, vp, gp, bp, S, valid, idx = _padded(*args)
+def eager(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
+    qp, kp, vp, gp, bp, S, valid = _padded(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale)
     o, S = delta_rule_chunked(qp, kp, vp, gp, bp, S, chunk=CHUNK)
-    return _finish(o, S, valid, idx, q, ssm_state)
+    return _finish(o, S, valid, q, state)
 
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
-    lens, idx, has = _structure(size)
-    n = sum(lens)
-    hk, hv, dk, dv = HK[size], HV[size], DK[size], DV[size]
+    n, ns, hk, hv, d = TOKENS[size], SEQS[size], HK[size], HV[size], DK[size]
     gen = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
 
     def rn(*s):
         return torch.randn(*s, generator=gen, device=device)
 
     bf = torch.bfloat16
-    q, k, v = rn(n, hk, dk).to(bf), rn(n, hk, dk).to(bf), rn(n, hv, dv).to(bf)
-    a = (rn(n, hv) - 3.0).to(bf)  # mostly slow decay, some fast-forgetting steps
-    b = rn(n, hv).to(bf)
-    A_log = torch.log(1.0 + 15.0 * torch.rand(hv, generator=gen, device=device))
-    dt_bias = 0.5 * rn(hv)
-    ssm_state = (0.5 * rn(SLOTS[size], hv, dk, dv)).to(bf)
-    return (
-        q, k, v, a, b, A_log, dt_bias, ssm_state,
-        torch.tensor(idx, dtype=torch.int32, device=device),
-        torch.tensor(has, dtype=torch.bool, device=device),
-        torch.tensor(cu_seqlens(lens), dtype=torch.int32, device=device),
-    )
+    q = l2normalize(rn(n, hk, d)).to(bf)
+    k = l2normalize(rn(n, hk, d)).to(bf)
+    v = V_STD * rn(n, hv, d).to(bf)  # upstream scales a bf16 draw in bf16
+    state = d**-0.5 * rn(ns, hv, d, d)
+    perm = torch.randperm(len(A_LOG), generator=gen, device=device)[:hv]
+    A_log = torch.tensor(A_LOG, device=device)[perm]
+    dt_bias = torch.tensor(DT_BIAS, device=device)[perm]
+    a = (A_MEAN + A_STD * rn(n, hv)).to(bf)
+    b = (B_MEAN + B_STD * rn(n, hv)).to(bf)
+    cuts = (torch.randperm(n - 1, generator=gen, device=device)[: ns - 1] + 1).sort().values
+    zero, total = torch.zeros(1, dtype=torch.long, device=device), torch.full((1,), n, dtype=torch.long, device=device)
+    cu_seqlens = torch.cat([zero, cuts.long(), total])
+    return q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, SCALE

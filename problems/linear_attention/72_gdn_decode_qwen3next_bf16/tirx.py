@@ -1,10 +1,12 @@
 """Baseline (TIRx): Gated DeltaNet decode step, one CTA per (request, value head), state read and written once.
 
 Thread t owns state column v = t % V and rows k in [kh*K/4, (kh+1)*K/4), kh = t // V, in
-registers (loaded first, so their latency overlaps the rest of the prologue). The CTA normalises q and k (shared memory + `Tx.cuda.cta_sum`), computes the gate and
-beta, streams its state slice in (decayed), reduces k.S and q.S over k, and uses
-o = q.S' + (q.k) * delta (the same sum as q.(S' + k delta^T)) so the state is read once and
-written once. Compiled once per shape; launched on torch's current stream.
+registers (loaded first, so their latency overlaps the rest of the prologue). The state arrives in
+k-last layout ([V, K] per head), so thread t reads and writes the contiguous run state[i, h, v, kh*K/4 ...].
+The CTA stages q and k in shared memory, computes q.k (`Tx.cuda.cta_sum`), the decay and beta, decays
+its state slice, reduces k.S and q.S over k, and uses o = scale * (q.S' + (q.k) * delta) (the same sum
+as scale * q.(S' + k delta^T)) so the state is read once and the new state written once. Compiled once
+per shape and scale; launched on torch's current stream.
 """
 
 import torch
@@ -12,20 +14,18 @@ import tvm
 from tvm.script import tirx as Tx
 
 KSPLIT = 4
-L2_EPS = 1e-6
 _CACHE = {}
 
 
-def _make(NS: int, HK: int, HV: int, K: int, V: int):
+def _make(HK: int, HV: int, K: int, V: int, SCALE: float):
     NT = V * KSPLIT
     NW = NT // 32
     KR = K // KSPLIT
     REP = HV // HK
-    SCALE = float(K) ** -0.5
 
     @Tx.prim_func
     def gdn_decode(q_ptr: Tx.handle, k_ptr: Tx.handle, v_ptr: Tx.handle, a_ptr: Tx.handle, b_ptr: Tx.handle,
-                   alog_ptr: Tx.handle, dtb_ptr: Tx.handle, s_ptr: Tx.handle, idx_ptr: Tx.handle, o_ptr: Tx.handle):
+                   alog_ptr: Tx.handle, dtb_ptr: Tx.handle, s_ptr: Tx.handle, ns_ptr: Tx.handle, o_ptr: Tx.handle):
         B = Tx.int32()
         Q = Tx.match_buffer(q_ptr, (B, HK, K), "bfloat16")
         Kt = Tx.match_buffer(k_ptr, (B, HK, K), "bfloat16")
@@ -34,43 +34,33 @@ def _make(NS: int, HK: int, HV: int, K: int, V: int):
         Bb = Tx.match_buffer(b_ptr, (B, HV), "bfloat16")
         Alog = Tx.match_buffer(alog_ptr, (HV,), "float32")
         Dtb = Tx.match_buffer(dtb_ptr, (HV,), "float32")
-        S = Tx.match_buffer(s_ptr, (NS, HV, K, V), "float32")
-        Idx = Tx.match_buffer(idx_ptr, (B,), "int32")
+        S = Tx.match_buffer(s_ptr, (B, HV, V, K), "float32")
+        NS = Tx.match_buffer(ns_ptr, (B, HV, V, K), "float32")
         O = Tx.match_buffer(o_ptr, (B, HV, V), "bfloat16")
         Tx.device_entry()
         h, i = Tx.cta_id([HV, B])
         tx = Tx.thread_id([NT])
         qs = Tx.alloc_shared((K,), "float32")
         ks = Tx.alloc_shared((K,), "float32")
-        red_q = Tx.alloc_shared((NW,), "float32")
-        red_k = Tx.alloc_shared((NW,), "float32")
         red_qk = Tx.alloc_shared((NW,), "float32")
         part_kv = Tx.alloc_shared((KSPLIT, V), "float32")
         part_qs = Tx.alloc_shared((KSPLIT, V), "float32")
         s = Tx.alloc_local((KR,), "float32")
         hk: Tx.let[Tx.int32] = h // REP
-        slot: Tx.let[Tx.int32] = Idx[i]
         v: Tx.let[Tx.int32] = tx % V
         kh: Tx.let[Tx.int32] = tx // V
-        # issue the state loads first: their latency overlaps the q/k normalisation below
+        # issue the state loads first: their latency overlaps the q.k reduction below
         for j in Tx.unroll(KR):
-            s[j] = S[slot, h, kh * KR + j, v]
-        qq: Tx.float32 = Tx.float32(0)
-        kk2: Tx.float32 = Tx.float32(0)
+            s[j] = S[i, h, v, kh * KR + j]
         qk: Tx.float32 = Tx.float32(0)
         if tx < K:
             qv: Tx.let[Tx.float32] = Tx.Cast("float32", Q[i, hk, tx])
             kv: Tx.let[Tx.float32] = Tx.Cast("float32", Kt[i, hk, tx])
             qs[tx] = qv
             ks[tx] = kv
-            qq = qv * qv
-            kk2 = kv * kv
             qk = qv * kv
-        qq = Tx.cuda.cta_sum(qq, NW, red_q.ptr_to([0]))
-        kk2 = Tx.cuda.cta_sum(kk2, NW, red_k.ptr_to([0]))
         qk = Tx.cuda.cta_sum(qk, NW, red_qk.ptr_to([0]))
-        rq: Tx.let[Tx.float32] = Tx.rsqrt(qq + Tx.float32(L2_EPS)) * Tx.float32(SCALE)
-        rk: Tx.let[Tx.float32] = Tx.rsqrt(kk2 + Tx.float32(L2_EPS))
+        Tx.cuda.cta_sync()  # qs and ks are read by every thread below
         x: Tx.let[Tx.float32] = Tx.Cast("float32", A[i, h]) + Dtb[h]
         sp: Tx.let[Tx.float32] = Tx.if_then_else(x > Tx.float32(20), x, Tx.log1p(Tx.exp(x)))
         decay: Tx.let[Tx.float32] = Tx.exp(Tx.float32(0) - Tx.exp(Alog[h]) * sp)
@@ -82,8 +72,8 @@ def _make(NS: int, HK: int, HV: int, K: int, V: int):
             s[j] = sv
             kvp = kvp + ks[kh * KR + j] * sv
             qsp = qsp + qs[kh * KR + j] * sv
-        part_kv[kh, v] = kvp * rk
-        part_qs[kh, v] = qsp * rq
+        part_kv[kh, v] = kvp
+        part_qs[kh, v] = qsp
         Tx.cuda.cta_sync()
         kvm: Tx.float32 = Tx.float32(0)
         qsm: Tx.float32 = Tx.float32(0)
@@ -92,9 +82,9 @@ def _make(NS: int, HK: int, HV: int, K: int, V: int):
             qsm = qsm + part_qs[u, v]
         delta: Tx.let[Tx.float32] = (Tx.Cast("float32", Vt[i, h, v]) - kvm) * beta
         if kh == 0:
-            O[i, h, v] = Tx.Cast("bfloat16", qsm + qk * rq * rk * delta)
+            O[i, h, v] = Tx.Cast("bfloat16", Tx.float32(SCALE) * (qsm + qk * delta))
         for j in Tx.unroll(KR):
-            S[slot, h, kh * KR + j, v] = s[j] + ks[kh * KR + j] * rk * delta
+            NS[i, h, v, kh * KR + j] = s[j] + ks[kh * KR + j] * delta
 
     return gdn_decode
 
@@ -107,7 +97,7 @@ def _arch() -> str:
 def _kernel(key):
     fn = _CACHE.get(key)
     if fn is None:
-        NS, HK, HV, K, V = key
+        HK, HV, K, V, SCALE = key
         if (V * KSPLIT) % 32 or K % KSPLIT or V * KSPLIT > 1024 or K > V * KSPLIT or HV % HK:
             raise ValueError(f"unsupported head geometry {key}")
         target = tvm.target.Target({"kind": "cuda", "arch": _arch()})
@@ -117,11 +107,13 @@ def _kernel(key):
     return fn
 
 
-def solve(q, k, v, a, b, A_log, dt_bias, ssm_state, state_indices):
-    B, HK, K = q.shape
-    HV, V = v.shape[1], v.shape[2]
-    o = torch.empty((B, HV, V), dtype=q.dtype, device=q.device)
-    fn = _kernel((ssm_state.shape[0], HK, HV, K, V))
-    fn(q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(), A_log.contiguous(),
-       dt_bias.contiguous(), ssm_state, state_indices.contiguous(), o)
-    return o, ssm_state
+def solve(q, k, v, state, A_log, a, dt_bias, b, scale):
+    B, _, HK, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    o = torch.empty((B, 1, HV, V), dtype=q.dtype, device=q.device)
+    new_state = torch.empty_like(state)
+    fn = _kernel((HK, HV, K, V, float(scale)))
+    fn(q.reshape(B, HK, K).contiguous(), k.reshape(B, HK, K).contiguous(), v.reshape(B, HV, V).contiguous(),
+       a.reshape(B, HV).contiguous(), b.reshape(B, HV).contiguous(), A_log.contiguous(), dt_bias.contiguous(),
+       state.contiguous(), new_state, o.view(B, HV, V))
+    return o, new_state

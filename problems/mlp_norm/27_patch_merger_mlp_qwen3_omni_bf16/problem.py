@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 
 MERGE = 4  # spatial_merge_size 2 -> 2 x 2 patches per merged token
 EPS = 1e-6
@@ -53,6 +53,15 @@ META = ProblemMeta(
     flops=2.0 * _M * _K * _K + 2.0 * _M * _K * _O + 8.0 * _P * _H + 8.0 * _M * _K,
     bytes=2.0 * (_P * _H + 2 * _H + _K * _K + _K + _O * _K + _O + _M * _O),
     peak="bf16_tc",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/27_patch_merger_mlp_qwen3_omni_bf16.json',
+        matches=('outputs', 'in_place', 'shapes', 'dtypes', 'structure_per_draw', "exactness"),
+        differs=(
+            ('computation', "upstream's recipe also takes grid_thw [8, 3] and merges each 2x2 spatial group by the grid layout (a gather that depends on grid_thw) with eps as an input; mkb's merger takes the patches already in merge order (4 consecutive rows per merged token) - not yet converted (issue #15 follow-up)"),
+            ('distributions', "upstream: N(0, 1) patches plus a per-token N(0, 0.25) offset, LN weight 1 + 0.1 N, bias 0.1 N, weights N(0, 1)/sqrt(in), biases N(0, 1) (not visible in full); mkb's are close but not the same scales"),
+        ),
+    ),
     notes="LayerNorm is per patch (pre-shuffle), as in the final merger. Smoke: 64 patches, hidden 64, out 96.",
 )
 

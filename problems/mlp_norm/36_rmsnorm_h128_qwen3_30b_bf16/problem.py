@@ -1,31 +1,29 @@
-"""Per-head q/k RMSNorm over head_dim 128 of Qwen3-30B-A3B attention, bf16 in and out.
+"""RMSNorm over head_dim 128 of Qwen3-30B-A3B's flattened per-head query/key rows, bf16 in and out.
 
 Qwen3 normalises every query and key head before RoPE (q_norm, k_norm: RMSNorm over the head
-dimension, one learned weight vector of length 128 shared by all heads of the kind):
+dimension). Upstream's problem (FlashInfer-Trace definition rmsnorm_h128) takes the heads flattened
+into rows, with one weight vector:
 
-    q_out[t, h, :] = q[t, h, :] * rsqrt(mean(q[t, h, :]**2) + 1e-6) * q_weight      (32 query heads)
-    k_out[t, h, :] = k[t, h, :] * rsqrt(mean(k[t, h, :]**2) + 1e-6) * k_weight      (4 key heads)
+    y[r, :] = x[r, :] * rsqrt(mean(x[r, :]**2) + 1e-6) * weight          for every row r
 
-Inputs (bf16): q [16384, 32, 128], k [16384, 4, 128] (a packed prefill batch of 16384 tokens),
-q_weight [128], k_weight [128]. Outputs (bf16): q_out [16384, 32, 128], k_out [16384, 4, 128].
+Inputs (bf16): hidden_states [520128, 128] (the captured workload's row count: 14448 tokens x
+(32 query + 4 key heads)), weight [128]. Output (bf16): y [520128, 128].
 
-Numerics: the reference computes in fp32 (the promotion of bf16 and fp32) and rounds once to bf16
-(HF's Qwen3RMSNorm also rounds the normalised value to bf16 before the weight multiply; the
-reference does not). The eager baseline is torch's fused `rms_norm` in bf16 (fp32 statistics).
+Numerics: the reference computes in fp32 (the promotion of bf16 and fp32) and rounds once to bf16.
+The eager baseline is torch's fused `rms_norm` in bf16 (fp32 statistics).
 """
 
 from __future__ import annotations
 
 import torch
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 
 EPS = 1e-6
 HEAD_DIM = 128
-SHAPES = {"full": (16384, 32, 4), "smoke": (64, 8, 2)}  # tokens, query heads, kv heads
+ROWS = {"full": 520128, "smoke": 576}
 
-_T, _HQ, _HK = SHAPES["full"]
-_E = _T * (_HQ + _HK) * HEAD_DIM
+_R = ROWS["full"]
 
 META = ProblemMeta(
     number=36,
@@ -34,39 +32,34 @@ META = ProblemMeta(
     dtypes=("bf16",),
     source_model="Qwen/Qwen3-30B-A3B",
     source_config="num_attention_heads=32, num_key_value_heads=4, head_dim=128, rms_norm_eps=1e-6, "
-                  "q_norm/k_norm = Qwen3RMSNorm(head_dim); 16384-token prefill batch",
-    inputs=("q", "k", "q_weight", "k_weight"),
-    outputs=(Output("q_out"), Output("k_out")),
-    flops=4.0 * _E,
-    bytes=2.0 * (2 * _E + 2 * HEAD_DIM),
+                  "q_norm/k_norm = Qwen3RMSNorm(head_dim); FlashInfer-Trace rmsnorm_h128 workload, 520128 rows",
+    inputs=("hidden_states", "weight"),
+    outputs=(Output("y"),),
+    flops=4.0 * _R * HEAD_DIM,
+    bytes=2.0 * (2 * _R * HEAD_DIM + HEAD_DIM),
     peak="memory",
-    notes="q and k are separate contiguous tensors (as after the qkv split into views made contiguous). "
-          "Smoke: 64 tokens, 8 query heads, 2 kv heads.",
+    upstream=Upstream(
+        source="shipped",
+        path="problems/mlp_norm/36_rmsnorm_h128_qwen3_30b_bf16.py",
+        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw", "exactness"),
+    ),
+    notes="Inputs as upstream: hidden_states N(0, 1) in bf16, weight 1 + 0.1 N(0, 1) (fp32, rounded to bf16). "
+          "Smoke: 576 x 128.",
 )
 
 
-def _rms(x, w, ct):
-    xf = x.to(ct)
-    return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + EPS) * w.to(ct)).to(x.dtype)
+def reference(hidden_states, weight):
+    ct = torch.promote_types(hidden_states.dtype, torch.float32)
+    x = hidden_states.to(ct)
+    return (x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + EPS) * weight.to(ct)).to(hidden_states.dtype)
 
 
-def reference(q, k, q_weight, k_weight):
-    ct = torch.promote_types(q.dtype, torch.float32)
-    return _rms(q, q_weight, ct), _rms(k, k_weight, ct)
-
-
-def eager(q, k, q_weight, k_weight):
-    F = torch.nn.functional
-    return F.rms_norm(q, (HEAD_DIM,), q_weight, EPS), F.rms_norm(k, (HEAD_DIM,), k_weight, EPS)
+def eager(hidden_states, weight):
+    return torch.nn.functional.rms_norm(hidden_states, (HEAD_DIM,), weight, EPS)
 
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
-    t, hq, hk = SHAPES[size]
     g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
-    # per-head scales differ a lot in trained projections (this is why Qwen3 normalises q and k)
-    q = torch.randn(t, hq, HEAD_DIM, generator=g, device=device) * torch.exp(torch.randn(1, hq, 1, generator=g, device=device))
-    k = torch.randn(t, hk, HEAD_DIM, generator=g, device=device) * torch.exp(torch.randn(1, hk, 1, generator=g, device=device))
-    k[..., :: 16] *= 5.0  # a few outlier channels in the keys
-    q_weight = 1.0 + 0.3 * torch.randn(HEAD_DIM, generator=g, device=device)
-    k_weight = 1.0 + 0.3 * torch.randn(HEAD_DIM, generator=g, device=device)
-    return tuple(v.to(torch.bfloat16) for v in (q, k, q_weight, k_weight))
+    x = torch.randn(ROWS[size], HEAD_DIM, generator=g, device=device)
+    weight = 1.0 + 0.1 * torch.randn(HEAD_DIM, generator=g, device=device)
+    return x.to(torch.bfloat16), weight.to(torch.bfloat16)

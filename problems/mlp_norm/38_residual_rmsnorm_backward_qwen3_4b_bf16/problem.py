@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 
 EPS = 1e-6
 SHAPES = {"full": (16384, 2560), "smoke": (64, 256)}  # tokens, hidden
@@ -42,6 +42,17 @@ META = ProblemMeta(
     flops=12.0 * _T * _H,
     bytes=2.0 * (4 * _T * _H + 2 * _H),
     peak="memory",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/38_residual_rmsnorm_backward_qwen3_4b_bf16.json',
+        matches=('in_place', 'dtypes', 'structure_per_draw', "exactness"),
+        differs=(
+            ('outputs', "upstream returns three gradients (its reference's tuple has three entries); mkb returns ds and dweight - not yet converted (issue #15 follow-up)"),
+            ('computation', "upstream's recipe passes grad_output, the saved normalised input, rstd and the weight (4 inputs); mkb passes the residual sum s, the weight, dy and the residual-stream gradient d_res and returns ds and dweight - not yet converted (issue #15 follow-up)"),
+            ('shapes', 'upstream: 64 x 8192 = 524288 tokens, hidden 2560 (2.7 GB per bf16 tensor); mkb: 16384 tokens, hidden 2560 - not yet converted (issue #15 follow-up)'),
+            ('distributions', 'upstream: x N(0, 1) times a per-token U(0.5, 2) scale, weight 1 + 0.1 N, grad_output N(0, 1) plus 0.5 x normalised x weight; mkb: per-token log-normal scales, weight 1 + 0.3 N - not yet converted (issue #15 follow-up)'),
+        ),
+    ),
     notes="ds is the gradient of both addends (x and residual), returned once. Smoke: 64 tokens x 256.",
 )
 

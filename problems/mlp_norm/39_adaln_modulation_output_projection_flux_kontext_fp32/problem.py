@@ -11,10 +11,9 @@ tokens (the target image followed by the context image) into patch predictions w
     m            = n * (1 + scale[:, None, :]) + shift[:, None, :]
     y            = m @ w_out.T + b_out                     (3072 -> 64 = 2x2 patch x 16 latent channels)
 
-Inputs (fp32): x [2, 8192, 3072] (two 1024x1024 edits: 4096 target + 4096 context image tokens),
+Inputs (fp32): x [32, 256, 3072] (upstream's recipe: batch 32 x 256 image tokens),
 temb [2, 3072] (the pooled timestep/guidance/text embedding), w_mod [6144, 3072], b_mod [6144],
-w_out [64, 3072], b_out [64]. Output y [2, 8192, 64] fp32 (the pipeline keeps the first 4096
-tokens; the model computes all 8192). Everything is fp32 without TF32.
+w_out [64, 3072], b_out [64]. Output y [32, 256, 64] fp32. Everything is fp32 without TF32.
 """
 
 from __future__ import annotations
@@ -23,10 +22,10 @@ import math
 
 import torch
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 
 EPS = 1e-6
-SHAPES = {"full": (2, 8192, 3072, 64), "smoke": (2, 48, 64, 16)}  # batch, image tokens, dim, out
+SHAPES = {"full": (32, 256, 3072, 64), "smoke": (2, 48, 64, 16)}  # batch, image tokens, dim, out
 
 _B, _T, _D, _O = SHAPES["full"]
 
@@ -44,6 +43,14 @@ META = ProblemMeta(
     flops=2.0 * _B * _D * 2 * _D + 2.0 * _B * _T * _D * _O + 10.0 * _B * _T * _D,
     bytes=4.0 * (_B * _T * _D + _B * _D + 2 * _D * _D + 2 * _D + _O * _D + _O + _B * _T * _O),
     peak="fp32_simt",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/39_adaln_modulation_output_projection_flux_kontext_fp32.json',
+        matches=('outputs', 'in_place', 'shapes', 'dtypes', 'distributions', 'structure_per_draw', "exactness"),
+        differs=(
+            ('computation', "the recipe hides its reference; mkb's is FLUX's AdaLayerNormContinuous + proj_out (LayerNorm without affine, eps 1e-6, (scale, shift) = chunk(silu(temb) @ w_mod^T + b_mod), y = (LN(x)(1 + scale) + shift) @ w_out^T + b_out), which fits the recipe's description and inputs; eps is a constant here (upstream passes it as a scalar)"),
+        ),
+    ),
     notes="Near the ridge: the 3072 -> 64 fp32 projection (~6.4 GFLOP) and reading the tokens (~0.28 GB) take "
           "similar time at peak; fp32 SIMT is the slightly larger bound. "
           "Smoke: 2 x 48 tokens, dim 64, out 16.",
@@ -73,12 +80,11 @@ def eager(x, temb, w_mod, b_mod, w_out, b_out):
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     b, t, d, o = SHAPES[size]
     g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
-    # final residual stream: large per-token offsets and outlier channels (as in FLUX's last blocks)
-    x = 3.0 * torch.randn(b, t, d, generator=g, device=device) + 2.0 * torch.randn(b, t, 1, generator=g, device=device)
-    x[..., :: max(1, d // 16)] *= 6.0
-    temb = 2.0 * torch.randn(b, d, generator=g, device=device)
+    # as upstream's recipe: N(0, 1) activations and biases, weights N(0, 1)/sqrt(in)
+    x = torch.randn(b, t, d, generator=g, device=device)
+    temb = torch.randn(b, d, generator=g, device=device)
     w_mod = torch.randn(2 * d, d, generator=g, device=device) / math.sqrt(d)
-    b_mod = 0.2 * torch.randn(2 * d, generator=g, device=device)
+    b_mod = torch.randn(2 * d, generator=g, device=device)
     w_out = torch.randn(o, d, generator=g, device=device) / math.sqrt(d)
-    b_out = 0.1 * torch.randn(o, generator=g, device=device)
+    b_out = torch.randn(o, generator=g, device=device)
     return (x, temb, w_mod, b_mod, w_out, b_out)

@@ -1,24 +1,16 @@
-"""The attention input stage of a Gemma 3n E4B audio-encoder (USM Conformer) layer: RMSNorm, q/k/v
-projections split into heads, and the per-head learned query scaling, fp32.
+"""Q/K/V projections into heads with a per-head RMSNorm of the queries and keys (Gemma 3n E4B audio widths), fp32.
 
-Gemma3nAudioConformerAttention normalises its input (pre_attn_norm, a Gemma3nRMSNorm over hidden
-1536: x / sqrt(mean(x**2) + 1e-6) * weight, with the plain weight, not 1 + w), then
-Gemma3nAudioAttention projects to 8 heads of 192 and scales every query head by a learned
-per-dimension factor:
+Upstream MetaKernelBench's problem 41 (a SOL-ExecBench recipe): project hidden states into 8 heads of
+128 for the queries, keys and values, and RMS-normalise every query and key head over its 128
+dimensions with a learned weight (one for q, one for k):
 
-    n  = x * rsqrt(mean(x**2, over 1536) + 1e-6) * norm_weight
-    q  = (n @ w_q.T).view(B, T, 8, 192),  k = (n @ w_k.T).view(...),  v = (n @ w_v.T).view(...)
-    q  = q * (192**-0.5 / softplus(0)) * softplus(per_dim_scale)       (softplus(0) = ln 2;
-                                                                        softplus(z) = log(1 + exp(z)))
+    q = RMSNorm((x @ w_q.T).view(B, T, 8, 128)) * q_norm_weight        RMSNorm(z) = z * rsqrt(mean(z**2) + eps)
+    k = RMSNorm((x @ w_k.T).view(B, T, 8, 128)) * k_norm_weight
+    v = (x @ w_v.T).view(B, T, 8, 128)
 
-Inputs (fp32): x [16, 750, 1536] (16 thirty-second clips at the encoder's 40 ms frame rate),
-norm_weight [1536], w_q, w_k, w_v [1536, 1536] (nn.Linear layout, no biases), per_dim_scale [192].
-Outputs (fp32): q, k, v [16, 750, 8, 192]. Everything is fp32 without TF32.
-
-Note on the name: the Gemma 3n audio tower has no q/k RMSNorm inside the heads; the RMSNorm of this
-stage is the pre-attention norm, and the per-head operation is the softplus per-dimension query
-scale, which is what the reference computes. The layer's gradient clipping clamp (+-1e10) is a
-no-op on finite activations and is omitted.
+Inputs (fp32): x [64, 128, 1024], w_q, w_k, w_v [1024, 1024] (nn.Linear layout, no biases),
+q_norm_weight, k_norm_weight [128], eps = 1e-6 (a constant, passed as upstream passes it).
+Outputs (fp32): q, k, v [64, 128, 8, 128]. Everything is fp32 without TF32.
 """
 
 from __future__ import annotations
@@ -27,11 +19,11 @@ import math
 
 import torch
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 
 EPS = 1e-6
-HEADS, HEAD_DIM = 8, 192
-SHAPES = {"full": (16, 750, 1536), "smoke": (2, 24, 1536 // 8)}  # batch, frames, hidden
+HEADS, HEAD_DIM = 8, 128
+SHAPES = {"full": (64, 128, 1024), "smoke": (2, 24, 256)}  # batch, frames, hidden (= heads x 128)
 
 _B, _T, _H = SHAPES["full"]
 _N = _B * _T
@@ -41,51 +33,64 @@ META = ProblemMeta(
     name="qkv_per_head_rmsnorm_gemma3n_e4b_audio_fp32",
     family="mlp_norm",
     dtypes=("fp32",),
-    source_model="google/gemma-3n-E4B-it (audio tower)",
-    source_config="audio_config: hidden_size=1536, conf_num_attention_heads=8 (head_dim 192), rms_norm_eps=1e-6, "
-                  "q/k/v_proj bias=False, per_dim_scale softplus query scaling with q_scale = head_dim^-0.5 / softplus(0); "
-                  "40 ms encoder frames (30 s = 750 frames)",
-    inputs=("x", "norm_weight", "w_q", "w_k", "w_v", "per_dim_scale"),
+    source_model="google/gemma-3n-E4B-it (audio widths); SOL-ExecBench recipe",
+    source_config="hidden 1024 -> 8 heads x 128 for q, k, v (no biases); per-head RMSNorm of q and k (eps 1e-6) "
+                  "with learned weights; batch 64 x 128 frames",
+    inputs=("x", "w_q", "w_k", "w_v", "q_norm_weight", "k_norm_weight", "eps"),
     outputs=(Output("q"), Output("k"), Output("v")),
-    flops=3.0 * 2.0 * _N * _H * _H + 6.0 * _N * _H,
-    bytes=4.0 * (4 * _N * _H + _H + 3 * _H * _H + HEAD_DIM),
+    flops=3 * 2.0 * _N * _H * _H + 2 * 4.0 * _N * _H,
+    bytes=4.0 * (_N * _H + 3 * _H * _H + 2 * HEAD_DIM + 3 * _N * _H),
     peak="fp32_simt",
-    notes="Smoke keeps 8 heads with head_dim 24 (hidden 192): 2 x 24 frames.",
+    upstream=Upstream(
+        source="recipe",
+        path="problems/_sol_execbench/41_qkv_per_head_rmsnorm_gemma3n_e4b_audio_fp32.json",
+        matches=("in_place", "shapes", "dtypes", "distributions", "structure_per_draw", "exactness"),
+        differs=(
+            ("computation", "the recipe hides its reference ('project hidden states into query, key, and value heads "
+             "and apply [per-head RMSNorm] to query and key'): mkb's RMSNorm is z * rsqrt(mean(z**2) + eps) * weight "
+             "over each head's 128 dimensions"),
+            ("outputs", "the recipe does not show the output layout: mkb returns q, k, v as [B, T, heads, head_dim] "
+             "(the projections viewed into heads, not transposed)"),
+        ),
+    ),
+    notes="Inputs as the recipe: x N(0, 1), weights N(0, 1)/sqrt(1024), norm weights 1 + 0.1 N(0, 1). "
+          "Smoke: 2 x 24 frames, 2 heads of 128.",
 )
 
 
-def reference(x, norm_weight, w_q, w_k, w_v, per_dim_scale):
+def _heads(z, shape):
+    return z.reshape(*shape[:-1], shape[-1] // HEAD_DIM, HEAD_DIM)
+
+
+def reference(x, w_q, w_k, w_v, q_norm_weight, k_norm_weight, eps):
     ct = torch.promote_types(x.dtype, torch.float32)
     xf = x.to(ct)
-    n = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + EPS) * norm_weight.to(ct)
-    shape = (*x.shape[:-1], HEADS, x.shape[-1] // HEADS)
-    head_dim = shape[-1]
-    q = (n @ w_q.to(ct).T).reshape(shape)
-    k = (n @ w_k.to(ct).T).reshape(shape)
-    v = (n @ w_v.to(ct).T).reshape(shape)
-    p = per_dim_scale.to(ct)
-    softplus = torch.log1p(torch.exp(p))
-    q = q * (head_dim**-0.5 / math.log(2.0)) * softplus
-    dt = x.dtype
-    return q.to(dt), k.to(dt), v.to(dt)
+
+    def rms(z, w):
+        return z * torch.rsqrt(z.pow(2).mean(dim=-1, keepdim=True) + eps) * w.to(ct)
+
+    q = rms(_heads(xf @ w_q.to(ct).T, x.shape), q_norm_weight)
+    k = rms(_heads(xf @ w_k.to(ct).T, x.shape), k_norm_weight)
+    v = _heads(xf @ w_v.to(ct).T, x.shape)
+    return q.to(x.dtype), k.to(x.dtype), v.to(x.dtype)
 
 
-def eager(x, norm_weight, w_q, w_k, w_v, per_dim_scale):
+def eager(x, w_q, w_k, w_v, q_norm_weight, k_norm_weight, eps):
     F = torch.nn.functional
-    n = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + EPS) * norm_weight
-    shape = (*x.shape[:-1], HEADS, x.shape[-1] // HEADS)
-    q_scale = (shape[-1] ** -0.5) / math.log(2.0)
-    q = F.linear(n, w_q).reshape(shape) * (q_scale * F.softplus(per_dim_scale))
-    return q, F.linear(n, w_k).reshape(shape), F.linear(n, w_v).reshape(shape)
+    q = F.rms_norm(_heads(F.linear(x, w_q), x.shape), (HEAD_DIM,), q_norm_weight, eps)
+    k = F.rms_norm(_heads(F.linear(x, w_k), x.shape), (HEAD_DIM,), k_norm_weight, eps)
+    return q, k, _heads(F.linear(x, w_v), x.shape)
 
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     b, t, h = SHAPES[size]
     g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
-    x = torch.randn(b, t, h, generator=g, device=device) * torch.exp(0.5 * torch.randn(b, t, 1, generator=g, device=device)) * 3.0
-    norm_weight = 1.0 + 0.3 * torch.randn(h, generator=g, device=device)
-    w_q = torch.randn(h, h, generator=g, device=device) / math.sqrt(h)
-    w_k = torch.randn(h, h, generator=g, device=device) / math.sqrt(h)
-    w_v = torch.randn(h, h, generator=g, device=device) / math.sqrt(h)
-    per_dim_scale = 0.5 * torch.randn(h // HEADS, generator=g, device=device)
-    return (x, norm_weight, w_q, w_k, w_v, per_dim_scale)
+
+    def rn(*s):
+        return torch.randn(*s, generator=g, device=device)
+
+    x = rn(b, t, h)
+    w_q, w_k, w_v = rn(h, h) / math.sqrt(h), rn(h, h) / math.sqrt(h), rn(h, h) / math.sqrt(h)
+    q_norm_weight = 1.0 + 0.1 * rn(HEAD_DIM)
+    k_norm_weight = 1.0 + 0.1 * rn(HEAD_DIM)
+    return (x, w_q, w_k, w_v, q_norm_weight, k_norm_weight, EPS)

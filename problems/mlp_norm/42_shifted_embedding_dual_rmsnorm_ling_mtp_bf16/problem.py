@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from mkb.problems._contract import Output, ProblemMeta
+from mkb.problems._contract import Output, ProblemMeta, Upstream
 
 EPS = 1e-6
 SHAPES = {"full": (4, 4096, 4096, 157184), "smoke": (2, 32, 128, 1000)}  # batch, seq, hidden, vocab
@@ -47,6 +47,17 @@ META = ProblemMeta(
     flops=2.0 * 4.0 * _N * _H,
     bytes=8.0 * (_N + _B) + 2.0 * (_N * _H + _N * _H + 2 * _H + 2 * _N * _H),  # ids, hidden, gathered rows, out
     peak="memory",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/42_shifted_embedding_dual_rmsnorm_ling_mtp_bf16.json',
+        matches=('in_place', 'dtypes', 'structure_per_draw', "exactness"),
+        differs=(
+            ('computation', 'upstream also projects the concatenation with eh_proj_weight [4096, 8192] (eps an input) and takes no next_token (it shifts input_ids itself); mkb stops at the concatenated, normalised pair and takes the token that enters at the shift as an input - not yet converted (issue #15 follow-up)'),
+            ('outputs', 'upstream returns the projected [B, S, 4096]; mkb the [B, S, 8192] concatenation - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: batch 32 x 256 tokens (vocab 157184, hidden 4096); mkb: 4 x 4096 tokens - not yet converted (issue #15 follow-up)'),
+            ('distributions', "upstream: hidden and embeddings N(0, 1), norm weights 1 + 0.1 N; mkb's scales differ - not yet converted (issue #15 follow-up)"),
+        ),
+    ),
     notes="Training-style shift (the last position takes the next token of the sequence); vLLM's inference-time "
           "zeroing of position-0 embeddings is not part of this problem. The embedding table is read only at the "
           "gathered rows. Smoke: 2 x 32 tokens, hidden 128, vocab 1000.",

@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from mkb.problems import Output, ProblemMeta
+from mkb.problems import Output, ProblemMeta, Upstream
 from mkb.problems.quant import compute_dtype
 from mkb.problems.routing import expert_popularity, select_topk, separate_topk, skewed_logits
 
@@ -55,6 +55,18 @@ META = ProblemMeta(
     flops=_T * _E * 5 + _T * TOP_K * 4,
     bytes=_T * _H * 2 + _T * _E * 4 + _T * TOP_K * (8 + 4 + 4) + _E * _C * _H * 2,
     peak="memory",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/45_capacity_factor_expert_dispatch_qwen3_coder_480b_bf16.json',
+        matches=('in_place', 'dtypes', 'structure_per_draw'),
+        differs=(
+            ('computation', "upstream's problem takes the selected experts and routing weights and runs the capacity-limited dispatch, batched SwiGLU experts (gate/up [160, 6144, 2560], down [160, 2560, 6144]) and the combine; mkb's takes hidden states and router logits and computes only the routing and capacity-limited dispatch - not yet converted (issue #15 follow-up)"),
+            ('outputs', 'upstream returns the combined [8192, 6144] output; mkb the dispatch (buffers and indices) - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: 8192 tokens, hidden 6144, intermediate 2560, 160 experts, top 8; mkb: 4096 tokens, hidden 6144, 160 experts - not yet converted (issue #15 follow-up)'),
+            ('distributions', 'upstream: expert choices by Gumbel top-8 over a N(0, 0.25) popularity; mkb: skewed router logits - not yet converted (issue #15 follow-up)'),
+            ("exactness", "mkb compares `topk_idx` as `topk` (index sets equal up to swaps of near-tied scores), where upstream compares the indices exactly"),
+        ),
+    ),
     notes=(
         "T = 4096 tokens (one 4k-sequence micro-batch), C = 256. A fixed per-expert popularity skew makes the "
         "popular experts overflow (about 4% of assignments dropped at full size); logits are nudged so the top-8 beats "

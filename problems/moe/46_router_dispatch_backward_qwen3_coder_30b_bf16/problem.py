@@ -29,7 +29,7 @@ Gradients (computed explicitly in float32; the reference promotes to float64 for
 
 import torch
 
-from mkb.problems import Output, ProblemMeta
+from mkb.problems import Output, ProblemMeta, Upstream
 from mkb.problems.quant import compute_dtype
 from mkb.problems.routing import expert_popularity
 
@@ -51,6 +51,17 @@ META = ProblemMeta(
     bytes=(_T * _H * 2 * 2 + _E * _H * 2 + _T * _E * 4 + _T * TOP_K * 8 + 2 * _T * TOP_K * _H * 2
            + _T * _H * 2 + _E * _H * 4),
     peak="memory",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/46_router_dispatch_backward_qwen3_coder_30b_bf16.json',
+        matches=('outputs', 'in_place', 'dtypes', "exactness"),
+        differs=(
+            ('computation', "upstream's backward takes hidden states, the gate weight, routing probabilities, selected experts, the routing-weight sums and three incoming gradients (routing weights, expert mask, router logits); mkb's takes x, w_gate, probs, topk_idx, expert outputs and two gradients - not yet converted (issue #15 follow-up)"),
+            ('shapes', 'upstream: 65536 tokens, hidden 2048, 128 experts, top 8; mkb: 8192 tokens (same hidden and experts) - not yet converted (issue #15 follow-up)'),
+            ('distributions', "upstream draws its tensors N(0, 1) (scales hidden); mkb's differ - not yet converted (issue #15 follow-up)"),
+            ('structure_per_draw', "mkb's topk_idx is fixed per size (a structure input); upstream draws the selection per draw - not yet converted (issue #15 follow-up)"),
+        ),
+    ),
     notes="T = 8192 tokens (2 x 4k training sequences). topk_idx is a fixed (size-determined) routing with a popularity skew; probs are drawn per seed and arranged so the selected experts hold the 8 largest p.",
 )
 

@@ -20,7 +20,7 @@ Numerics (float32; the reference promotes to float64 for the anchor):
 import torch
 import torch.nn.functional as F
 
-from mkb.problems import Output, ProblemMeta
+from mkb.problems import Output, ProblemMeta, Upstream
 from mkb.problems.quant import compute_dtype
 from mkb.problems.routing import expert_popularity, routed_swiglu, select_topk, separate_topk, skewed_logits
 
@@ -40,6 +40,17 @@ META = ProblemMeta(
     flops=_T * (TOP_K * 3 * 2 * _H * _I + 3 * 2 * _H * _IS),
     bytes=_E * 3 * _H * _I * 2 + 3 * _H * _IS * 2 + _T * _H * 2 * 2 + _T * _E * 4 + _E * 4,
     peak="bf16_tc",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/47_correction_bias_shared_expert_ernie_bf16.json',
+        matches=('in_place', 'dtypes', 'structure_per_draw', "exactness"),
+        differs=(
+            ('outputs', "upstream's reference returns two tensors (a tuple); mkb returns the layer output only - not yet converted (issue #15 follow-up)"),
+            ('computation', 'upstream includes the router GEMM (hidden x gate_weight [64, 8192]) before the biased top-8 and a 1e-10 normaliser input; mkb starts from router logits - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: 64 x 128 = 8192 tokens, hidden 8192, 64 experts, intermediate 3584, shared 7168; mkb: 2048 tokens, hidden 2560, intermediate 1536, shared 3072 (ERNIE-4.5-21B-A3B) - not yet converted (issue #15 follow-up)'),
+            ('distributions', 'upstream: N(0, 1) hidden, weights / sqrt(in), correction bias 0.02 N, rows redrawn until the 8th/9th routing weights differ by 1e-4; mkb: skewed logits nudged to a margin - not yet converted (issue #15 follow-up)'),
+        ),
+    ),
     notes="T = 2048 tokens (prefill chunk). Logits nudged so the 6th selected expert beats the 7th by >= 1e-4 in p + bias.",
 )
 

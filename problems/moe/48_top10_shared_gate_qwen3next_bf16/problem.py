@@ -20,7 +20,7 @@ Numerics (float32; the reference promotes to float64 for the anchor):
 import torch
 import torch.nn.functional as F
 
-from mkb.problems import Output, ProblemMeta
+from mkb.problems import Output, ProblemMeta, Upstream
 from mkb.problems.quant import compute_dtype
 from mkb.problems.routing import (
     expert_popularity,
@@ -47,6 +47,18 @@ META = ProblemMeta(
     flops=_T * (TOP_K * 3 * 2 * _H * _I + 3 * 2 * _H * _IS + 2 * _H),
     bytes=_E * 3 * _H * _I * 2 + 3 * _H * _IS * 2 + _H * 2 + _T * _H * 2 * 2 + _T * _E * 4,
     peak="memory",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/48_top10_shared_gate_qwen3next_bf16.json',
+        matches=('in_place', 'structure_per_draw', "exactness"),
+        differs=(
+            ('outputs', "upstream's reference returns two tensors (a tuple); mkb returns the layer output only - not yet converted (issue #15 follow-up)"),
+            ('computation', 'upstream includes the router GEMM (hidden x router_weight [512, 2048]); mkb starts from router logits (float32) - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: 64 x 613 = 39232 tokens (hidden 2048, 512 experts, intermediate 512, shared 512, top 10); mkb: 2048 tokens - not yet converted (issue #15 follow-up)'),
+            ('dtypes', "upstream's inputs are all bf16 (no separate fp32 logits); mkb's router logits are float32 - not yet converted (issue #15 follow-up)"),
+            ('distributions', 'upstream: N(0, 1) hidden, weights / sqrt(in), rows redrawn until the 10th/11th probabilities differ by 1e-5; mkb: skewed logits nudged to a 1e-5 margin - not yet converted (issue #15 follow-up)'),
+        ),
+    ),
     notes=(
         "T = 2048 tokens: each expert sees ~40 tokens, so the 3.2 GB of expert weights dominate (memory-bound). "
         "Logits nudged so the 10th beats the 11th by >= 1e-5 in p. The eager baseline groups tokens by expert "

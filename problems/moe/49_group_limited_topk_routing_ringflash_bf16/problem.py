@@ -17,7 +17,7 @@ Outputs (selected experts in ascending expert order)
 
 import torch
 
-from mkb.problems import Output, ProblemMeta
+from mkb.problems import Output, ProblemMeta, Upstream
 from mkb.problems.quant import compute_dtype
 from mkb.problems.routing import expert_popularity, select_topk, separate_topk, skewed_logits
 
@@ -37,6 +37,16 @@ META = ProblemMeta(
     flops=_T * _E * 6,
     bytes=_T * _E * 4 + _E * 4 + _T * TOP_K * (8 + 4),
     peak="memory",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/49_group_limited_topk_routing_ringflash_bf16.json',
+        matches=('outputs', 'in_place', 'shapes', 'dtypes', 'structure_per_draw'),
+        differs=(
+            ('computation', 'upstream includes the router GEMM (hidden [16384, 4096] x weight [256, 4096]) and takes the routed scaling factor 2.5 as an input; mkb starts from router logits - not yet converted (issue #15 follow-up)'),
+            ('distributions', 'upstream: N(0, 1) hidden, weight / 64, expert bias N(0, 1) in bf16, rows redrawn until group and expert gaps exceed 1e-4; mkb: skewed logits nudged to a margin - not yet converted (issue #15 follow-up)'),
+            ("exactness", "mkb compares `topk_idx` as `topk` (index sets equal up to swaps of near-tied scores), where upstream compares the indices exactly"),
+        ),
+    ),
     notes=(
         "T = 16384 tokens (a prefill batch). The model runs in bf16 but its router is fp32 (router_dtype), so the "
         "routing inputs are fp32. Logits carry a fixed per-expert popularity skew and are nudged so the kept groups "

@@ -25,7 +25,7 @@ Outputs: grad_x [N, H], grad_w13 [EL, 2I, H], grad_w2 [EL, H, I], grad_prob [N],
 
 import torch
 
-from mkb.problems import Output, ProblemMeta
+from mkb.problems import Output, ProblemMeta, Upstream
 from mkb.problems.quant import compute_dtype
 
 SIZES = {"full": (8192, 4096, 2048, 8), "smoke": (24, 32, 16, 3)}  # N, H, I, EL
@@ -44,6 +44,18 @@ META = ProblemMeta(
     flops=14 * _N * _H * _I,
     bytes=(_N * _H * 4 * 2 + _EL * 3 * _H * _I * 4 + _N * 2 * _I * 4 + _N * 4) + (_N * _H * 4 + _EL * 3 * _H * _I * 4 + _N * 4),
     peak="fp32_simt",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/50_expert_parallel_execution_backward_mimo_fp32.json',
+        matches=('in_place', 'dtypes', "exactness"),
+        differs=(
+            ('outputs', 'upstream returns five gradients (separate gate/up/down weights); mkb four (fused w13) - not yet converted (issue #15 follow-up)'),
+            ('computation', 'upstream: backward of routed SwiGLU experts over 256 experts from grad_output, hidden states, top-8 indices and weights and separate gate/up/down weights ([256, 1024, 4096] ...); mkb: 8 local experts with fused w13, per-expert counts and saved activations h - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: 6144 tokens, hidden 4096, intermediate 1024, 256 experts, top 8; mkb: 8192 rows, hidden 4096, intermediate 2048, 8 local experts - not yet converted (issue #15 follow-up)'),
+            ('distributions', "upstream: uniform random top-8 per token, N(0, 1) tensors; mkb's differ - not yet converted (issue #15 follow-up)"),
+            ('structure_per_draw', "mkb's per-expert counts are fixed per size (a structure input); upstream redraws the selection per draw - not yet converted (issue #15 follow-up)"),
+        ),
+    ),
     notes="N = 8192 assignments over 8 local experts (1024 on average, uneven: fixed per size). flops count the o recompute (for grad_prob) and the four weight/input gradient GEMMs.",
 )
 

@@ -17,7 +17,7 @@ Numerics (float32 throughout, TF32 not allowed; the reference promotes to float6
 
 import torch
 
-from mkb.problems import Output, ProblemMeta
+from mkb.problems import Output, ProblemMeta, Upstream
 from mkb.problems.quant import compute_dtype
 from mkb.problems.routing import expert_popularity, separate_topk
 
@@ -37,6 +37,16 @@ META = ProblemMeta(
     flops=_T * (2 * _H * _E + TOP_K * (2 * _H * 2 * _I + 2 * _I * _H)),
     bytes=(_E * (_H * 2 * _I + _I * _H + 2 * _I + _H) + _E * (_H + 1)) * 4 + _T * _H * 4 * 2,
     peak="fp32_simt",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/51_sparse_expert_dispatch_combine_gptoss_fp32.json',
+        matches=('outputs', 'in_place', 'dtypes', 'structure_per_draw', "exactness"),
+        differs=(
+            ('computation', 'upstream takes router indices and routing weights (the router is outside) and weights in [E, in, out] layout ([128, 2880, 5760] gate-up); mkb includes the router (router_w, router_b) and uses 32 experts - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: 16384 tokens, 128 local experts, top 4 (hidden and intermediate 2880 as mkb); mkb: 2048 tokens, 32 experts (gpt-oss-20b) - not yet converted (issue #15 follow-up)'),
+            ('distributions', "upstream: gate-up weights 0.03 N, biases 0.5 N, routing by top-4 of drawn logits; mkb's differ - not yet converted (issue #15 follow-up)"),
+        ),
+    ),
     notes=(
         "T = 2048 tokens. Expert weights are drawn 3x wider than unit-variance so ~2% of gate/up values hit the +-7 clamp. "
         "Hidden rows are nudged inside the router's row space (fp32, exact to rounding) so the 4th logit beats the 5th by >= 1e-3."

@@ -21,7 +21,7 @@ Numerics (float32, the reference promotes to float64 for the anchor):
 import torch
 import torch.nn.functional as F
 
-from mkb.problems import Output, ProblemMeta
+from mkb.problems import Output, ProblemMeta, Upstream
 from mkb.problems.quant import compute_dtype, nvfp4_global_scale, nvfp4_linear, nvfp4_weight, out_dtype
 
 SIZES = {"full": (8192, 4608, 4096), "smoke": (8, 64, 48)}  # N, M, H
@@ -39,6 +39,17 @@ META = ProblemMeta(
     flops=2 * _N * _M * (_M + _H),
     bytes=_N * _M * 2 + (_M + _H) * _M * (0.5 + 1 / 16) + (_M + _H) * 2 + _N * _H * 2,
     peak="bf16_tc",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/55_multimodal_embedding_projection_qwen3vl_nvfp4.json',
+        matches=('in_place', 'dtypes', 'structure_per_draw', "exactness"),
+        differs=(
+            ('computation', 'upstream: text-embedding lookup (vocab 151936, hidden 8192) plus an nvfp4 projection of 384 vision tokens per sequence (3584 -> 8192, with bias) scattered by a vision-token mask; mkb: a two-layer nvfp4 MLP projector (the Qwen3-VL merger) without the embedding and scatter - not yet converted (issue #15 follow-up)'),
+            ('outputs', 'upstream returns the merged [32, 1024, 8192] input embeddings; mkb the projected vision tokens - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: batch 32 x 1024 tokens, 384 vision tokens each, hidden 8192; mkb: 8192 x 4608 -> 4096 - not yet converted (issue #15 follow-up)'),
+            ('distributions', "upstream draws N(0, 1) features, weight N(0, 1)/sqrt(3584); mkb's differ - not yet converted (issue #15 follow-up)"),
+        ),
+    ),
     notes="N = 8192 merged tokens (several images). Hopper has no fp4 tensor cores, so the peak that applies is bf16 (a solution unpacks the codes). Global activation scales are calibrated on the drawn batch (amax / 2688).",
 )
 

@@ -21,7 +21,7 @@ Outputs
 
 import torch
 
-from mkb.problems import Output, ProblemMeta
+from mkb.problems import Output, ProblemMeta, Upstream
 from mkb.problems.quant import blocky_weight, compute_dtype, fp8_linear, fp8_quantize, fp8_values_and_quantum, out_dtype
 
 EPS, ROPE_THETA = 1e-6, 10000.0
@@ -40,6 +40,18 @@ META = ProblemMeta(
     flops=2 * _T * _H * (_C + _R) + 6 * _T * _C,
     bytes=_T * _H * 2 + (_C + _R) * _H + 5 * 56 * 4 + _C * 2 + 2 * _T * _R // 2 * 4 + _T * (_C + _C // 128 * 4 + _R * 2),
     peak="fp8_tc",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/56_mla_kv_compression_requant_deepseekv31_fp8.json',
+        matches=('in_place', 'dtypes', 'structure_per_draw'),
+        differs=(
+            ('computation', "upstream: kv_a projection to 640 (512 + 64 rope, padded), RMSNorm of the 512, re-quantisation and the kv_b expansion to 128 heads x (128 + 128) (two fp8 GEMMs, weights quantised inside); mkb stops after the RMSNorm + re-quantisation and returns the RoPE'd k_pe - not yet converted (issue #15 follow-up)"),
+            ('outputs', 'upstream returns the expanded per-head k_nope and v; mkb the fp8 latent, its scales and k_pe - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: 64 x 256 = 16384 tokens, hidden 7168 (mkb has the same 16384 x 7168 input) plus the [32768, 512] kv_b weight mkb does not have - not yet converted (issue #15 follow-up)'),
+            ('distributions', "upstream: weights / sqrt(in) x block gain U(0.5, 2), norm weight 1 + 0.1 N; mkb's differ - not yet converted (issue #15 follow-up)"),
+            ("exactness", "mkb compares `kv_fp8` as `quantized` (dequantised values at most one quantum off on at most 0.1% of elements), where upstream applies its own rule to the encoded output (exact for integer encodings, fp64-anchored for float8)"),
+        ),
+    ),
     notes="T = 16384 prefill tokens. Positions are random in [0, 32768); the rotary table is an input so YaRN's details stay upstream.",
 )
 

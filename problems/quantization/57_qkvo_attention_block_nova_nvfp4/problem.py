@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from mkb.problems import Output, ProblemMeta
+from mkb.problems import Output, ProblemMeta, Upstream
 from mkb.problems.quant import compute_dtype, nvfp4_global_scale, nvfp4_linear, nvfp4_weight, out_dtype
 
 ROPE_THETA, ROPE_LINEAR = 100000.0, 4.0
@@ -43,6 +43,16 @@ META = ProblemMeta(
     flops=2 * _T * _H * 4 * _H + 2 * 2 * _B * _NH * _S * _S * (_H // _NH) / 2,
     bytes=_T * _H * 2 * 2 + 4 * _H * _H * (0.5 + 1 / 16) + _S * (_H // _NH) * 4,
     peak="bf16_tc",
+    upstream=Upstream(
+        source='recipe',
+        path='problems/_sol_execbench/57_qkvo_attention_block_nova_nvfp4.json',
+        matches=('outputs', 'in_place', 'dtypes', 'structure_per_draw', "exactness"),
+        differs=(
+            ('computation', 'upstream: separate q, k, v, o nvfp4 weights (each with block scales and a global scale), activations quantised with dynamic global scales, RoPE from cos/sin [B, S, 128], GQA 64/8 heads, unquantised attention core; mkb: a fused w_qkv and static activation global scales (g_x, g_o) as inputs - not yet converted (issue #15 follow-up)'),
+            ('shapes', 'upstream: batch 64 x 128 tokens, hidden 8192, 64 query / 8 kv heads of 128; mkb: 4 x 2048 tokens, hidden 2048, 16 heads - not yet converted (issue #15 follow-up)'),
+            ('distributions', "upstream: N(0, 1) hidden, weights N(0, 1)/sqrt(in) quantised at draw time; mkb's differ - not yet converted (issue #15 follow-up)"),
+        ),
+    ),
     notes=(
         "B = 4 x S = 2048. Nova's hierarchical (instruction-level) attention masks are replaced by a plain causal "
         "mask. g_o is calibrated as amax(v)/2688 (attention outputs are convex combinations of v rows, so no block "
