@@ -3,7 +3,7 @@
 from mkb.grader._config import GraderConfig
 from mkb.grader._grade import GRADER_VERSION, grade
 from mkb.grader._pool import Worker, WorkerPool
-from mkb.grader._reasons import STAGES, Reason, is_known, stage_of, static_reason
+from mkb.reasons import STAGES, Reason, is_known, stage_of, static_reason
 from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict
 
 __all__ = [

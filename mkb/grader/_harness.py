@@ -22,11 +22,14 @@ import torch
 from mkb.grader._config import GraderConfig
 from mkb.grader._guards import Guard, native_threads, python_threads
 from mkb.grader._problems import load_problem
-from mkb.grader._trace import classify, profile_call
+from mkb.grader._provenance import MAX_COPIED_FRACTION, CopyWatch, copy_share, warm_up as _warm_copy_watch
+from mkb.grader._trace import CallLimits, call_figures, classify, profile_call
+from mkb.grader._verdict import timing_decided
 from mkb.measure import (
-    TIMING_POLICY, InputStream, L2Flusher, clone_inputs, compare, expect, gpu_state, inputs_unchanged, summarize,
-    side_work_us, stream_window as _stream_window,
+    MIN_TIMED, TIMING_POLICY, InputStream, L2Flusher, UnsupportedGpu, clone_inputs, compare, expect, gpu_state, identify_gpu,
+    inputs_unchanged, summarize, side_work_us, stream_window as _stream_window, tensor_bytes,
 )
+from mkb.reasons import Reason
 
 # Bound before any candidate code exists; the harness only ever calls these objects.
 _perf = time.perf_counter
@@ -40,6 +43,7 @@ _tensor_type = torch.Tensor
 _is_floating = torch.Tensor.is_floating_point
 _empty_like = torch.empty_like
 _fill = torch.Tensor.fill_
+_warm_copy_watch()  # before any guard snapshot (it imports torch._dynamo, which rebinds torch callables)
 
 
 _WARM: dict[str, Any] = {}
@@ -205,6 +209,14 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
         send({"type": "stage", "stage": name, "ok": ok, "reason": reason, "log": log, "figures": figures})
 
     # ---------------- trusted phase: nothing of the candidate exists yet ----------------
+    gpu_model = None
+    if dev.kind == "cuda":
+        try:
+            gpu_model = identify_gpu(torch.cuda.get_device_name(), torch.cuda.get_device_capability(),
+                                     allow_unchecked=cfg.allow_unchecked_gpu)
+        except UnsupportedGpu as exc:
+            stage("compile", False, Reason.UNSUPPORTED_GPU.value, str(exc))
+            return
     try:
         mod = load_problem(job["problem"])
         meta = mod.META
@@ -339,7 +351,7 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
         send({"type": "phase", "phase": "run"})
 
         # ---------------- verification: fresh secret draws, one a pointer-reuse probe ----------------
-        details, worst_err, worst_tol = [], 0.0, None
+        details, worst_err, worst_tol, copied_max = [], 0.0, None, 0.0
         for k, (inputs, exp) in enumerate(draws):
             if k == 2:  # same addresses as draw 0, new values: a pointer-keyed cache returns draw 0's answer
                 base = draws[0][0]
@@ -350,7 +362,9 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
             pristine = clone_inputs(inputs)
             _poison(exp.reference)
             before = python_threads()
-            out = _call(solve, inputs, "verification")
+            watch = CopyWatch(inputs)  # the write check: which output elements torch copies produced
+            with watch:
+                out = _call(solve, inputs, "verification")
             dev.sync()
             bad = guard.check(threads=before)
             if bad:
@@ -359,6 +373,15 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
             if not unchanged.ok:
                 raise Fail("verification", str(unchanged.reason), unchanged.message)
             cmp = compare(exp, out, inputs_after=inputs, input_names=meta.inputs)
+            if cmp.ok:
+                share = copy_share(_as_tuple(out), watch.writes, before=_mutated_before(meta, pristine))
+                copied_max = max(copied_max, share.fraction)
+                if share.too_much:
+                    raise Fail("integrity", Reason.INTEGRITY_ALLOWLIST_WORK.value,
+                               f"draw {k}: {share.copied} of the {share.produced} output elements the call produced were put "
+                               f"there by torch copies of input data and not rewritten by a DSL kernel (more than "
+                               f"{MAX_COPIED_FRACTION:.0%}): the DSL kernels must compute the outputs")
+            del watch
             details.append({"draw": k, "ok": cmp.ok, "checks": [
                 {"name": c.name, "ok": c.ok, "max_abs_err": c.max_abs_err, "tolerance": c.tolerance} for c in cmp.checks]})
             if not cmp.ok:
@@ -367,7 +390,8 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
                 if c.max_abs_err is not None and c.max_abs_err >= worst_err:
                     worst_err, worst_tol = c.max_abs_err, c.tolerance
             del out
-        stage("verification", True, None, "", draws=len(draws), max_abs_err=worst_err, tolerance=worst_tol, details=details)
+        stage("verification", True, None, "", draws=len(draws), max_abs_err=worst_err, tolerance=worst_tol, details=details,
+              copied_fraction_max=copied_max)
 
         # ---------------- timing: fresh values and addresses, L2 flushed, secret re-checks ----------------
         ph.mark("verification")
@@ -394,6 +418,40 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
         # against which the candidate's tails are compared (work left on another stream)
         floor_tails = [dev.window(lambda: None, flush)[2] for _ in range(30)]
         ph.mark("clock_warm")
+        def profiled(k: int, is_probe: bool) -> None:
+            """One call under the profiler (untimed): which kernels ran, what moved to the host, and its limits."""
+            p_src = recheck_sets[probe_src][0] if is_probe else make(fresh_seed())
+            p_args = _fresh(p_src)
+            limits = _call_limits(meta, p_args)
+            flush()
+            dev.sync()
+            before = python_threads()
+            figs: dict[str, Any] = {}
+            if dev.kind == "cuda":
+                try:
+                    p_out, trace = profile_call(lambda: _call(solve, p_args, "timing"), dev.sync)
+                except Fail:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the profiler failed: fail closed
+                    raise Fail("integrity", "integrity_profiler", _fmt_exc(exc)) from None
+                reason, msg = classify(trace, patterns, streams=streams, limits=limits)
+                figs = call_figures(trace, patterns)
+                launches = list(trace.launches)
+            else:
+                p_out, launches, reason, msg = _call(solve, p_args, "timing"), [], None, "no profiler on cpu (test mode)"
+            bad = guard.check(identities=False, threads=before)
+            if bad:
+                raise Fail("integrity", *bad)
+            if is_probe:
+                cmp = compare(recheck_sets[probe_src][1], p_out, inputs_after=p_args, input_names=meta.inputs)
+                if not cmp.ok:
+                    raise Fail("timing", "integrity_recheck", f"repeated-content call: {cmp.reason}: {cmp.message}")
+            prof_results.append({"after_timed": k, "content_repeat": is_probe, "reason": reason, "message": msg,
+                                 "kernels": [l.name for l in launches], "streams": sorted({l.stream for l in launches if l.stream is not None}),
+                                 **figs, "limits": limits.as_dict()})
+            del p_out
+
+        stopped_after = None
         for i in range(n_warm + n_timed):
             k = i - n_warm
             args = c_stream(i)
@@ -413,34 +471,22 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
                     raise Fail("timing", "integrity_recheck", f"timed call {k} (of {n_timed}, after {n_warm} warm-ups): {cmp.reason}: {cmp.message}")
             del out
             if k >= 0 and (k in prof_after or k == probe_pos):
+                ph.mark("timing_loop")
                 for is_probe in ([False] if k in prof_after else []) + ([True] if k == probe_pos else []):
-                    p_src = recheck_sets[probe_src][0] if is_probe else make(fresh_seed())
-                    p_args = _fresh(p_src)
-                    flush()
-                    dev.sync()
-                    before = python_threads()
-                    if dev.kind == "cuda":
-                        try:
-                            p_out, launches = profile_call(lambda: _call(solve, p_args, "timing"), dev.sync)
-                        except Fail:
-                            raise
-                        except Exception as exc:  # noqa: BLE001 - the profiler failed: fail closed
-                            raise Fail("integrity", "integrity_profiler", _fmt_exc(exc)) from None
-                        reason, msg = classify(launches, patterns, streams=streams)
-                    else:
-                        p_out, launches, reason, msg = _call(solve, p_args, "timing"), [], None, "no profiler on cpu (test mode)"
-                    bad = guard.check(identities=False, threads=before)
-                    if bad:
-                        raise Fail("integrity", *bad)
-                    if is_probe:
-                        cmp = compare(recheck_sets[probe_src][1], p_out, inputs_after=p_args, input_names=meta.inputs)
-                        if not cmp.ok:
-                            raise Fail("timing", "integrity_recheck", f"repeated-content call: {cmp.reason}: {cmp.message}")
-                    ph.mark("timing_loop")
-                    prof_results.append({"after_timed": k, "content_repeat": is_probe, "reason": reason, "message": msg,
-                                         "kernels": [l.name for l in launches], "streams": sorted({l.stream for l in launches if l.stream is not None})})
-                    del p_out
-                    ph.mark("profiled_calls")
+                    profiled(k, is_probe)
+                ph.mark("profiled_calls")
+            if k >= 0 and cfg.early_stop and timing_decided(times, n_planned=n_timed, eager_median_us=eager_fig["median_us"],
+                                                            min_calls=min(MIN_TIMED, n_timed)):
+                stopped_after = k
+                break
+        if stopped_after is not None:
+            # the integrity calls planned after the stop still run: stopping early never skips a check
+            # of what the kernel launches (the skipped timed calls' re-checks are covered by the final draw)
+            ph.mark("timing_loop")
+            for k in sorted({p for p in prof_after if p > stopped_after} | ({probe_pos} if probe_pos > stopped_after else set())):
+                for is_probe in ([False] if k in prof_after else []) + ([True] if k == probe_pos else []):
+                    profiled(k, is_probe)
+            ph.mark("profiled_calls")
         dev.sync()
         quiet.release()
         cap = c_stream.capacity
@@ -486,8 +532,9 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
             eager_cached="eager" not in fresh, eager_measured_unix=eager_fig.get("measured_unix"),
             launch_floor_us=dsl_floor if dsl_floor is not None else floor_fig["window_floor_us"],
             window_floor_us=floor_fig["window_floor_us"], dsl_launch_floor_us=dsl_floor,
-            timing_policy=TIMING_POLICY,
-            gpu=gpu_before.get("name"), clocks={"before": gpu_before, "after": gpu_after},
+            timing_policy=TIMING_POLICY, n_timed_planned=n_timed, stopped_early=stopped_after is not None,
+            gpu=gpu_before.get("name"), gpu_model=gpu_model.model if gpu_model else None,
+            gpu_arch=gpu_model.arch if gpu_model else None, clocks={"before": gpu_before, "after": gpu_after},
             rechecked=rechecked + 1, timed_s=t_timed, times_us=[round(t, 3) for t in times],
             input_sets_alive=cap, run_phases_s=dict(ph.s),
             tail_us_median=float(sorted(tails)[len(tails) // 2]) if tails else None,
@@ -538,3 +585,25 @@ def _dsl_launch_floor(backend: Any, dev: _Device) -> float | None:
         return float(ts[len(ts) // 2])
     except Exception:  # noqa: BLE001 - the floor is informative; its absence is recorded as None
         return None
+
+
+def _as_tuple(out: Any) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _mutated_before(meta: Any, pristine: tuple) -> dict[int, Any]:
+    """Output index -> that input's content before the call, for outputs that are mutated inputs (only what
+    the call changed there was produced by it)."""
+    out = {}
+    for i, o in enumerate(meta.outputs):
+        name = getattr(o, "name", o)
+        if name in meta.mutates and name in meta.inputs:
+            out[i] = pristine[meta.inputs.index(name)]
+    return out
+
+
+def _call_limits(meta: Any, args: tuple) -> CallLimits:
+    """The call's bounds from the problem's declared structure inputs (DESIGN, Grader: integrity)."""
+    idx = [meta.inputs.index(n) for n in meta.structure_inputs if n in meta.inputs]
+    return CallLimits.for_call(structure_bytes=tensor_bytes([args[i] for i in idx if i < len(args)]),
+                               n_structure=len(idx), n_inputs=len(meta.inputs), n_outputs=len(meta.outputs))

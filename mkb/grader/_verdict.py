@@ -56,3 +56,26 @@ class Verdict:
         d["r_at"] = {str(k): v for k, v in self.r_at.items()}
         d["s"] = self.s
         return d
+
+
+def timing_decided(times_us: list[float] | tuple[float, ...], *, n_planned: int, eager_median_us: float,
+                   min_calls: int = 50) -> bool:
+    """True when more timed calls cannot change the candidate's R@t (hence S): the grader then stops timing.
+
+    The final median of `n_planned` calls lies between the median with every remaining call taking no
+    time and the one with every remaining call taking forever; if even the first leaves the speedup
+    below the lowest threshold above 0, the thresholds it reaches are decided (R@0 only, S = 20 if it
+    passes). Only that side stops early: a kernel that reaches a threshold keeps every planned call, so
+    the medians of passing kernels (and baselines) are measured exactly as before. Never before
+    `min_calls` (DESIGN's minimum) nor before more than half of the calls were made (until then the
+    optimistic median is 0).
+    """
+    n = len(times_us)
+    if n >= n_planned or n < min(min_calls, n_planned) or 2 * n <= n_planned or eager_median_us <= 0:
+        return False
+    missing = n_planned - n
+    optimistic = sorted([0.0] * missing + list(times_us))
+    mid = n_planned // 2
+    med = optimistic[mid] if n_planned % 2 else (optimistic[mid - 1] + optimistic[mid]) / 2
+    lowest = min(t for t in THRESHOLDS if t > 0)
+    return med > 0 and eager_median_us / med < lowest
