@@ -36,6 +36,9 @@ class GraderConfig:
     eager_timed: int | None = None  # defaults to n_timed
     gpu_arch: str | None = None  # the DSL target; None: detected from the device (mkb.measure.detect_arch)
     allow_unchecked_gpu: bool = False  # grade on a known GPU whose architecture is not in mkb.measure.CHECKED_ARCHS
+    reference_warmup: int = 10  # upstream's baseline timing (mkb.measure.time_upstream): its counts ...
+    reference_timed: int = 50
+    reference_budget_s: float = 90.0  # ... and a wall bound, for references that loop per token in Python
     early_stop: bool = True  # stop timing once R@t and S cannot change (mkb.grader._verdict.timing_decided)
 
     def __post_init__(self) -> None:
@@ -47,7 +50,8 @@ class GraderConfig:
     @classmethod
     def quick(cls, **overrides) -> "GraderConfig":
         """A short policy for tests and smoke runs (never used for a reported verdict)."""
-        base = dict(draws=3, n_warmup=2, warmup_jitter=1, n_timed=6, n_profiled=1, clock_warm_s=0.0)
+        base = dict(draws=3, n_warmup=2, warmup_jitter=1, n_timed=6, n_profiled=1, clock_warm_s=0.0, reference_warmup=1,
+                    reference_timed=3)
         base.update(overrides)
         return cls(**base)
 

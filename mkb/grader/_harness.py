@@ -26,8 +26,8 @@ from mkb.grader._provenance import MAX_COPIED_FRACTION, CopyWatch, copy_share, w
 from mkb.grader._trace import CallLimits, call_figures, classify, profile_call
 from mkb.grader._verdict import timing_decided
 from mkb.measure import (
-    MIN_TIMED, TIMING_POLICY, InputStream, L2Flusher, UnsupportedGpu, clone_inputs, compare, expect, gpu_state, identify_gpu,
-    inputs_unchanged, summarize, side_work_us, stream_window as _stream_window, tensor_bytes,
+    MIN_TIMED, TIMING_POLICY, UPSTREAM_POLICY, InputStream, L2Flusher, UnsupportedGpu, clone_inputs, compare, expect, gpu_state, identify_gpu,
+    inputs_unchanged, summarize, side_work_us, stream_window as _stream_window, tensor_bytes, time_upstream,
 )
 from mkb.reasons import Reason
 
@@ -262,9 +262,9 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
         flusher_flush = _flusher(dev)
         budget = _input_budget(dev)
         cached = job.get("trusted") or {}
-        eager_fig, floor_fig = cached.get("eager"), cached.get("floor")
+        eager_fig, floor_fig, ref_fig = cached.get("eager"), cached.get("floor"), cached.get("reference")
         fresh: dict[str, Any] = {}
-        if eager_fig is None or floor_fig is None:
+        if eager_fig is None or floor_fig is None or ref_fig is None:
             quiet.hold("trusted_timing")
         if eager_fig is None:
             eager_n = cfg.eager_timed or n_timed
@@ -288,6 +288,14 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
             floor_fig = fresh["floor"] = {"window_floor_us": float(floor_times[len(floor_times) // 2]),
                                           "dsl_launch_floor_us": _dsl_launch_floor(backend, dev)}
             ph.mark("floors")
+        if ref_fig is None:
+            # upstream MetaKernelBench's baseline: the fp32 reference timed its way (S_upstream, DESIGN)
+            ref = time_upstream(mod.reference, lambda i: make(fresh_seed()), warmup=cfg.reference_warmup,
+                                timed=cfg.reference_timed, device=dev.torch_device, budget_s=cfg.reference_budget_s)
+            ref_fig = fresh["reference"] = {"median_us": ref.median_us, "iqr_us": ref.iqr_us, "cv": ref.cv,
+                                            "n_timed": ref.n_timed, "n_warmup": ref.n_warmup, "policy": UPSTREAM_POLICY,
+                                            "measured_unix": time.time()}
+            ph.mark("reference_timing")
         quiet.release()
         if fresh:  # before the compile phase message: the parent caches only what arrives ahead of it
             send({"type": "trusted", **fresh})
@@ -377,10 +385,10 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
                 share = copy_share(_as_tuple(out), watch.writes, before=_mutated_before(meta, pristine))
                 copied_max = max(copied_max, share.fraction)
                 if share.too_much:
-                    raise Fail("integrity", Reason.INTEGRITY_ALLOWLIST_WORK.value,
+                    raise Fail("integrity", share.reason,
                                f"draw {k}: {share.copied} of the {share.produced} output elements the call produced were put "
-                               f"there by torch copies of input data and not rewritten by a DSL kernel (more than "
-                               f"{MAX_COPIED_FRACTION:.0%}): the DSL kernels must compute the outputs")
+                               f"there by torch copies of input data ({share.from_host} from host memory) and not rewritten "
+                               f"by a DSL kernel (more than {MAX_COPIED_FRACTION:.0%}): the DSL kernels must compute the outputs")
             del watch
             details.append({"draw": k, "ok": cmp.ok, "checks": [
                 {"name": c.name, "ok": c.ok, "max_abs_err": c.max_abs_err, "tolerance": c.tolerance} for c in cmp.checks]})
@@ -530,6 +538,8 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
             median_us=cand.median_us, iqr_us=cand.iqr_us, cv=cand.cv, eager_median_us=eager_fig["median_us"],
             eager_iqr_us=eager_fig["iqr_us"], eager_cv=eager_fig["cv"], n_warmup=n_warm, n_timed=cand.n_timed,
             eager_cached="eager" not in fresh, eager_measured_unix=eager_fig.get("measured_unix"),
+            reference_median_us=ref_fig["median_us"], reference_n_timed=ref_fig.get("n_timed"),
+            reference_policy=ref_fig.get("policy"), reference_cached="reference" not in fresh,
             launch_floor_us=dsl_floor if dsl_floor is not None else floor_fig["window_floor_us"],
             window_floor_us=floor_fig["window_floor_us"], dsl_launch_floor_us=dsl_floor,
             timing_policy=TIMING_POLICY, n_timed_planned=n_timed, stopped_early=stopped_after is not None,

@@ -141,8 +141,12 @@ class Worker:
     """One spawned worker process in its own process group; used for exactly one job, then killed."""
 
     def __init__(self, dsl: str, *, device: str = "cuda", env: dict[str, str] | None = None,
-                 python: str = sys.executable, gpu_arch: str = "sm_90a") -> None:
+                 python: str = sys.executable, gpu_arch: str | None = None) -> None:
         self.dsl, self.device = dsl, device
+        if device == "cuda" and gpu_arch is None:  # the device's own arch, never a default (mkb.measure.detect_arch)
+            from mkb.measure._device import detect_arch
+
+            gpu_arch = detect_arch()
         job_r, self._job_w = os.pipe()
         self._res_r, res_w = os.pipe()
         self.log = tempfile.NamedTemporaryFile(prefix=f"mkb-worker-{dsl}-", suffix=".log", delete=False)

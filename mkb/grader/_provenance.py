@@ -38,6 +38,7 @@ class _Write:
     offset: int
     snapshot: torch.Tensor  # what the op left there, taken right after it
     keep: torch.Tensor  # the written tensor itself: its storage stays allocated, so no later tensor reuses the address
+    from_host: bool = False  # the copy brought host memory onto the device (the answer computed on the CPU)
 
 
 class CopyWatch(TorchDispatchMode):
@@ -62,7 +63,8 @@ class CopyWatch(TorchDispatchMode):
             if isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and dst.numel() and not _is_meta(dst) \
                     and self._moves_input_data(src, dst):
                 self.writes.append(_Write(dst.untyped_storage().data_ptr(), dst.dtype, tuple(dst.size()), tuple(dst.stride()),
-                                          dst.storage_offset(), dst.detach().clone(), dst.detach()))
+                                          dst.storage_offset(), dst.detach().clone(), dst.detach(),
+                                          from_host=src.device.type == "cpu" and dst.device.type != "cpu"))
         return out
 
     def _moves_input_data(self, src: torch.Tensor, dst: torch.Tensor) -> bool:
@@ -86,6 +88,7 @@ class CopyShare:
 
     produced: int
     copied: int
+    from_host: int = 0  # of `copied`, elements whose last recorded write came from host memory
 
     @property
     def fraction(self) -> float:
@@ -94,6 +97,11 @@ class CopyShare:
     @property
     def too_much(self) -> bool:
         return self.fraction > MAX_COPIED_FRACTION
+
+    @property
+    def reason(self) -> str:
+        """integrity_host_compute when most copied elements came from the host, else integrity_allowlist_work."""
+        return "integrity_host_compute" if 2 * self.from_host > self.copied else "integrity_allowlist_work"
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -110,7 +118,7 @@ def copy_share(outputs: Sequence[Any], writes: Sequence[_Write], *, before: dict
     `before` maps an output's index to its content before the call (mutated inputs): only its elements
     that changed were produced by the call.
     """
-    produced = copied = 0
+    produced = copied = host = 0
     for i, out in enumerate(outputs):
         if not isinstance(out, torch.Tensor) or not out.numel():
             continue
@@ -128,10 +136,12 @@ def copy_share(outputs: Sequence[Any], writes: Sequence[_Write], *, before: dict
             n_elem = out.untyped_storage().nbytes() // out.element_size()
             image = torch.zeros(n_elem, dtype=out.dtype, device=out.device)
             mask = torch.zeros(n_elem, dtype=torch.bool, device=out.device)
+            hosted = torch.zeros(n_elem, dtype=torch.bool, device=out.device)
             for w in mine:
                 try:
                     image.as_strided(w.size, w.stride, w.offset).copy_(w.snapshot)
                     mask.as_strided(w.size, w.stride, w.offset).fill_(True)
+                    hosted.as_strided(w.size, w.stride, w.offset).fill_(w.from_host)
                 except RuntimeError:  # a view this image cannot hold (beyond the storage): not counted
                     continue
             img = image.as_strided(final.size(), final.stride(), final.storage_offset())
@@ -140,7 +150,8 @@ def copy_share(outputs: Sequence[Any], writes: Sequence[_Write], *, before: dict
             if changed is not None:
                 same = same & changed
             copied += int(same.sum())
-    return CopyShare(produced, copied)
+            host += int((same & hosted.as_strided(final.size(), final.stride(), final.storage_offset()).reshape(-1)).sum())
+    return CopyShare(produced, copied, host)
 
 
 def warm_up() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mkb.scoring import THRESHOLDS, r_at, s_score
-
+from mkb.reasons import Reason
+from mkb.scoring import THRESHOLDS, r_at, s_score, s_upstream
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,45 @@ class StageResult:
     reason: str | None = None
     figures: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     log: str = ""
+
+    @property
+    def timing(self) -> "TimingFigures | None":
+        """The timing stage's figures, typed (None for another stage or a failed timing)."""
+        return TimingFigures.from_figures(self.figures) if self.stage == "timing" and self.ok else None
+
+
+@dataclass(frozen=True)
+class TimingFigures:
+    """What a passed timing stage measured: the figures a verdict is computed from."""
+
+    median_us: float | None
+    eager_median_us: float | None
+    n_timed: int | None = None  # timed calls made (fewer than planned when timing stopped early)
+    n_timed_planned: int | None = None
+    stopped_early: bool = False
+    reference_median_us: float | None = None  # the problem's reference, timed as upstream MetaKernelBench times it
+    gpu: str | None = None  # the device's name as the driver reports it
+    gpu_model: str | None = None  # the GPU table's key (H200, B200, ...)
+    gpu_arch: str | None = None
+
+    @classmethod
+    def from_figures(cls, f: dict[str, Any]) -> "TimingFigures":
+        return cls(median_us=f.get("median_us"), eager_median_us=f.get("eager_median_us"), n_timed=f.get("n_timed"),
+                   n_timed_planned=f.get("n_timed_planned"), stopped_early=bool(f.get("stopped_early", False)),
+                   reference_median_us=f.get("reference_median_us"), gpu=f.get("gpu"), gpu_model=f.get("gpu_model"),
+                   gpu_arch=f.get("gpu_arch"))
+
+    @property
+    def speedup(self) -> float | None:
+        return _ratio(self.eager_median_us, self.median_us)
+
+    @property
+    def speedup_upstream(self) -> float | None:
+        return _ratio(self.reference_median_us, self.median_us)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num and den else None
 
 
 @dataclass(frozen=True)
@@ -39,6 +78,11 @@ class Verdict:
     overhead_s: float | None = None  # wall_s minus the candidate's compile and timed-call time
     worker_wait_s: float | None = None  # time spent waiting for a warm worker (0 when one was ready)
     message: str = ""
+    gpu_model: str | None = None  # the GPU table's key (H200, B200, ...); `gpu` is the driver's name
+    gpu_arch: str | None = None
+    timed_calls: int | None = None  # timed calls the candidate got (fewer than planned after an early stop)
+    reference_median_us: float | None = None  # the problem's reference timed as upstream MetaKernelBench times it
+    speedup_upstream: float | None = None  # reference_median_us / candidate_median_us (upstream's baseline)
 
     @property
     def r_at(self) -> dict[float, bool]:
@@ -48,6 +92,10 @@ class Verdict:
     def s(self) -> float:
         return s_score(self.passed, self.speedup)
 
+    @property
+    def s_upstream(self) -> float:
+        return s_upstream(self.passed, self.speedup_upstream)
+
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.stage == name), None)
 
@@ -55,7 +103,29 @@ class Verdict:
         d = asdict(self)
         d["r_at"] = {str(k): v for k, v in self.r_at.items()}
         d["s"] = self.s
+        d["s_upstream"] = self.s_upstream
         return d
+
+
+def exit_failure(*, phase: str, exit_status: int | None) -> tuple[str, str]:
+    """(reason, note) for a worker that ended without the harness's completion message.
+
+    Whose fault is decided by how far the worker got: before the compile phase (the candidate was
+    not yet imported) the death is the host's (`infra_error`, retried and excluded); from the import
+    on it is the candidate's and counts as a submission (`crash`, or `integrity_exit` for a clean
+    exit), so a kernel cannot buy uncounted probes by killing its own process when it is wrong.
+    """
+    if phase == "setup":
+        return Reason.INFRA_ERROR.value, f"the worker died (exit status {exit_status}) before the candidate was imported"
+    if exit_status == 0:
+        return Reason.INTEGRITY_EXIT.value, "the worker exited with status 0 before the harness finished (os._exit or similar)"
+    return Reason.CRASH.value, f"the worker died (exit status {exit_status}) during the {phase} phase, after importing the candidate"
+
+
+def missing_stages_reason(phase: str) -> str:
+    """The reason when the worker reported `done` without every stage: the candidate's (`crash`) once it was
+    imported (a forged completion message must not be a free probe), the host's before."""
+    return Reason.INFRA_ERROR.value if phase == "setup" else Reason.CRASH.value
 
 
 def timing_decided(times_us: list[float] | tuple[float, ...], *, n_planned: int, eager_median_us: float,

@@ -3,6 +3,7 @@ which GPUs mkb grades on (model, architecture, whether mkb has been checked ther
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -191,6 +192,7 @@ def parse_query(text: str) -> tuple[str, tuple[int, int]] | None:
     return name.strip(), (major, minor)
 
 
+@functools.lru_cache(maxsize=None)
 def detect_arch(index: int = 0) -> str:
     """The DSL target arch of device `index` (nvidia-smi first; torch, which initialises CUDA, only as a fallback)."""
     q = query_gpu(index)

@@ -18,12 +18,13 @@ TIMING_POLICY names this policy; figures from different policies must not be com
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -279,3 +280,76 @@ def time_problem_fn(fn: Callable[..., Any], make: Callable[[int], Sequence[Any]]
                           on_timed=on_timed, input_sets=stream.capacity)
     finally:
         del stream
+
+
+# Upstream MetaKernelBench's baseline timing (YIGE24/MetaKernelBench d90ba28, template/contract.py), reproduced so
+# that a speedup over it can be set beside upstream's published numbers: the problem's fp32 reference under
+# upstream's "reference numerics", 10 warm-up and 50 timed calls on fresh draws, each `sync; start; fn; sync;
+# end; sync` (host dispatch and the sync's wake-up inside the window), no L2 flush.
+UPSTREAM_POLICY = "upstream-mkb-d90ba28/sync-start-fn-sync-end/fresh-draws/no-flush/reference-numerics"
+UPSTREAM_WARMUP = 10
+UPSTREAM_TIMED = 50
+
+
+@contextlib.contextmanager
+def reference_numerics() -> Iterator[None]:
+    """Upstream's numerics while its reference runs: no TF32 or reduced-precision reductions, fp32 default dtype."""
+    mm = torch.backends.cuda.matmul
+    saved = (torch.backends.cudnn.allow_tf32, mm.allow_bf16_reduced_precision_reduction,
+             mm.allow_fp16_reduced_precision_reduction, torch.get_float32_matmul_precision(), torch.get_default_dtype())
+    torch.backends.cudnn.allow_tf32 = False
+    mm.allow_bf16_reduced_precision_reduction = False
+    mm.allow_fp16_reduced_precision_reduction = False
+    torch.set_float32_matmul_precision("highest")
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved[0]
+        mm.allow_bf16_reduced_precision_reduction = saved[1]
+        mm.allow_fp16_reduced_precision_reduction = saved[2]
+        torch.set_float32_matmul_precision(saved[3])
+        torch.set_default_dtype(saved[4])
+
+
+def time_upstream(fn: Callable[..., Any], make: Callable[[int], Sequence[Any]], *, warmup: int = UPSTREAM_WARMUP,
+                  timed: int = UPSTREAM_TIMED, device: torch.device | str | None = None,
+                  budget_s: float | None = None, min_timed: int = 5) -> Timing:
+    """Time `fn(*make(i))` as upstream MetaKernelBench times its baseline (`UPSTREAM_POLICY`).
+
+    `budget_s` bounds the wall time (upstream's own references include per-token Python loops): once
+    it is spent, no more warm-ups run and timing stops after `min_timed` calls; the summary's
+    `n_warmup` / `n_timed` say what was made.
+    """
+    dev = torch.device(device) if device is not None else (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    cuda = dev.type == "cuda"
+    t0 = time.perf_counter()
+    over = lambda: budget_s is not None and time.perf_counter() - t0 > budget_s  # noqa: E731
+    times: list[float] = []
+    n_warm = 0
+    with reference_numerics():
+        for i in range(warmup):
+            if over():
+                break
+            fn(*make(i))
+            n_warm += 1
+        start, end = (_Event(enable_timing=True), _Event(enable_timing=True)) if cuda else (None, None)
+        for j in range(timed):
+            if len(times) >= min_timed and over():
+                break
+            inputs = make(warmup + j)
+            if cuda:
+                _sync(dev)
+                _record(start)
+                out = fn(*inputs)
+                _sync(dev)
+                _record(end)
+                _sync(dev)
+                times.append(_elapsed(start, end) * 1000.0)
+            else:
+                c0 = time.perf_counter()
+                out = fn(*inputs)
+                times.append((time.perf_counter() - c0) * 1e6)
+            del out, inputs
+    return summarize(times, n_warmup=n_warm, clock="cuda_event" if cuda else "perf_counter", l2_flushed=False,
+                     policy=UPSTREAM_POLICY)

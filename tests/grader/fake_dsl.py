@@ -18,6 +18,16 @@ def solve(x, residual, weight):
     return (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(x.dtype)
 '''
 
+TORCH_BASELINE_25 = '''import torch
+
+
+def solve(key_caches, value_caches, block_mapping):
+    src, dst = block_mapping[:, 0], block_mapping[:, 1]
+    key_caches[:, dst] = key_caches[:, src]
+    value_caches[:, dst] = value_caches[:, src]
+    return key_caches, value_caches
+'''
+
 
 class FakeBackend:
     name = "fake"
