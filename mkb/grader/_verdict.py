@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from mkb.reasons import Reason
@@ -25,26 +25,79 @@ class StageResult:
         return TimingFigures.from_figures(self.figures) if self.stage == "timing" and self.ok else None
 
 
-@dataclass(frozen=True)
-class TimingFigures:
-    """What a passed timing stage measured: the figures a verdict is computed from."""
+class _Figures:
+    """Typed figures of one stage: built by the harness, sent as a dict (`as_dict`), read back with `from_figures`."""
 
-    median_us: float | None
-    eager_median_us: float | None
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_figures(cls, f: dict[str, Any]):
+        names = {x.name for x in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in f.items() if k in names})
+
+
+@dataclass(frozen=True)
+class CompileFigures(_Figures):
+    """The compile stage: import + first call, and what the trusted phase before it cost."""
+
+    compile_s: float | None = None
+    kernel_patterns: list[str] | None = None
+    trusted_s: float | None = None
+    trusted_phases_s: dict[str, float] | None = None
+    profiler_init_at_warm_start_s: float | None = None
+    quiet_wait_s: dict[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class VerificationFigures(_Figures):
+    """The verification stage: the secret draws compared, and the write check's worst share."""
+
+    draws: int | None = None
+    max_abs_err: float | None = None
+    tolerance: float | None = None
+    details: list[dict[str, Any]] | None = None
+    copied_fraction_max: float | None = None  # the largest share of an answer torch copies produced (mkb.grader._provenance)
+
+
+@dataclass(frozen=True)
+class TimingFigures(_Figures):
+    """What a passed timing stage measured: the figures a verdict is computed from, and the timing's record."""
+
+    median_us: float | None = None
+    eager_median_us: float | None = None
+    iqr_us: float | None = None
+    cv: float | None = None
+    eager_iqr_us: float | None = None
+    eager_cv: float | None = None
+    n_warmup: int | None = None
     n_timed: int | None = None  # timed calls made (fewer than planned when timing stopped early)
     n_timed_planned: int | None = None
     stopped_early: bool = False
+    eager_cached: bool | None = None
+    eager_measured_unix: float | None = None
     reference_median_us: float | None = None  # the problem's reference, timed as upstream MetaKernelBench times it
+    reference_n_timed: int | None = None
+    reference_policy: str | None = None
+    reference_cached: bool | None = None
+    launch_floor_us: float | None = None
+    window_floor_us: float | None = None
+    dsl_launch_floor_us: float | None = None
+    timing_policy: str | None = None
     gpu: str | None = None  # the device's name as the driver reports it
     gpu_model: str | None = None  # the GPU table's key (H200, B200, ...)
     gpu_arch: str | None = None
-
-    @classmethod
-    def from_figures(cls, f: dict[str, Any]) -> "TimingFigures":
-        return cls(median_us=f.get("median_us"), eager_median_us=f.get("eager_median_us"), n_timed=f.get("n_timed"),
-                   n_timed_planned=f.get("n_timed_planned"), stopped_early=bool(f.get("stopped_early", False)),
-                   reference_median_us=f.get("reference_median_us"), gpu=f.get("gpu"), gpu_model=f.get("gpu_model"),
-                   gpu_arch=f.get("gpu_arch"))
+    clocks: dict[str, Any] | None = None
+    rechecked: int | None = None
+    timed_s: float | None = None
+    times_us: list[float] | None = None
+    input_sets_alive: int | None = None
+    run_phases_s: dict[str, float] | None = None
+    tail_us_median: float | None = None
+    floor_tail_us_median: float | None = None
+    side_work_us: float | None = None
+    quiet_wait_s: dict[str, float] | None = None
+    quiet_windows_monotonic: dict[str, list[float]] | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -53,6 +106,17 @@ class TimingFigures:
     @property
     def speedup_upstream(self) -> float | None:
         return _ratio(self.reference_median_us, self.median_us)
+
+
+@dataclass(frozen=True)
+class IntegrityFigures(_Figures):
+    """The integrity stage: the profiled calls (kernels, streams, the limits and the figures they were checked on)."""
+
+    kernels_seen: list[str] | None = None
+    profiled: list[dict[str, Any]] | None = None
+    native_threads_before: int | None = None
+    native_threads_after: int | None = None
+    profiler: bool | None = None
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:

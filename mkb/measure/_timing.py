@@ -215,6 +215,55 @@ class InputStream:
         return new[1]
 
 
+@dataclass
+class LoopRecord:
+    """What `timed_loop` measured so far (the hooks see it while it runs)."""
+
+    times_us: list[float]  # timed calls only
+    tails_us: list[float]
+    calls: int = 0  # warm-ups included
+    stopped_after: int | None = None  # the timed call after which `between_calls` stopped the loop
+
+
+def timed_loop(fn: Callable[..., Any], inputs: Callable[[int], Sequence[Any]], *, warmup: int, timed: int,
+               window: Callable[[Callable[[], Any]], tuple[Any, float, float]],
+               before_call: Callable[[int], None] | None = None,
+               after_call: Callable[[int, Any, Sequence[Any], float], None] | None = None,
+               between_calls: Callable[[int, LoopRecord], bool] | None = None) -> LoopRecord:
+    """The one timing loop (problem characterisation, the grader's eager baseline and its candidate loop).
+
+    Call i (k = i - warmup; k < 0 are warm-ups) gets `args = inputs(i)`, then `before_call(i)`, then one
+    `window` around `fn(*args)`; `after_call(k, result, args, us)` sees the result, which is dropped
+    before `between_calls(k, record)`, which may run untimed work and returns True to stop (the
+    grader's profiled calls and early stop). Nothing of the hooks runs inside a window.
+    """
+    rec = LoopRecord([], [])
+    for i in range(warmup + timed):
+        k = i - warmup
+        args = inputs(i)
+        if before_call is not None:
+            before_call(i)
+        result, us, tail = window(lambda: fn(*args))
+        rec.calls += 1
+        if k >= 0:
+            rec.times_us.append(us)
+            rec.tails_us.append(tail)
+        if after_call is not None:
+            after_call(k, result, args, us)
+        del result
+        if between_calls is not None and between_calls(k, rec):
+            rec.stopped_after = k
+            break
+    return rec
+
+
+def perf_window(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    """The CPU stand-in for `stream_window` (tests, smoke runs): perf_counter around fn, no tail."""
+    t0 = time.perf_counter()
+    result = fn()
+    return result, (time.perf_counter() - t0) * 1e6, 0.0
+
+
 def time_calls(fn: Callable[..., Any], inputs: Callable[[int], Sequence[Any]], *, warmup: int = MIN_WARMUP,
                timed: int = MIN_TIMED, device: torch.device | str | None = None, flush_l2: bool = True,
                on_timed: Callable[[int, Any, Sequence[Any]], None] | None = None,
@@ -227,38 +276,22 @@ def time_calls(fn: Callable[..., Any], inputs: Callable[[int], Sequence[Any]], *
     re-checks some of them).
     """
     dev = torch.device(device) if device is not None else (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
-    n = warmup + timed
-    times: list[float] = []
-    tails: list[float] = []
-    if dev.type == "cuda":
+    cuda = dev.type == "cuda"
+    if cuda:
         flusher = L2Flusher(dev) if flush_l2 else None
-        for i in range(n):
-            args = inputs(i)
-            k = i - warmup
-            result, us, tail = stream_window(lambda: fn(*args), flush=flusher.flush if flusher else None, device=dev)
-            if k >= 0:
-                times.append(us)
-                tails.append(tail)
-                if on_timed is not None:
-                    on_timed(k, result, args)
-            del result
-        _sync(dev)
-        clock, flushed = "cuda_event", flusher is not None
+        flush = flusher.flush if flusher else None
+        window = lambda f: stream_window(f, flush=flush, device=dev)  # noqa: E731
     else:
-        for i in range(n):
-            args = inputs(i)
-            k = i - warmup
-            t0 = time.perf_counter()
-            result = fn(*args)
-            t1 = time.perf_counter()
-            if k >= 0:
-                times.append((t1 - t0) * 1e6)
-                if on_timed is not None:
-                    on_timed(k, result, args)
-            del result
-        clock, flushed = "perf_counter", False
-    return summarize(times, n_warmup=warmup, clock=clock, l2_flushed=flushed, input_sets=input_sets,
-                     tail_us_median=statistics.median(tails) if tails else None)
+        window = perf_window
+    hook = None
+    if on_timed is not None:
+        hook = lambda k, result, args, us: on_timed(k, result, args) if k >= 0 else None  # noqa: E731
+    rec = timed_loop(fn, inputs, warmup=warmup, timed=timed, window=window, after_call=hook)
+    if cuda:
+        _sync(dev)
+    return summarize(rec.times_us, n_warmup=warmup, clock="cuda_event" if cuda else "perf_counter",
+                     l2_flushed=cuda and flush_l2, input_sets=input_sets,
+                     tail_us_median=statistics.median(rec.tails_us) if cuda and rec.tails_us else None)
 
 
 def time_problem_fn(fn: Callable[..., Any], make: Callable[[int], Sequence[Any]], *, warmup: int = MIN_WARMUP,
