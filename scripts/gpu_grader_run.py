@@ -59,15 +59,13 @@ def committed_medians(path: Path) -> dict[tuple[int, str], float]:
 
 def margins(v) -> dict:
     """The integrity figures of a verdict's profiled calls (worst over the calls) and its write check."""
-    i = v.stage("integrity")
-    ver = v.stage("verification")
-    prof = (i.figures.get("profiled") or []) if i else []
+    i, ver = v.stage("integrity"), v.stage("verification")
+    prof = (i.typed.profiled or []) if i else []
     worst = lambda k: max((p.get(k) or 0) for p in prof) if prof else None  # noqa: E731
-    lim = prof[0].get("limits") if prof else {}
     return {"allowlisted_launches": worst("allowlisted_launches"), "allowlisted_device_us": worst("allowlisted_device_us"),
             "dsl_device_us": min((p.get("dsl_device_us") or 0) for p in prof) if prof else None,
-            "host_syncs": worst("host_syncs"), "d2h_bytes": worst("d2h_bytes"), "limits": lim,
-            "copied_fraction_max": ver.figures.get("copied_fraction_max") if ver else None}
+            "host_syncs": worst("host_syncs"), "d2h_bytes": worst("d2h_bytes"), "limits": prof[0].get("limits") if prof else None,
+            "copied_fraction_max": ver.typed.copied_fraction_max if ver else None}
 
 
 def log(*a) -> None:
@@ -97,9 +95,9 @@ def row_of(v, **extra) -> dict:
     return {
         "problem": v.problem, "dsl": v.dsl, "passed": v.passed, "reason": v.reason, "speedup": v.speedup,
         "candidate_median_us": v.candidate_median_us, "eager_median_us": v.eager_median_us,
-        "cv": t.figures.get("cv") if t else None, "launch_floor_us": t.figures.get("launch_floor_us") if t else None,
-        "compile_s": c.figures.get("compile_s") if c else None, "wall_s": v.wall_s, "overhead_s": v.overhead_s,
-        "kernels_seen": (i.figures.get("kernels_seen") if i else None), "evaluation_id": v.evaluation_id,
+        "cv": t.typed.cv if t else None, "launch_floor_us": t.typed.launch_floor_us if t else None,
+        "compile_s": c.typed.compile_s if c else None, "wall_s": v.wall_s, "overhead_s": v.overhead_s,
+        "kernels_seen": (i.typed.kernels_seen if i else None), "evaluation_id": v.evaluation_id,
         "gpu": v.gpu, "gpu_model": v.gpu_model, "gpu_arch": v.gpu_arch, "timed_calls": v.timed_calls,
         "reference_median_us": v.reference_median_us, "speedup_upstream": v.speedup_upstream, "s": v.s,
         "s_upstream": v.s_upstream, "message": (v.message or "")[:1500], **extra,

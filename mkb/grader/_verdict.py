@@ -24,6 +24,11 @@ class StageResult:
         """The timing stage's figures, typed (None for another stage or a failed timing)."""
         return TimingFigures.from_figures(self.figures) if self.stage == "timing" and self.ok else None
 
+    @property
+    def typed(self) -> "CompileFigures | VerificationFigures | TimingFigures | IntegrityFigures":
+        """This stage's figures as its typed record (fields it did not report are None)."""
+        return _FIGURES[self.stage].from_figures(self.figures)
+
 
 class _Figures:
     """Typed figures of one stage: built by the harness, sent as a dict (`as_dict`), read back with `from_figures`."""
@@ -117,6 +122,10 @@ class IntegrityFigures(_Figures):
     native_threads_before: int | None = None
     native_threads_after: int | None = None
     profiler: bool | None = None
+
+
+_FIGURES = {"compile": CompileFigures, "verification": VerificationFigures, "timing": TimingFigures,
+            "integrity": IntegrityFigures}
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:

@@ -289,3 +289,36 @@ def test_upstream_timing_counts_calls_restores_numerics_and_respects_its_budget(
     with reference_numerics():
         assert torch.get_float32_matmul_precision() == "highest"
     assert torch.get_float32_matmul_precision() == before[0]
+
+
+def test_every_stage_reads_back_typed():
+    from mkb.grader._verdict import CompileFigures, IntegrityFigures, VerificationFigures
+
+    assert StageResult("compile", True, None, {"compile_s": 1.5, "unknown_key": 1}).typed == CompileFigures(compile_s=1.5)
+    assert StageResult("verification", True, None, {"draws": 5}).typed.draws == 5
+    assert isinstance(StageResult("verification", True).typed, VerificationFigures)
+    assert StageResult("integrity", True, None, {"kernels_seen": ["k"]}).typed == IntegrityFigures(kernels_seen=["k"])
+    sent = TimingFigures(median_us=2.0, eager_median_us=4.0, n_timed=100).as_dict()
+    assert TimingFigures.from_figures(sent).speedup == 2.0
+
+
+def test_the_gpu_script_finds_every_baseline_and_reads_the_margins():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gpu_grader_run.py"
+    spec = importlib.util.spec_from_file_location("gpu_grader_run", path)
+    g = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(g)
+    found = g.discover_baselines()
+    assert found and all(p.name == f"{d}.py" and p.parent.name.startswith(f"{n:02d}_") for n, d, p in found)
+    committed = g.committed_medians(g.DEFAULT_COMPARE)
+    assert all(v > 0 for v in committed.values())
+    prof = [{"allowlisted_launches": 1, "allowlisted_device_us": 2.0, "dsl_device_us": 80.0, "host_syncs": 0, "d2h_bytes": 0,
+             "limits": {"max_host_syncs": 1}},
+            {"allowlisted_launches": 3, "allowlisted_device_us": 1.0, "dsl_device_us": 70.0, "host_syncs": 1, "d2h_bytes": 8}]
+    v = Verdict("e", 28, "cute", "sha", True, None, 2.0, 100.0, 50.0, "NVIDIA H200", stages=(
+        StageResult("verification", True, None, {"copied_fraction_max": 0.25}), StageResult("integrity", True, None, {"profiled": prof})))
+    m = g.margins(v)
+    assert m == {"allowlisted_launches": 3, "allowlisted_device_us": 2.0, "dsl_device_us": 70.0, "host_syncs": 1, "d2h_bytes": 8,
+                 "limits": {"max_host_syncs": 1}, "copied_fraction_max": 0.25}
