@@ -34,7 +34,7 @@ class Launch:
 # synchronous cudaMemcpy waits too; `.item()`, `.tolist()` and `.cpu()` show up as cudaMemcpyAsync + cudaStreamSynchronize.
 HOST_SYNCS: frozenset[str] = frozenset({
     "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpy2D",
-    "cudaMemcpyFromSymbol", "cudaStreamWaitEvent_sync", "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
+    "cudaMemcpyFromSymbol", "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
     "cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemcpy", "cuMemcpy2D", "cuMemcpy2D_v2",
 })
 SOLVE_RANGE = "mkb::solve"  # the record_function range around the candidate's call inside a profiled call
@@ -139,7 +139,7 @@ def call_trace(trace: dict) -> CallTrace:
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     launches = launches_from_trace(trace)
     d2h = sum(l.nbytes for l in launches if l.cat == "gpu_memcpy" and "DtoH" in l.name)
-    syncs = [e for e in events if e.get("cat") in _HOST_CATS and str(e.get("name", "")) in HOST_SYNCS]
+    syncs = _reading_syncs(events)
     ranges = [e for e in events if e.get("cat") == "user_annotation" and e.get("name") == SOLVE_RANGE]
     if ranges:
         lo = min(_num(r.get("ts")) for r in ranges)
@@ -151,6 +151,32 @@ def call_trace(trace: dict) -> CallTrace:
             syncs = syncs[:-1]
         n_sync = len(syncs)
     return CallTrace(tuple(launches), n_sync, int(d2h))
+
+
+def _reading_syncs(events: list[dict]) -> list[dict]:
+    """The host-sync calls, less those that only finish a host-to-device copy.
+
+    torch copies from pageable host memory with `cudaMemcpyAsync` + `cudaStreamSynchronize`; that wait
+    moves nothing off the device (a kernel building a small index tensor from a list), so it is not
+    what the bound is about. The copy's direction comes from its device-side memcpy (same `correlation`).
+    """
+    kind_of = {}
+    for e in events:
+        if e.get("cat") == "gpu_memcpy":
+            corr = (e.get("args") or {}).get("correlation")
+            if corr is not None:
+                kind_of[corr] = str(e.get("name", ""))
+    host = sorted((e for e in events if e.get("cat") in _HOST_CATS), key=lambda e: (e.get("tid"), _num(e.get("ts"))))
+    out, prev = [], None
+    for e in host:
+        name = str(e.get("name", ""))
+        if name in HOST_SYNCS:
+            after_h2d = (prev is not None and prev.get("tid") == e.get("tid") and str(prev.get("name", "")).startswith("cudaMemcpy")
+                         and "HtoD" in kind_of.get((prev.get("args") or {}).get("correlation"), ""))
+            if not after_h2d:
+                out.append(e)
+        prev = e
+    return out
 
 
 def classify(launches: Iterable[Launch] | CallTrace, patterns: Iterable[str], *, streams: set[int] | None,

@@ -322,3 +322,16 @@ def test_the_gpu_script_finds_every_baseline_and_reads_the_margins():
     m = g.margins(v)
     assert m == {"allowlisted_launches": 3, "allowlisted_device_us": 2.0, "dsl_device_us": 70.0, "host_syncs": 1, "d2h_bytes": 8,
                  "limits": {"max_host_syncs": 1}, "copied_fraction_max": 0.25}
+
+
+def test_the_wait_that_finishes_a_host_to_device_copy_is_not_a_host_read():
+    t = call_trace(_trace(
+        _ev("user_annotation", SOLVE_RANGE, 100, 50),
+        _ev("cuda_runtime", "cudaMemcpyAsync", 101, correlation=1),
+        _ev("cuda_runtime", "cudaStreamSynchronize", 102),  # torch.tensor([...], device="cuda")
+        _ev("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 101, 1.0, correlation=1, bytes=16),
+        _ev("cuda_runtime", "cudaMemcpyAsync", 110, correlation=2),
+        _ev("cuda_runtime", "cudaStreamSynchronize", 111),  # .item(): a read
+        _ev("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 110, 1.0, correlation=2, bytes=8),
+    ))
+    assert t.host_syncs == 1 and t.d2h_bytes == 8
