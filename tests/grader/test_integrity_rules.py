@@ -335,3 +335,19 @@ def test_the_wait_that_finishes_a_host_to_device_copy_is_not_a_host_read():
         _ev("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 110, 1.0, correlation=2, bytes=8),
     ))
     assert t.host_syncs == 1 and t.d2h_bytes == 8
+
+
+def test_without_a_device_the_arch_is_not_guessed(monkeypatch):
+    from mkb.measure import _device
+
+    monkeypatch.setattr(_device, "query_gpu", lambda index=0: None)
+    monkeypatch.setattr(_device.torch.cuda, "is_available", lambda: False)
+    _device.detect_arch.cache_clear()
+    try:
+        with pytest.raises(UnsupportedGpu, match="no CUDA device"):
+            _device.detect_arch()
+        monkeypatch.setattr(_device, "query_gpu", lambda index=0: ("NVIDIA B200", (10, 0)))
+        _device.detect_arch.cache_clear()
+        assert _device.detect_arch() == "sm_100a"
+    finally:
+        _device.detect_arch.cache_clear()
