@@ -19,7 +19,7 @@ from mkb.grader._pool import QUIET, WARM_WAIT_S, Worker, WorkerPool
 from mkb.grader._problems import problem_number
 from mkb.grader._reasons import STAGES, Reason, static_reason
 from mkb.grader._session import TrustedCache, problem_sha256, trusted_key
-from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict, exit_failure, missing_stages_reason
+from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict, exit_failure, missing_stages_reason, timeout_failure
 
 GRADER_VERSION = "2.0"  # 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
 
@@ -71,7 +71,7 @@ def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | N
     while True:
         msg = worker.reader.read(deadline)
         if msg == "timeout":
-            failure = Reason.COMPILE_TIMEOUT if phase == "compile" else Reason.TIMEOUT
+            failure = timeout_failure(phase)
             limit = cfg.compile_limit_s if phase == "compile" else cfg.wall_limit_s
             notes.append(f"killed after the {phase} phase ran past its {limit:.0f} s limit")
             break

@@ -195,6 +195,13 @@ def exit_failure(*, phase: str, exit_status: int | None) -> tuple[str, str]:
     return Reason.CRASH.value, f"the worker died (exit status {exit_status}) during the {phase} phase, after importing the candidate"
 
 
+def timeout_failure(phase: str) -> str:
+    """The reason when a phase runs past its limit: the trusted phase (before the import) is the host's."""
+    if phase == "setup":
+        return Reason.INFRA_ERROR.value
+    return Reason.COMPILE_TIMEOUT.value if phase == "compile" else Reason.TIMEOUT.value
+
+
 def missing_stages_reason(phase: str) -> str:
     """The reason when the worker reported `done` without every stage: the candidate's (`crash`) once it was
     imported (a forged completion message must not be a free probe), the host's before."""

@@ -218,6 +218,9 @@ def test_a_worker_that_dies_after_the_import_is_the_candidates():
     assert exit_failure(phase="run", exit_status=-11)[0] == "crash"
     assert exit_failure(phase="run", exit_status=0)[0] == "integrity_exit"
     assert missing_stages_reason("setup") == "infra_error" and missing_stages_reason("run") == "crash"
+    from mkb.grader._verdict import timeout_failure
+
+    assert [timeout_failure(p) for p in ("setup", "compile", "run")] == ["infra_error", "compile_timeout", "timeout"]
 
 
 def test_new_reason_codes_have_their_stage():
