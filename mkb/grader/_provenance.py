@@ -1,17 +1,16 @@
-"""The write check: which of a call's output elements were put there by torch's copy operations and left alone by
+"""The write check: which of a call's output elements were put there by torch copies of input data and left alone by
 the DSL kernels, so that allowlisted data movement cannot stand in for the DSL's work.
 
 The profiler says which kernels ran, not which memory they wrote. This check watches torch at the
-dispatcher during one untimed verification call (a `TorchDispatchMode`): every copy-type op (`copy_`,
-`_to_copy`, `clone`) that writes a tensor is recorded with a snapshot of what it wrote. After the call
-the recorded writes are replayed onto a blank image of each output's storage; an output element whose
-final bits equal the replayed bits was produced by a copy and not rewritten by a DSL kernel afterwards.
-DSL kernels never pass through the dispatcher, so what remains is exactly "the copies' share of the
-answer". Only elements the call produced count: a fresh output's every element, a mutated input's
-elements that changed. A kernel that copies its result into place after computing it in the DSL
-(`out.copy_(scratch)`) is not distinguished from one that copies an input into place; the check fails
-only when copies produced more than `MAX_COPIED_FRACTION` of the answer, so a layout copy of a DSL
-result is allowed where the DSL result covers at least the rest.
+dispatcher during the untimed verification calls (a `TorchDispatchMode`): every copy-type op (`copy_`,
+`_to_copy`, `clone`) whose source is input data (an input's storage, host memory, or memory that still
+holds such a copy) is recorded with a snapshot of what it wrote. After the call the recorded writes
+are replayed onto a blank image of each output's storage; an output element whose final bits equal
+the replayed bits was produced by a copy and not rewritten by a DSL kernel afterwards (DSL kernels
+never pass through the dispatcher). Only elements the call produced count: a fresh output's every
+element, a mutated input's elements that changed. Casting or laying out a DSL kernel's result copies
+memory that is not input data, so it is not recorded; the check fails only when copies of input data
+produced more than `MAX_COPIED_FRACTION` of the answer.
 """
 
 from __future__ import annotations

@@ -354,3 +354,30 @@ def test_without_a_device_the_arch_is_not_guessed(monkeypatch):
         assert _device.detect_arch() == "sm_100a"
     finally:
         _device.detect_arch.cache_clear()
+
+
+def test_the_write_check_and_the_verdict_rules_are_watched_by_the_guard():
+    import mkb.grader._harness  # noqa: F401 - the harness imports what the guard watches
+    from mkb.grader import _provenance, _verdict
+    from mkb.grader._guards import Guard
+
+    g = Guard.take("cpu")
+    orig = _provenance.copy_share
+    _provenance.copy_share = lambda *a, **k: None
+    try:
+        assert g.check()[0] == "integrity_identity"
+    finally:
+        _provenance.copy_share = orig
+    orig_m = _provenance.CopyWatch.__torch_dispatch__
+    _provenance.CopyWatch.__torch_dispatch__ = lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {}))
+    try:
+        assert "CopyWatch.__torch_dispatch__" in g.check()[1]
+    finally:
+        _provenance.CopyWatch.__torch_dispatch__ = orig_m
+    orig_t = _verdict.timing_decided
+    _verdict.timing_decided = lambda *a, **k: True
+    try:
+        assert g.check()[0] == "integrity_identity"
+    finally:
+        _verdict.timing_decided = orig_t
+    assert g.check() is None
