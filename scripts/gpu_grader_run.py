@@ -3,7 +3,8 @@ grader benchmark, with every event written to one store that is packed into $OUT
 
 Baselines are found in the problem folders (every problems/*/NN_*/<dsl>.py). Each baseline's median is
 printed beside the committed one (--compare, default events/h200-grader-bench/logs/summary.json) with
-the relative change, flagged when it exceeds 0.5%; and beside it the integrity margins the grader
+the relative change, flagged when it exceeds 0.5% (meaningful only for a problem unchanged since that
+run: each row records the problem's hash); and beside it the integrity margins the grader
 checked (allowlisted launches and device time against the DSL kernels', host syncs, device-to-host
 bytes, the share of the output copies produced), so a bound that a legitimate kernel comes near is
 seen. `--sections` may add `early_stop`: a correct but deliberately slow kernel (the problem-28
@@ -170,7 +171,10 @@ def main(argv: list[str] | None = None) -> int:
                 old = before.get((n, dsl))
                 change = (v.candidate_median_us / old - 1.0) if (old and v.candidate_median_us) else None
                 m = margins(v)
+                from mkb.grader._session import problem_sha256
+
                 summary["baselines"].append(row_of(v, kernel=str(path.relative_to(REPO)), committed_median_us=old,
+                                                   problem_sha256=problem_sha256(n),
                                                    median_change=change, within_spread=None if change is None else abs(change) <= SPREAD_LIMIT,
                                                    margins=m))
                 log(f"BASELINE {n:02d} {dsl}: passed={v.passed} reason={v.reason} speedup={v.speedup} "
