@@ -18,3 +18,10 @@ def r_at(passed: bool, speedup: float | None) -> dict[float, bool]:
 def s_score(passed: bool, speedup: float | None) -> float:
     """S = 100 x mean over t of R@t."""
     return 100.0 * sum(r_at(passed, speedup).values()) / len(THRESHOLDS)
+
+
+def s_upstream(passed: bool, speedup_upstream: float | None) -> float:
+    """S over upstream MetaKernelBench's baseline (the problem's fp32 `reference`, timed as upstream times it):
+    the same thresholds and mean as `s_score`, applied to `speedup_upstream`. Comparable with upstream's
+    published R@t only through that speedup, never with mkb's S (whose baseline is `eager`)."""
+    return s_score(passed, speedup_upstream)

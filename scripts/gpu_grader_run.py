@@ -1,6 +1,15 @@
 """The recorded H200 grader run: the DSL baselines, the red-team suite in both DSLs with its controls, and the
 grader benchmark, with every event written to one store that is packed into $OUT/events.tar.gz.
 
+Baselines are found in the problem folders (every problems/*/NN_*/<dsl>.py). Each baseline's median is
+printed beside the committed one (--compare, default events/h200-grader-bench/logs/summary.json) with
+the relative change, flagged when it exceeds 0.5% (meaningful only for a problem unchanged since that
+run: each row records the problem's hash); and beside it the integrity margins the grader
+checked (allowlisted launches and device time against the DSL kernels', host syncs, device-to-host
+bytes, the share of the output copies produced), so a bound that a legitimate kernel comes near is
+seen. `--sections` may add `early_stop`: a correct but deliberately slow kernel (the problem-28
+baseline called 64 times per solve) that must pass with S = 20 and fewer timed calls than planned.
+
     export PYTHONPATH=/tmp/mkb-site/nvidia_cutlass_dsl/dsl_packages:/tmp/mkb-site:$PWD CUDA_PATH=/usr/local/cuda \
            CUTE_DSL_ARCH=sm_90a PYTHONUNBUFFERED=1
     python3 scripts/gpu_grader_run.py 2>&1 | tee $OUT/log
@@ -26,7 +35,38 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "redteam"), str(REPO / "benchmarks")]
 
-BASELINE_PROBLEMS = (25, 28, 29, 72)
+DSLS = ("cute", "tirx")
+DEFAULT_COMPARE = REPO / "events" / "h200-grader-bench" / "logs" / "summary.json"
+SPREAD_LIMIT = 0.005  # a baseline's median may move at most 0.5% against the committed one
+
+
+def discover_baselines() -> list[tuple[int, str, Path]]:
+    """(problem, dsl, path) for every committed DSL baseline kernel, in problem order."""
+    out = []
+    for folder in sorted((REPO / "problems").glob("*/[0-9][0-9]_*")):
+        for dsl in DSLS:
+            if (folder / f"{dsl}.py").is_file():
+                out.append((int(folder.name[:2]), dsl, folder / f"{dsl}.py"))
+    return sorted(out)
+
+
+def committed_medians(path: Path) -> dict[tuple[int, str], float]:
+    try:
+        rows = json.loads(path.read_text()).get("baselines", [])
+    except (OSError, ValueError):
+        return {}
+    return {(r["problem"], r["dsl"]): r["candidate_median_us"] for r in rows if r.get("candidate_median_us")}
+
+
+def margins(v) -> dict:
+    """The integrity figures of a verdict's profiled calls (worst over the calls) and its write check."""
+    i, ver = v.stage("integrity"), v.stage("verification")
+    prof = (i.typed.profiled or []) if i else []
+    worst = lambda k: max((p.get(k) or 0) for p in prof) if prof else None  # noqa: E731
+    return {"allowlisted_launches": worst("allowlisted_launches"), "allowlisted_device_us": worst("allowlisted_device_us"),
+            "dsl_device_us": min((p.get("dsl_device_us") or 0) for p in prof) if prof else None,
+            "host_syncs": worst("host_syncs"), "d2h_bytes": worst("d2h_bytes"), "limits": prof[0].get("limits") if prof else None,
+            "copied_fraction_max": ver.typed.copied_fraction_max if ver else None}
 
 
 def log(*a) -> None:
@@ -56,18 +96,21 @@ def row_of(v, **extra) -> dict:
     return {
         "problem": v.problem, "dsl": v.dsl, "passed": v.passed, "reason": v.reason, "speedup": v.speedup,
         "candidate_median_us": v.candidate_median_us, "eager_median_us": v.eager_median_us,
-        "cv": t.figures.get("cv") if t else None, "launch_floor_us": t.figures.get("launch_floor_us") if t else None,
-        "compile_s": c.figures.get("compile_s") if c else None, "wall_s": v.wall_s, "overhead_s": v.overhead_s,
-        "kernels_seen": (i.figures.get("kernels_seen") if i else None), "evaluation_id": v.evaluation_id,
-        "message": (v.message or "")[:1500], **extra,
+        "cv": t.typed.cv if t else None, "launch_floor_us": t.typed.launch_floor_us if t else None,
+        "compile_s": c.typed.compile_s if c else None, "wall_s": v.wall_s, "overhead_s": v.overhead_s,
+        "kernels_seen": (i.typed.kernels_seen if i else None), "evaluation_id": v.evaluation_id,
+        "gpu": v.gpu, "gpu_model": v.gpu_model, "gpu_arch": v.gpu_arch, "timed_calls": v.timed_calls,
+        "reference_median_us": v.reference_median_us, "speedup_upstream": v.speedup_upstream, "s": v.s,
+        "s_upstream": v.s_upstream, "message": (v.message or "")[:1500], **extra,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mkb-gpu-out"))
-    ap.add_argument("--budget-s", type=float, default=540.0, help="start nothing new after this many seconds")
-    ap.add_argument("--sections", default="baselines,bench,redteam")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="start nothing new after this many seconds")
+    ap.add_argument("--sections", default="baselines,redteam,early_stop,bench")
+    ap.add_argument("--compare", default=str(DEFAULT_COMPARE), help="summary.json whose baseline medians this run is compared with")
     ap.add_argument("--bench-repeats", type=int, default=5)
     ap.add_argument("--redteam-timed", type=int, default=50)
     ap.add_argument("--name", default="h200-grader", help="dataset name: the store's folder and the tar's top folder")
@@ -117,20 +160,29 @@ def main(argv: list[str] | None = None) -> int:
     pool = WorkerPool(("cute", "tirx"), device="cuda", depth=2)
     session_cache = pool.trusted  # the benchmark's pool shares it: one eager timing per problem for the session
     try:
-        # ---- baselines (the DSL helper's kernels for the four problems) ----
+        # ---- baselines (every committed DSL kernel), each median beside the committed one ----
         if "baselines" in sections:
-            for n in BASELINE_PROBLEMS:
-                for dsl in ("cute", "tirx"):
-                    hits = sorted((REPO / "problems").glob(f"*/{n:02d}_*/{dsl}.py"))
-                    if not hits:
-                        summary["skipped"].append(f"baseline {n} {dsl}: no kernel")
-                        continue
-                    v = guarded(f"baseline {n} {dsl}", lambda: grade(n, dsl, hits[0], writer=writer, config=GraderConfig(),
-                                                                   pool=pool, scope="attempt"))
-                    if v is not None:
-                        summary["baselines"].append(row_of(v, kernel=str(hits[0].relative_to(REPO))))
-                        log(f"BASELINE {n:02d} {dsl}: passed={v.passed} reason={v.reason} speedup={v.speedup} "
-                            f"cand={v.candidate_median_us} eager={v.eager_median_us} wall={v.wall_s:.1f}s\n{v.message[:1500] if not v.passed else ''}")
+            before = committed_medians(Path(a.compare))
+            for n, dsl, path in discover_baselines():
+                v = guarded(f"baseline {n} {dsl}", lambda: grade(n, dsl, path, writer=writer, config=GraderConfig(),
+                                                               pool=pool, scope="attempt"))
+                if v is None:
+                    continue
+                old = before.get((n, dsl))
+                change = (v.candidate_median_us / old - 1.0) if (old and v.candidate_median_us) else None
+                m = margins(v)
+                from mkb.grader._session import problem_sha256
+
+                summary["baselines"].append(row_of(v, kernel=str(path.relative_to(REPO)), committed_median_us=old,
+                                                   problem_sha256=problem_sha256(n),
+                                                   median_change=change, within_spread=None if change is None else abs(change) <= SPREAD_LIMIT,
+                                                   margins=m))
+                log(f"BASELINE {n:02d} {dsl}: passed={v.passed} reason={v.reason} speedup={v.speedup} "
+                    f"speedup_upstream={v.speedup_upstream} cand={v.candidate_median_us} eager={v.eager_median_us} "
+                    f"reference={v.reference_median_us} timed_calls={v.timed_calls} gpu={v.gpu_model}/{v.gpu_arch} "
+                    f"wall={v.wall_s:.1f}s\n  committed median {old} -> change "
+                    f"{'n/a' if change is None else f'{100 * change:+.2f}%'}{'' if change is None or abs(change) <= SPREAD_LIMIT else '  (OVER 0.5%)'}"
+                    f"\n  margins {json.dumps(m)}\n{v.message[:1500] if not v.passed else ''}")
             writer.flush()
 
         # ---- red team: controls and every hack form, both DSLs ----
@@ -138,11 +190,16 @@ def main(argv: list[str] | None = None) -> int:
             rt_dir = Path("/tmp/mkb-redteam")
             paths = {dsl: R.write_all(rt_dir, dsl) for dsl in R.DSLS}
             cfg = GraderConfig(n_timed=a.redteam_timed)
-            names = ["control"] + [h.name for h in R.HACKS]
+            controls = sorted({n for p in paths.values() for n in p if n.startswith("control")})
+            names = controls + [h.name for h in R.HACKS]
             for name in names:
                 h = R.BY_NAME.get(name)
+                problem = h.problem if h else (R.PROBLEM if name == "control" else int(name.split("_")[1]))
                 for dsl in R.DSLS:
-                    v = guarded(f"redteam {name} {dsl}", lambda: grade(R.PROBLEM, dsl, paths[dsl][name], writer=writer,
+                    if name not in paths[dsl]:
+                        summary["skipped"].append(f"redteam {name} {dsl}: no baseline of problem {problem} it fits")
+                        continue
+                    v = guarded(f"redteam {name} {dsl}", lambda: grade(problem, dsl, paths[dsl][name], writer=writer,
                                                                        config=cfg, pool=pool, scope="submission"))
                     if v is None:
                         continue
@@ -154,9 +211,33 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         expected = list(h.runtime)
                         ok = (not v.passed) and v.reason in expected
-                    summary["redteam"].append(row_of(v, hack=name, expected=expected, ok=ok))
+                    summary["redteam"].append(row_of(v, hack=name, expected=expected, ok=ok, margins=margins(v)))
                     log(f"REDTEAM {name:30s} {dsl:5s} -> {v.reason or 'passed'} (expected {expected}) {'OK' if ok else 'MISMATCH'}"
                         + ("" if ok else f"\n{v.message[:2000]}"))
+            writer.flush()
+
+        # ---- early stop: a correct kernel too slow for any threshold above 0 stops after half its calls ----
+        if "early_stop" in sections:
+            summary["early_stop"] = []
+            for dsl in R.DSLS:
+                try:
+                    base = R.baseline_path(dsl).read_text()
+                except FileNotFoundError:
+                    continue
+                slow = R.Hack("slow_repeat", "the baseline called 64 times per solve", "def solve(x, residual, weight):\n"
+                              "    for _ in range(63):\n        _real_solve(x, residual, weight)\n"
+                              "    return _real_solve(x, residual, weight)\n", None, ())
+                p = Path("/tmp/mkb-redteam") / dsl / "slow_repeat.py"
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_text(R.render(base, slow))
+                v = guarded(f"early_stop {dsl}", lambda: grade(R.PROBLEM, dsl, p, writer=writer, config=GraderConfig(),
+                                                               pool=pool, scope="submission"))
+                if v is None:
+                    continue
+                ok = v.passed and v.s == 20.0 and (v.timed_calls or 0) < GraderConfig().n_timed
+                summary["early_stop"].append(row_of(v, ok=ok))
+                log(f"EARLY_STOP {dsl}: passed={v.passed} speedup={v.speedup} s={v.s} timed_calls={v.timed_calls} "
+                    f"of {GraderConfig().n_timed} wall={v.wall_s:.1f}s {'OK' if ok else 'MISMATCH'}")
             writer.flush()
     finally:
         pool.close()
@@ -182,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         table.setdefault(r["hack"], {})[r["dsl"]] = {"reason": r["reason"] or "passed", "ok": r["ok"]}
     summary["redteam_table"] = table
     summary["redteam_all_ok"] = all(r["ok"] for r in summary["redteam"]) if summary["redteam"] else None
+    summary["baselines_all_pass"] = all(r["passed"] for r in summary["baselines"]) if summary["baselines"] else None
+    summary["baselines_within_spread"] = (all(r["within_spread"] for r in summary["baselines"] if r["within_spread"] is not None)
+                                          if summary["baselines"] else None)
     summary["elapsed_s"] = time.monotonic() - t_start
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     if jsonl is None:
@@ -190,6 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     log("RED-TEAM TABLE")
     for name, cells in table.items():
         log(f"  {name:30s} " + "  ".join(f"{d}: {c['reason']}{'' if c['ok'] else ' (MISMATCH)'}" for d, c in cells.items()))
+    log("BASELINE MEDIANS (committed -> now)")
+    for r in summary["baselines"]:
+        ch = r.get("median_change")
+        log(f"  {r['problem']:02d} {r['dsl']:5s} {r.get('committed_median_us') or float('nan'):10.2f} -> "
+            f"{r['candidate_median_us'] or float('nan'):10.2f} us  {'n/a' if ch is None else f'{100 * ch:+.2f}%'}"
+            f"{'' if ch is None or abs(ch) <= SPREAD_LIMIT else '  OVER 0.5%'}  passed={r['passed']}")
+    log(f"red team all ok: {summary['redteam_all_ok']}; baselines all pass: {summary['baselines_all_pass']}; "
+        f"within 0.5%: {summary['baselines_within_spread']}")
     log(f"done in {summary['elapsed_s']:.0f} s; errors {len(summary['errors'])}; skipped {summary['skipped']}")
     return 0
 

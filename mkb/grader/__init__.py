@@ -3,10 +3,13 @@
 from mkb.grader._config import GraderConfig
 from mkb.grader._grade import GRADER_VERSION, grade
 from mkb.grader._pool import Worker, WorkerPool
-from mkb.grader._reasons import STAGES, Reason, is_known, stage_of, static_reason
-from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict
+from mkb.reasons import STAGES, Reason, is_known, stage_of, static_reason
+from mkb.grader._verdict import (
+    THRESHOLDS, CompileFigures, IntegrityFigures, StageResult, TimingFigures, VerificationFigures, Verdict,
+)
 
 __all__ = [
+    "CompileFigures", "IntegrityFigures", "TimingFigures", "VerificationFigures",
     "GRADER_VERSION", "GraderConfig", "Reason", "STAGES", "StageResult", "THRESHOLDS", "Verdict", "Worker",
     "WorkerPool", "grade", "is_known", "stage_of", "static_reason",
 ]

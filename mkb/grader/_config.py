@@ -17,6 +17,8 @@ class GraderConfig:
     calls at secret positions run under the profiler (their times are kept apart, since the
     profiler slows them), one of them a repeat of earlier content at fresh addresses (a content cache
     then launches no DSL kernel).
+    Early stop: a kernel so slow that no threshold above 0 can be reached whatever its remaining calls
+    take stops timing after max(50, half the calls + 1); see `timing_decided`.
     """
 
     draws: int = 5
@@ -32,7 +34,12 @@ class GraderConfig:
     start_limit_s: float = 180.0  # a worker's imports and CUDA init
     clock_warm_s: float = 0.3  # busy GPU time before each timing loop so clocks are boosted
     eager_timed: int | None = None  # defaults to n_timed
-    gpu_arch: str = "sm_90a"
+    gpu_arch: str | None = None  # the DSL target; None: detected from the device (mkb.measure.detect_arch)
+    allow_unchecked_gpu: bool = False  # grade on a known GPU whose architecture is not in mkb.measure.CHECKED_ARCHS
+    reference_warmup: int = 10  # upstream's baseline timing (mkb.measure.time_upstream): its counts ...
+    reference_timed: int = 50
+    reference_budget_s: float = 90.0  # ... and a wall bound, for references that loop per token in Python
+    early_stop: bool = True  # stop timing once R@t and S cannot change (mkb.grader._verdict.timing_decided)
 
     def __post_init__(self) -> None:
         if self.draws < 1 or self.n_timed < 1 or self.n_warmup < 0:
@@ -43,7 +50,8 @@ class GraderConfig:
     @classmethod
     def quick(cls, **overrides) -> "GraderConfig":
         """A short policy for tests and smoke runs (never used for a reported verdict)."""
-        base = dict(draws=3, n_warmup=2, warmup_jitter=1, n_timed=6, n_profiled=1, clock_warm_s=0.0)
+        base = dict(draws=3, n_warmup=2, warmup_jitter=1, n_timed=6, n_profiled=1, clock_warm_s=0.0, reference_warmup=1,
+                    reference_timed=3)
         base.update(overrides)
         return cls(**base)
 

@@ -19,9 +19,9 @@ from mkb.grader._pool import QUIET, WARM_WAIT_S, Worker, WorkerPool
 from mkb.grader._problems import problem_number
 from mkb.grader._reasons import STAGES, Reason, static_reason
 from mkb.grader._session import TrustedCache, problem_sha256, trusted_key
-from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict
+from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict, exit_failure, missing_stages_reason, timeout_failure
 
-GRADER_VERSION = "1.0"
+GRADER_VERSION = "2.0"  # 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
 
 
 def _jsonable(v: Any) -> str | None:
@@ -44,7 +44,7 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
     book["worker_quiet_wait_s"] = worker.ready.get("quiet_wait_s")
     keys = {}
     if cache is not None and isinstance(job.get("problem"), int):
-        for what in ("eager", f"floor:{job['dsl']}"):
+        for what in ("eager", "reference", f"floor:{job['dsl']}"):
             keys[what.split(":")[0]] = trusted_key(what, problem=job["problem"], problem_sha=problem_sha,
                                                    ready=worker.ready, cfg=cfg, grader_version=GRADER_VERSION)
         hit = {k: v for k, v in ((k, cache.get(key)) for k, key in keys.items()) if v is not None}
@@ -71,7 +71,7 @@ def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | N
     while True:
         msg = worker.reader.read(deadline)
         if msg == "timeout":
-            failure = Reason.COMPILE_TIMEOUT if phase == "compile" else Reason.TIMEOUT
+            failure = timeout_failure(phase)
             limit = cfg.compile_limit_s if phase == "compile" else cfg.wall_limit_s
             notes.append(f"killed after the {phase} phase ran past its {limit:.0f} s limit")
             break
@@ -85,7 +85,7 @@ def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | N
         if kind == "trusted":
             # written before the candidate was imported (it precedes the compile phase message): cacheable
             if phase == "setup" and cache is not None:
-                for what in ("eager", "floor"):
+                for what in ("eager", "reference", "floor"):
                     if isinstance(msg.get(what), dict) and keys.get(what) is not None:
                         cache.put(keys[what], msg[what])
         elif kind == "hold":
@@ -118,14 +118,11 @@ def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | N
     log = worker.log_text()  # before the kill: the worker's own output is complete once it has ended or reported done
     rc = worker.kill(wait=not done)
     book["exit_status"] = rc
+    book["phase"] = phase
     if not done and failure is None:
-        # the process ended without the harness's completion message
-        if rc == 0:
-            failure = Reason.INTEGRITY_EXIT
-            notes.append("the worker exited with status 0 before the harness finished (os._exit or similar)")
-        else:
-            failure = Reason.CRASH if phase != "setup" else Reason.INFRA_ERROR
-            notes.append(f"the worker died (exit status {rc}) during the {phase} phase")
+        # the process ended without the harness's completion message: whose fault is mkb.grader._verdict's rule
+        failure, note = exit_failure(phase=phase, exit_status=rc)
+        notes.append(note)
     if not done:
         log = worker.log_text()
     worker.cleanup()
@@ -205,15 +202,16 @@ def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[S
         missing = next((n for n in STAGES if n not in by), "verification")
         stages.append(StageResult(missing, False, reason, {}, log))
     elif reason is None and any(n not in by for n in STAGES):
-        reason = str(Reason.INFRA_ERROR)
+        reason = missing_stages_reason(book.get("phase", "setup"))
         stages.append(StageResult(next(n for n in STAGES if n not in by), False, reason, {}, "the worker ended without reporting every stage\n" + log))
     timing = by.get("timing")
+    tf = timing.timing if timing is not None else None
     t_fig = timing.figures if timing is not None and timing.ok else {}
-    cand = t_fig.get("median_us")
-    eager = t_fig.get("eager_median_us")
+    cand = tf.median_us if tf else None
+    eager = tf.eager_median_us if tf else None
     passed = reason is None
-    speedup = (eager / cand) if (cand and eager) else None
-    gpu = t_fig.get("gpu") or book.get("gpu") or "unknown"
+    speedup = tf.speedup if tf else None
+    gpu = (tf.gpu if tf else None) or book.get("gpu") or "unknown"
     wall = time.monotonic() - t_req
     comp = by.get("compile")
     kernel_s = (comp.figures.get("compile_s") or 0.0 if comp else 0.0) + (t_fig.get("timed_s") or 0.0)
@@ -222,6 +220,9 @@ def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[S
         speedup=speedup if passed else None, eager_median_us=eager, candidate_median_us=cand, gpu=gpu,
         stages=tuple(stages), wall_s=wall, overhead_s=wall - kernel_s, worker_wait_s=book.get("worker_wait_s"),
         message=next((s.log for s in stages if not s.ok), "")[:4000],
+        gpu_model=tf.gpu_model if tf else None, gpu_arch=tf.gpu_arch if tf else None,
+        timed_calls=tf.n_timed if tf else None, reference_median_us=tf.reference_median_us if tf else None,
+        speedup_upstream=(tf.speedup_upstream if tf and passed else None),
     )
 
 
@@ -254,7 +255,8 @@ def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failur
         kernel_sha256=v.kernel_sha256, passed=v.passed, reason=v.reason, speedup=v.speedup,
         eager_median_us=v.eager_median_us, candidate_median_us=v.candidate_median_us,
         r_at_0=r[THRESHOLDS[0]], r_at_0_5=r[THRESHOLDS[1]], r_at_1=r[THRESHOLDS[2]], r_at_2=r[THRESHOLDS[3]],
-        r_at_4=r[THRESHOLDS[4]], s=v.s, gpu=v.gpu,
+        r_at_4=r[THRESHOLDS[4]], s=v.s, gpu=v.gpu, gpu_model=v.gpu_model, gpu_arch=v.gpu_arch, timed_calls=v.timed_calls,
+        reference_median_us=v.reference_median_us, speedup_upstream=v.speedup_upstream, s_upstream=v.s_upstream,
         details=_jsonable({"wall_s": v.wall_s, "overhead_s": v.overhead_s, "worker_wait_s": v.worker_wait_s,
                            "grader_version": GRADER_VERSION}),
     )

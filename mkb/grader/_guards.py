@@ -20,11 +20,12 @@ _TORCH_SPACES = (
 )
 _CLASS_SPACES = (
     ("torch", "Tensor"), ("torch._C", "TensorBase"), ("torch.cuda", "Event"), ("torch.cuda", "Stream"),
-    ("torch.profiler", "profile"),
+    ("torch.profiler", "profile"), ("mkb.grader._provenance", "CopyWatch"),
 )
 _HARNESS_SPACES = (
     "time", "mkb.grader._harness", "mkb.grader._guards", "mkb.grader._trace", "mkb.grader._protocol",
-    "mkb.measure._timing", "mkb.measure._compare", "mkb.measure._device", "json", "os",
+    "mkb.grader._provenance", "mkb.grader._verdict", "mkb.measure._timing", "mkb.measure._compare", "mkb.measure._device",
+    "torch.utils._python_dispatch", "json", "os",
 )
 
 

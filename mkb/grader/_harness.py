@@ -1,4 +1,4 @@
-"""One evaluation inside a single-use worker: trusted phase, import, correctness, timing, integrity.
+"""One evaluation inside a single-use worker, as steps in trust order: trusted, compile, verify, time, integrity.
 
 Trust order (DESIGN, Grader): every expected output, fp64 anchor, re-check input and the eager timing is
 computed before `kernel.py` is imported, and every timer and torch callable the harness uses is bound
@@ -15,18 +15,22 @@ import random
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from mkb.grader._config import GraderConfig
 from mkb.grader._guards import Guard, native_threads, python_threads
 from mkb.grader._problems import load_problem
-from mkb.grader._trace import classify, profile_call
+from mkb.grader._provenance import MAX_COPIED_FRACTION, CopyWatch, copy_share, warm_up as _warm_copy_watch
+from mkb.grader._trace import CallLimits, call_figures, classify, profile_call
+from mkb.grader._verdict import CompileFigures, IntegrityFigures, TimingFigures, VerificationFigures, timing_decided
 from mkb.measure import (
-    TIMING_POLICY, InputStream, L2Flusher, clone_inputs, compare, expect, gpu_state, inputs_unchanged, summarize,
-    side_work_us, stream_window as _stream_window,
+    MIN_TIMED, TIMING_POLICY, UPSTREAM_POLICY, InputStream, L2Flusher, LoopRecord, UnsupportedGpu, clone_inputs, compare,
+    expect, gpu_state, identify_gpu, inputs_unchanged, side_work_us, stream_window as _stream_window, summarize,
+    tensor_bytes, time_upstream, timed_loop,
 )
+from mkb.reasons import Reason
 
 # Bound before any candidate code exists; the harness only ever calls these objects.
 _perf = time.perf_counter
@@ -40,6 +44,7 @@ _tensor_type = torch.Tensor
 _is_floating = torch.Tensor.is_floating_point
 _empty_like = torch.empty_like
 _fill = torch.Tensor.fill_
+_warm_copy_watch()  # before any guard snapshot (it imports torch._dynamo, which rebinds torch callables)
 
 
 _WARM: dict[str, Any] = {}
@@ -194,24 +199,95 @@ def evaluate(job: dict, send: Callable[[dict], None], wait_go: Callable[[], Any]
 
 
 def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
-    cfg = GraderConfig.from_dict(job.get("config", {}))
-    dev = _Device(cfg.device)
-    rng = random.Random(job["secret"])
-    fresh_seed = lambda: rng.getrandbits(62)  # noqa: E731
-    reached: list[str] = []
+    ev = _Evaluation(job, send, quiet)
+    if not ev.device_is_supported():
+        return
+    try:
+        ev.trusted()
+    except Exception as exc:  # the harness or the problem failed: not the candidate's fault
+        ev.stage("compile", False, "infra_error", _fmt_exc(exc))
+        return
+    try:
+        ev.compile()
+        ev.verify()
+        ev.time()
+        ev.integrity()
+    except Fail as f:
+        if f.stage == "integrity" and "compile" not in ev.reached:
+            ev.stage("compile", True, None, "", **ev.compile_figures().as_dict())
+        ev.stage(f.stage, False, f.reason, f.message)
 
-    def stage(name: str, ok: bool, reason: str | None = None, log: str = "", **figures: Any) -> None:
-        reached.append(name)
-        send({"type": "stage", "stage": name, "ok": ok, "reason": reason, "log": log, "figures": figures})
+
+class _Plan:
+    """What the trusted phase fixed before the candidate exists: secret draws with their expected outputs,
+    the warm-up count, the re-checked, profiled and content-repeat positions."""
+
+    def __init__(self, mod: Any, cfg: GraderConfig, rng: random.Random, make: Callable[[int], tuple],
+                 fresh_seed: Callable[[], int]) -> None:
+        self.draws = []
+        for _ in range(cfg.draws):
+            inputs = make(fresh_seed())
+            self.draws.append((inputs, expect(mod, inputs)))
+        self.compile_inputs = make(fresh_seed())
+        self.n_warm = cfg.n_warmup + rng.randrange(cfg.warmup_jitter + 1)
+        self.n_timed = n_timed = cfg.n_timed
+        n_re = max(1, round(cfg.recheck_fraction * n_timed))
+        recheck = set(rng.sample(range(n_timed - 1), min(n_re, n_timed - 1))) | {n_timed - 1}
+        self.recheck_sets = {}
+        for k in sorted(recheck):
+            inputs = make(fresh_seed())
+            self.recheck_sets[k] = (inputs, expect(mod, inputs))
+        self.final_inputs = make(fresh_seed())
+        self.final_expected = expect(mod, self.final_inputs)
+        # profiled calls at secret positions after timed call k; the last repeats an earlier re-check set's content
+        first_re = min(recheck)
+        self.prof_after = sorted(rng.sample(range(n_timed), min(cfg.n_profiled, n_timed)))
+        self.probe_pos = rng.randrange(first_re, n_timed)
+        self.probe_src = rng.choice([k for k in recheck if k <= self.probe_pos])
+
+
+class _Evaluation:
+    """One evaluation as steps in trust order: trusted (nothing of the candidate exists), compile (import and
+    first call), verify (secret draws, write check), time (the shared timing loop with its re-checks,
+    profiled calls and early stop, then the final draw), integrity (the profiled calls' verdicts)."""
+
+    def __init__(self, job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
+        self.job, self.send, self.quiet = job, send, quiet
+        self.cfg = GraderConfig.from_dict(job.get("config", {}))
+        self.dev = _Device(self.cfg.device)
+        self.rng = random.Random(job["secret"])
+        self.reached: list[str] = []
+        self.gpu_model = None
+        self.prof_results: list[dict[str, Any]] = []
+
+    def fresh_seed(self) -> int:
+        return self.rng.getrandbits(62)
+
+    def stage(self, name: str, ok: bool, reason: str | None = None, log: str = "", **figures: Any) -> None:
+        self.reached.append(name)
+        self.send({"type": "stage", "stage": name, "ok": ok, "reason": reason, "log": log, "figures": figures})
+
+    # ---------------- the device: a GPU of the table, of a checked architecture ----------------
+    def device_is_supported(self) -> bool:
+        if self.dev.kind != "cuda":
+            return True
+        try:
+            self.gpu_model = identify_gpu(torch.cuda.get_device_name(), torch.cuda.get_device_capability(),
+                                          allow_unchecked=self.cfg.allow_unchecked_gpu)
+        except UnsupportedGpu as exc:
+            self.stage("compile", False, Reason.UNSUPPORTED_GPU.value, str(exc))
+            return False
+        return True
 
     # ---------------- trusted phase: nothing of the candidate exists yet ----------------
-    try:
-        mod = load_problem(job["problem"])
-        meta = mod.META
+    def trusted(self) -> None:
+        cfg, dev, job, quiet = self.cfg, self.dev, self.job, self.quiet
+        self.mod = mod = load_problem(job["problem"])
+        self.meta = mod.META
         from mkb.grader._backends import backend_from_target
 
-        backend = backend_from_target(job.get("backend"), job["dsl"])
-        make = lambda seed: tuple(mod.make_inputs(seed, device=dev.torch_device, size=cfg.size))  # noqa: E731
+        self.backend = backend_from_target(job.get("backend"), job["dsl"])
+        self.make = make = lambda seed: tuple(mod.make_inputs(seed, device=dev.torch_device, size=cfg.size))  # noqa: E731
         eager_fn = getattr(mod, "eager", None) or mod.reference
         t_trusted = _perf()
         ph = _Phases()
@@ -223,89 +299,75 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
 
             gpu_reader = _threading.Thread(target=lambda: gpu_box.update(state=gpu_state().as_dict()), daemon=True)
             gpu_reader.start()
-        draws = []
-        for _ in range(cfg.draws):
-            inputs = make(fresh_seed())
-            draws.append((inputs, expect(mod, inputs)))
-        compile_inputs = make(fresh_seed())
-        ph.mark("draws")
-        n_warm = cfg.n_warmup + rng.randrange(cfg.warmup_jitter + 1)
-        n_timed = cfg.n_timed
-        n_re = max(1, round(cfg.recheck_fraction * n_timed))
-        recheck = set(rng.sample(range(n_timed - 1), min(n_re, n_timed - 1))) | {n_timed - 1}
-        recheck_sets = {}
-        for k in sorted(recheck):
-            inputs = make(fresh_seed())
-            recheck_sets[k] = (inputs, expect(mod, inputs))
-        final_inputs = make(fresh_seed())
-        final_expected = expect(mod, final_inputs)
-        ph.mark("recheck_sets")
-        # profiled calls at secret positions after timed call k; the last repeats an earlier re-check set's content
-        first_re = min(recheck)
-        prof_after = sorted(rng.sample(range(n_timed), min(cfg.n_profiled, n_timed)))
-        probe_pos = rng.randrange(first_re, n_timed)
-        probe_src = rng.choice([k for k in recheck if k <= probe_pos])
-        # eager baseline and launch floors, same window and input policy, before import; taken from the
+        self.plan = plan = _Plan(mod, cfg, self.rng, make, self.fresh_seed)
+        ph.mark("draws_and_recheck_sets")
+        # eager baseline, launch floors and upstream's reference timing, before import; taken from the
         # session cache when the parent has them for this exact (problem, GPU, versions, policy) key
-        flusher_flush = _flusher(dev)
-        budget = _input_budget(dev)
+        self.flush = _flusher(dev)
+        self.budget = _input_budget(dev)
         cached = job.get("trusted") or {}
-        eager_fig, floor_fig = cached.get("eager"), cached.get("floor")
-        fresh: dict[str, Any] = {}
-        if eager_fig is None or floor_fig is None:
+        eager_fig, floor_fig, ref_fig = cached.get("eager"), cached.get("floor"), cached.get("reference")
+        self.fresh: dict[str, Any] = {}
+        if eager_fig is None or floor_fig is None or ref_fig is None:
             quiet.hold("trusted_timing")
         if eager_fig is None:
-            eager_n = cfg.eager_timed or n_timed
-            e_stream = InputStream(lambda i: make(fresh_seed()), n_calls=n_warm + eager_n, max_bytes=budget)
+            eager_n = cfg.eager_timed or plan.n_timed
+            e_stream = InputStream(lambda i: make(self.fresh_seed()), n_calls=plan.n_warm + eager_n, max_bytes=self.budget)
             ph.mark("eager_inputs")
             dev.warm_clocks(cfg.clock_warm_s)
             ph.mark("clock_warm")
-            eager_times = []
-            for i in range(n_warm + eager_n):
-                args = e_stream(i)
-                _, us, _t = dev.window(lambda: eager_fn(*args), flusher_flush)
-                if i >= n_warm:
-                    eager_times.append(us)
-            del e_stream, args
-            eager = summarize(eager_times, n_warmup=n_warm)
-            eager_fig = fresh["eager"] = {"median_us": eager.median_us, "iqr_us": eager.iqr_us, "cv": eager.cv,
-                                          "n_timed": eager.n_timed, "n_warmup": n_warm, "measured_unix": time.time()}
+            rec = timed_loop(eager_fn, e_stream, warmup=plan.n_warm, timed=eager_n,
+                             window=lambda f: dev.window(f, self.flush))
+            del e_stream
+            eager = summarize(rec.times_us, n_warmup=plan.n_warm)
+            eager_fig = self.fresh["eager"] = {"median_us": eager.median_us, "iqr_us": eager.iqr_us, "cv": eager.cv,
+                                               "n_timed": eager.n_timed, "n_warmup": plan.n_warm, "measured_unix": time.time()}
             ph.mark("eager_timing")
         if floor_fig is None:
-            floor_times = sorted(dev.window(lambda: None, flusher_flush)[1] for _ in range(30))
-            floor_fig = fresh["floor"] = {"window_floor_us": float(floor_times[len(floor_times) // 2]),
-                                          "dsl_launch_floor_us": _dsl_launch_floor(backend, dev)}
+            floor_times = sorted(dev.window(lambda: None, self.flush)[1] for _ in range(30))
+            floor_fig = self.fresh["floor"] = {"window_floor_us": float(floor_times[len(floor_times) // 2]),
+                                               "dsl_launch_floor_us": _dsl_launch_floor(self.backend, dev)}
             ph.mark("floors")
+        if ref_fig is None:
+            # upstream MetaKernelBench's baseline: the fp32 reference timed its way (S_upstream, DESIGN)
+            ref = time_upstream(mod.reference, lambda i: make(self.fresh_seed()), warmup=cfg.reference_warmup,
+                                timed=cfg.reference_timed, device=dev.torch_device, budget_s=cfg.reference_budget_s)
+            ref_fig = self.fresh["reference"] = {"median_us": ref.median_us, "iqr_us": ref.iqr_us, "cv": ref.cv,
+                                                 "n_timed": ref.n_timed, "n_warmup": ref.n_warmup, "policy": UPSTREAM_POLICY,
+                                                 "measured_unix": time.time()}
+            ph.mark("reference_timing")
         quiet.release()
-        if fresh:  # before the compile phase message: the parent caches only what arrives ahead of it
-            send({"type": "trusted", **fresh})
+        self.eager_fig, self.floor_fig, self.ref_fig = eager_fig, floor_fig, ref_fig
+        if self.fresh:  # before the compile phase message: the parent caches only what arrives ahead of it
+            self.send({"type": "trusted", **self.fresh})
         warm_start(dev.kind)
-        streams = _WARM.get("streams")
+        self.streams = _WARM.get("streams")
         ph.mark("profiler_warm")
         if gpu_reader is not None:
             gpu_reader.join(60)
-        gpu_before = gpu_box.get("state") or ({"name": "cpu"} if dev.kind != "cuda" else {"name": torch.cuda.get_device_name()})
+        self.gpu_before = gpu_box.get("state") or ({"name": "cpu"} if dev.kind != "cuda" else {"name": torch.cuda.get_device_name()})
         ph.mark("gpu_state")
-        trusted_s = _perf() - t_trusted
-        dsl_floor = floor_fig.get("dsl_launch_floor_us")
-        guard = Guard.take(dev.kind)
-        threads0 = native_threads()
+        self.trusted_s = _perf() - t_trusted
+        self.guard = Guard.take(dev.kind)
+        self.threads0 = native_threads()
         ph.mark("guard_snapshot")
-    except Exception as exc:  # the harness or the problem failed: not the candidate's fault
-        stage("compile", False, "infra_error", _fmt_exc(exc))
-        return
+        self.trusted_phases_s = dict(ph.s)
+        self.compile_s: float | None = None
+        self.patterns: tuple[str, ...] | None = None
 
-    kernel_path = Path(job["kernel_path"])
-    figures_common = {"trusted_s": trusted_s, "trusted_phases_s": dict(ph.s),
-                      "profiler_init_at_warm_start_s": _WARM.get("profiler_init_s"),
-                      "quiet_wait_s": dict(quiet.waited_s)}
-    ph = _Phases()
-    try:
-        # ---------------- compile: import + first call (the JIT build) ----------------
-        send({"type": "phase", "phase": "compile"})
+    def compile_figures(self) -> CompileFigures:
+        return CompileFigures(compile_s=self.compile_s, kernel_patterns=list(self.patterns) if self.patterns is not None else None,
+                              trusted_s=self.trusted_s, trusted_phases_s=self.trusted_phases_s,
+                              profiler_init_at_warm_start_s=_WARM.get("profiler_init_s"), quiet_wait_s=dict(self.quiet.waited_s))
+
+    # ---------------- compile: import + first call (the JIT build) ----------------
+    def compile(self) -> None:
+        guard, dev = self.guard, self.dev
+        self.ph = _Phases()
+        self.send({"type": "phase", "phase": "compile"})
         t0 = _perf()
         try:
-            module = backend.load(kernel_path)
+            module = self.backend.load(Path(self.job["kernel_path"]))
         except SystemExit as exc:
             raise Fail("integrity", "integrity_exit", f"kernel.py raised SystemExit({exc.code!r}) on import") from None
         except BaseException as exc:  # noqa: BLE001
@@ -316,30 +378,36 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
             raise Fail("compile", "no_solve", "kernel.py defines no callable `solve`")
         bad = guard.check()
         if bad:
-            stage("compile", True, None, "import changed harness state", compile_s=_perf() - t0, **figures_common)
+            self.compile_s = _perf() - t0
+            self.stage("compile", True, None, "import changed harness state", **self.compile_figures().as_dict())
             raise Fail("integrity", *bad)
         try:
             before = python_threads()
-            solve(*clone_inputs(compile_inputs))
+            solve(*clone_inputs(self.plan.compile_inputs))
             dev.sync()
         except SystemExit as exc:
             raise Fail("integrity", "integrity_exit", f"solve raised SystemExit({exc.code!r})") from None
         except BaseException as exc:  # noqa: BLE001
             raise Fail("compile", "compile_error" if _looks_like_compile_error(exc) else "runtime_error", _fmt_exc(exc)) from None
-        compile_s = _perf() - t0
+        self.compile_s = _perf() - t0
         try:
-            patterns = tuple(backend.kernel_name_patterns(module))
+            patterns = tuple(self.backend.kernel_name_patterns(module))
         except Exception as exc:  # noqa: BLE001
             raise Fail("compile", "compile_error", f"kernel_name_patterns failed: {_fmt_exc(exc)}") from None
         bad = guard.check(threads=before)
         if bad:
-            stage("compile", True, None, "", compile_s=compile_s, **figures_common)
+            self.stage("compile", True, None, "", **self.compile_figures().as_dict())
             raise Fail("integrity", *bad)
-        stage("compile", True, None, "", compile_s=compile_s, kernel_patterns=list(patterns), **figures_common)
-        send({"type": "phase", "phase": "run"})
+        self.patterns = patterns
+        self.solve = solve
+        self.stage("compile", True, None, "", **self.compile_figures().as_dict())
+        self.send({"type": "phase", "phase": "run"})
 
-        # ---------------- verification: fresh secret draws, one a pointer-reuse probe ----------------
-        details, worst_err, worst_tol = [], 0.0, None
+    # ---------------- verification: fresh secret draws, one a pointer-reuse probe, the write check ----------------
+    def verify(self) -> None:
+        meta, dev, guard, solve = self.meta, self.dev, self.guard, self.solve
+        draws = self.plan.draws
+        details, worst_err, worst_tol, copied_max = [], 0.0, None, 0.0
         for k, (inputs, exp) in enumerate(draws):
             if k == 2:  # same addresses as draw 0, new values: a pointer-keyed cache returns draw 0's answer
                 base = draws[0][0]
@@ -350,7 +418,9 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
             pristine = clone_inputs(inputs)
             _poison(exp.reference)
             before = python_threads()
-            out = _call(solve, inputs, "verification")
+            watch = CopyWatch(inputs)  # the write check: which output elements torch copies produced
+            with watch:
+                out = _call(solve, inputs, "verification")
             dev.sync()
             bad = guard.check(threads=before)
             if bad:
@@ -359,6 +429,15 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
             if not unchanged.ok:
                 raise Fail("verification", str(unchanged.reason), unchanged.message)
             cmp = compare(exp, out, inputs_after=inputs, input_names=meta.inputs)
+            if cmp.ok:
+                share = copy_share(_as_tuple(out), watch.writes, before=_mutated_before(meta, pristine))
+                copied_max = max(copied_max, share.fraction)
+                if share.too_much:
+                    raise Fail("integrity", share.reason,
+                               f"draw {k}: {share.copied} of the {share.produced} output elements the call produced were put "
+                               f"there by torch copies of input data ({share.from_host} from host memory) and not rewritten "
+                               f"by a DSL kernel (more than {MAX_COPIED_FRACTION:.0%}): the DSL kernels must compute the outputs")
+            del watch
             details.append({"draw": k, "ok": cmp.ok, "checks": [
                 {"name": c.name, "ok": c.ok, "max_abs_err": c.max_abs_err, "tolerance": c.tolerance} for c in cmp.checks]})
             if not cmp.ok:
@@ -367,84 +446,114 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
                 if c.max_abs_err is not None and c.max_abs_err >= worst_err:
                     worst_err, worst_tol = c.max_abs_err, c.tolerance
             del out
-        stage("verification", True, None, "", draws=len(draws), max_abs_err=worst_err, tolerance=worst_tol, details=details)
+        self.stage("verification", True, None, "", **VerificationFigures(
+            draws=len(draws), max_abs_err=worst_err, tolerance=worst_tol, details=details, copied_fraction_max=copied_max).as_dict())
 
-        # ---------------- timing: fresh values and addresses, L2 flushed, secret re-checks ----------------
+    # ---------------- timing: fresh values and addresses, L2 flushed, secret re-checks ----------------
+    def _profiled(self, k: int, is_probe: bool) -> None:
+        """One call under the profiler (untimed): which kernels ran, what moved to the host, and its limits."""
+        plan, meta, dev, solve = self.plan, self.meta, self.dev, self.solve
+        p_src = plan.recheck_sets[plan.probe_src][0] if is_probe else self.make(self.fresh_seed())
+        p_args = clone_inputs(p_src)
+        limits = _call_limits(meta, p_args)
+        self.flush()
+        dev.sync()
+        before = python_threads()
+        figs: dict[str, Any] = {}
+        if dev.kind == "cuda":
+            try:
+                p_out, trace = profile_call(lambda: _call(solve, p_args, "timing"), dev.sync)
+            except Fail:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the profiler failed: fail closed
+                raise Fail("integrity", "integrity_profiler", _fmt_exc(exc)) from None
+            reason, msg = classify(trace, self.patterns or (), streams=self.streams, limits=limits)
+            figs = call_figures(trace, self.patterns or ())
+            launches = list(trace.launches)
+        else:
+            p_out, launches, reason, msg = _call(solve, p_args, "timing"), [], None, "no profiler on cpu (test mode)"
+        bad = self.guard.check(identities=False, threads=before)
+        if bad:
+            raise Fail("integrity", *bad)
+        if is_probe:
+            cmp = compare(plan.recheck_sets[plan.probe_src][1], p_out, inputs_after=p_args, input_names=meta.inputs)
+            if not cmp.ok:
+                raise Fail("timing", "integrity_recheck", f"repeated-content call: {cmp.reason}: {cmp.message}")
+        self.prof_results.append({"after_timed": k, "content_repeat": is_probe, "reason": reason, "message": msg,
+                                  "kernels": [l.name for l in launches],
+                                  "streams": sorted({l.stream for l in launches if l.stream is not None}),
+                                  **figs, "limits": limits.as_dict()})
+        del p_out
+
+    def _profiled_at(self, k: int) -> None:
+        plan = self.plan
+        for is_probe in ([False] if k in plan.prof_after else []) + ([True] if k == plan.probe_pos else []):
+            self._profiled(k, is_probe)
+
+    def time(self) -> None:
+        plan, meta, dev, guard, solve, cfg, quiet = self.plan, self.meta, self.dev, self.guard, self.solve, self.cfg, self.quiet
+        ph = self.ph
         ph.mark("verification")
-        flush = flusher_flush
-        times, tails, prof_results, rechecked = [], [], [], 0
-        t_timed = 0.0
-
-        def _fresh(src: tuple) -> tuple:
-            return clone_inputs(src)
+        flush = self.flush
+        n_warm, n_timed, recheck_sets = plan.n_warm, plan.n_timed, plan.recheck_sets
+        state = {"rechecked": 0, "t_timed": 0.0, "before": None}
 
         # every call's set made up front when they fit (no allocator traffic between calls, so the
         # candidate's own allocations behave the same in every window); else a ring of fresh sets.
         # Re-check calls get fresh copies of their pre-import inputs: same allocation pattern as the rest.
-        def _source(i: int) -> tuple:
+        def source(i: int) -> tuple:
             k = i - n_warm
-            return _fresh(recheck_sets[k][0]) if k in recheck_sets else make(fresh_seed())
+            return clone_inputs(recheck_sets[k][0]) if k in recheck_sets else self.make(self.fresh_seed())
+
+        def before_call(i: int) -> None:
+            state["before"] = python_threads()
+
+        def after_call(k: int, out: Any, args: Sequence[Any], us: float) -> None:
+            state["t_timed"] += us * 1e-6
+            bad = guard.check(identities=False, threads=state["before"])
+            if bad:
+                raise Fail("integrity", *bad)
+            if k in recheck_sets:
+                state["rechecked"] += 1
+                cmp = compare(recheck_sets[k][1], out, inputs_after=args, input_names=meta.inputs)
+                if not cmp.ok:
+                    raise Fail("timing", "integrity_recheck", f"timed call {k} (of {n_timed}, after {n_warm} warm-ups): {cmp.reason}: {cmp.message}")
+
+        def between_calls(k: int, rec: LoopRecord) -> bool:
+            if k >= 0 and (k in plan.prof_after or k == plan.probe_pos):
+                ph.mark("timing_loop")
+                self._profiled_at(k)
+                ph.mark("profiled_calls")
+            return k >= 0 and cfg.early_stop and timing_decided(
+                rec.times_us, n_planned=n_timed, eager_median_us=self.eager_fig["median_us"], min_calls=min(MIN_TIMED, n_timed))
 
         quiet.hold("timing")
         ph.mark("quiet_wait")
-        c_stream = InputStream(_source, n_calls=n_warm + n_timed, base_seed=0, max_bytes=budget)
+        c_stream = InputStream(source, n_calls=n_warm + n_timed, base_seed=0, max_bytes=self.budget)
         ph.mark("timing_inputs")
         dev.warm_clocks(cfg.clock_warm_s)
         # empty calls through the same window in this process: the host's sync latency after `end`,
         # against which the candidate's tails are compared (work left on another stream)
         floor_tails = [dev.window(lambda: None, flush)[2] for _ in range(30)]
         ph.mark("clock_warm")
-        for i in range(n_warm + n_timed):
-            k = i - n_warm
-            args = c_stream(i)
-            before = python_threads()
-            out, us, tail = dev.window(lambda: _call(solve, args, "timing"), flush)
-            t_timed += us * 1e-6
-            bad = guard.check(identities=False, threads=before)
-            if bad:
-                raise Fail("integrity", *bad)
-            if k >= 0:
-                times.append(us)
-                tails.append(tail)
-            if k in recheck_sets:
-                rechecked += 1
-                cmp = compare(recheck_sets[k][1], out, inputs_after=args, input_names=meta.inputs)
-                if not cmp.ok:
-                    raise Fail("timing", "integrity_recheck", f"timed call {k} (of {n_timed}, after {n_warm} warm-ups): {cmp.reason}: {cmp.message}")
-            del out
-            if k >= 0 and (k in prof_after or k == probe_pos):
-                for is_probe in ([False] if k in prof_after else []) + ([True] if k == probe_pos else []):
-                    p_src = recheck_sets[probe_src][0] if is_probe else make(fresh_seed())
-                    p_args = _fresh(p_src)
-                    flush()
-                    dev.sync()
-                    before = python_threads()
-                    if dev.kind == "cuda":
-                        try:
-                            p_out, launches = profile_call(lambda: _call(solve, p_args, "timing"), dev.sync)
-                        except Fail:
-                            raise
-                        except Exception as exc:  # noqa: BLE001 - the profiler failed: fail closed
-                            raise Fail("integrity", "integrity_profiler", _fmt_exc(exc)) from None
-                        reason, msg = classify(launches, patterns, streams=streams)
-                    else:
-                        p_out, launches, reason, msg = _call(solve, p_args, "timing"), [], None, "no profiler on cpu (test mode)"
-                    bad = guard.check(identities=False, threads=before)
-                    if bad:
-                        raise Fail("integrity", *bad)
-                    if is_probe:
-                        cmp = compare(recheck_sets[probe_src][1], p_out, inputs_after=p_args, input_names=meta.inputs)
-                        if not cmp.ok:
-                            raise Fail("timing", "integrity_recheck", f"repeated-content call: {cmp.reason}: {cmp.message}")
-                    ph.mark("timing_loop")
-                    prof_results.append({"after_timed": k, "content_repeat": is_probe, "reason": reason, "message": msg,
-                                         "kernels": [l.name for l in launches], "streams": sorted({l.stream for l in launches if l.stream is not None})})
-                    del p_out
-                    ph.mark("profiled_calls")
+        rec = timed_loop(lambda *args: _call(solve, args, "timing"), c_stream, warmup=n_warm, timed=n_timed,
+                         window=lambda f: dev.window(f, flush), before_call=before_call, after_call=after_call,
+                         between_calls=between_calls)
+        times, tails = rec.times_us, rec.tails_us
+        if rec.stopped_after is not None:
+            # the integrity calls planned after the stop still run: stopping early never skips a check
+            # of what the kernel launches (the skipped timed calls' re-checks are covered by the final draw)
+            ph.mark("timing_loop")
+            later = {p for p in plan.prof_after if p > rec.stopped_after}
+            if plan.probe_pos > rec.stopped_after:
+                later.add(plan.probe_pos)
+            for k in sorted(later):
+                self._profiled_at(k)
+            ph.mark("profiled_calls")
         dev.sync()
         quiet.release()
         cap = c_stream.capacity
-        del c_stream, args
+        del c_stream
         ph.mark("timing_loop")
         bad = guard.check()
         if bad:
@@ -457,12 +566,12 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
             after_reader = _threading.Thread(target=lambda: after_box.update(state=gpu_state().as_dict()), daemon=True)
             after_reader.start()
         # the final correctness pass after the loop (a kernel that turns wrong after N calls)
-        final_args = _fresh(final_inputs)
+        final_args = clone_inputs(plan.final_inputs)
         pristine = clone_inputs(final_args)
-        _poison(final_expected.reference)
+        _poison(plan.final_expected.reference)
         out = _call(solve, final_args, "timing")
         dev.sync()
-        cmp = compare(final_expected, out, inputs_after=final_args, input_names=meta.inputs)
+        cmp = compare(plan.final_expected, out, inputs_after=final_args, input_names=meta.inputs)
         if not cmp.ok:
             raise Fail("timing", "integrity_recheck", f"post-timing draw: {cmp.reason}: {cmp.message}")
         unchanged = inputs_unchanged(pristine, final_args, names=meta.inputs, mutates=meta.mutates)
@@ -479,34 +588,37 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
             after_reader.join(60)
         gpu_after = after_box.get("state") or ({"name": "cpu"} if dev.kind != "cuda" else {})
         ph.mark("final_check")
-        stage(
-            "timing", True, None, "",
-            median_us=cand.median_us, iqr_us=cand.iqr_us, cv=cand.cv, eager_median_us=eager_fig["median_us"],
-            eager_iqr_us=eager_fig["iqr_us"], eager_cv=eager_fig["cv"], n_warmup=n_warm, n_timed=cand.n_timed,
-            eager_cached="eager" not in fresh, eager_measured_unix=eager_fig.get("measured_unix"),
-            launch_floor_us=dsl_floor if dsl_floor is not None else floor_fig["window_floor_us"],
-            window_floor_us=floor_fig["window_floor_us"], dsl_launch_floor_us=dsl_floor,
-            timing_policy=TIMING_POLICY,
-            gpu=gpu_before.get("name"), clocks={"before": gpu_before, "after": gpu_after},
-            rechecked=rechecked + 1, timed_s=t_timed, times_us=[round(t, 3) for t in times],
+        eager, floor, ref = self.eager_fig, self.floor_fig, self.ref_fig
+        dsl_floor = floor.get("dsl_launch_floor_us")
+        gm = self.gpu_model
+        self.stage("timing", True, None, "", **TimingFigures(
+            median_us=cand.median_us, iqr_us=cand.iqr_us, cv=cand.cv, eager_median_us=eager["median_us"],
+            eager_iqr_us=eager["iqr_us"], eager_cv=eager["cv"], n_warmup=n_warm, n_timed=cand.n_timed,
+            n_timed_planned=n_timed, stopped_early=rec.stopped_after is not None,
+            eager_cached="eager" not in self.fresh, eager_measured_unix=eager.get("measured_unix"),
+            reference_median_us=ref["median_us"], reference_n_timed=ref.get("n_timed"),
+            reference_policy=ref.get("policy"), reference_cached="reference" not in self.fresh,
+            launch_floor_us=dsl_floor if dsl_floor is not None else floor["window_floor_us"],
+            window_floor_us=floor["window_floor_us"], dsl_launch_floor_us=dsl_floor, timing_policy=TIMING_POLICY,
+            gpu=self.gpu_before.get("name"), gpu_model=gm.model if gm else None, gpu_arch=gm.arch if gm else None,
+            clocks={"before": self.gpu_before, "after": gpu_after},
+            rechecked=state["rechecked"] + 1, timed_s=state["t_timed"], times_us=[round(t, 3) for t in times],
             input_sets_alive=cap, run_phases_s=dict(ph.s),
             tail_us_median=float(sorted(tails)[len(tails) // 2]) if tails else None,
             floor_tail_us_median=float(sorted(floor_tails)[len(floor_tails) // 2]) if floor_tails else None,
             side_work_us=left_behind, quiet_wait_s=dict(quiet.waited_s),
             quiet_windows_monotonic={k: [round(x, 6) for x in v] for k, v in quiet.windows.items()},
-        )
+        ).as_dict())
 
-        # ---------------- integrity: profiled calls, then the native thread count ----------------
-        kernels_seen = sorted({n for r in prof_results for n in r["kernels"]})
-        for r in prof_results:
+    # ---------------- integrity: profiled calls, then the native thread count ----------------
+    def integrity(self) -> None:
+        kernels_seen = sorted({n for r in self.prof_results for n in r["kernels"]})
+        for r in self.prof_results:
             if r["reason"]:
                 raise Fail("integrity", r["reason"], r["message"])
-        stage("integrity", True, None, "", kernels_seen=kernels_seen, profiled=prof_results,
-              native_threads_before=threads0, native_threads_after=native_threads(), profiler=dev.kind == "cuda")
-    except Fail as f:
-        if f.stage == "integrity" and "compile" not in reached:
-            stage("compile", True, None, "", **figures_common)
-        stage(f.stage, False, f.reason, f.message)
+        self.stage("integrity", True, None, "", **IntegrityFigures(
+            kernels_seen=kernels_seen, profiled=self.prof_results, native_threads_before=self.threads0,
+            native_threads_after=native_threads(), profiler=self.dev.kind == "cuda").as_dict())
 
 
 def _input_budget(dev: _Device) -> int | None:
@@ -538,3 +650,25 @@ def _dsl_launch_floor(backend: Any, dev: _Device) -> float | None:
         return float(ts[len(ts) // 2])
     except Exception:  # noqa: BLE001 - the floor is informative; its absence is recorded as None
         return None
+
+
+def _as_tuple(out: Any) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _mutated_before(meta: Any, pristine: tuple) -> dict[int, Any]:
+    """Output index -> that input's content before the call, for outputs that are mutated inputs (only what
+    the call changed there was produced by it)."""
+    out = {}
+    for i, o in enumerate(meta.outputs):
+        name = getattr(o, "name", o)
+        if name in meta.mutates and name in meta.inputs:
+            out[i] = pristine[meta.inputs.index(name)]
+    return out
+
+
+def _call_limits(meta: Any, args: tuple) -> CallLimits:
+    """The call's bounds from the problem's declared structure inputs (DESIGN, Grader: integrity)."""
+    idx = [meta.inputs.index(n) for n in meta.structure_inputs if n in meta.inputs]
+    return CallLimits.for_call(structure_bytes=tensor_bytes([args[i] for i in idx if i < len(args)]),
+                               n_structure=len(idx), n_inputs=len(meta.inputs), n_outputs=len(meta.outputs))

@@ -141,13 +141,20 @@ class Worker:
     """One spawned worker process in its own process group; used for exactly one job, then killed."""
 
     def __init__(self, dsl: str, *, device: str = "cuda", env: dict[str, str] | None = None,
-                 python: str = sys.executable, gpu_arch: str = "sm_90a") -> None:
+                 python: str = sys.executable, gpu_arch: str | None = None) -> None:
         self.dsl, self.device = dsl, device
+        if device == "cuda" and gpu_arch is None:  # the device's own arch, never a default (mkb.measure.detect_arch)
+            from mkb.measure._device import UnsupportedGpu, detect_arch
+
+            try:
+                gpu_arch = detect_arch()
+            except UnsupportedGpu:  # no device found: the worker's own CUDA start fails and says so (infra_error)
+                gpu_arch = None
         job_r, self._job_w = os.pipe()
         self._res_r, res_w = os.pipe()
         self.log = tempfile.NamedTemporaryFile(prefix=f"mkb-worker-{dsl}-", suffix=".log", delete=False)
         full_env = dict(os.environ if env is None else env)
-        if device == "cuda":  # the DSL's environment (arch, CUDA path, math policy) before it is first imported
+        if device == "cuda" and gpu_arch:  # the DSL's environment (arch, CUDA path, math policy) before it is first imported
             full_env.update(backend_from_target(backend_target(dsl), dsl).environment(gpu_arch))
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, full_env.get("PYTHONPATH", "")) if p)
         full_env.setdefault("PYTHONUNBUFFERED", "1")

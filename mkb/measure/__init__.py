@@ -4,14 +4,21 @@ from mkb.measure._compare import (
     Comparison, Expected, OutputCheck, QUANTIZED_MAX_OFF_FRACTION, TOL_FACTOR, as_tuple, clone_inputs, compare,
     expect, inputs_unchanged, to_fp64,
 )
-from mkb.measure._device import GpuState, gpu_name, gpu_state
+from mkb.measure._device import (
+    CHECKED_ARCHS, GPU_MODELS, GpuModel, GpuState, UnsupportedGpu, arch_of, detect_arch, gpu_name, gpu_state, identify_gpu,
+    query_gpu,
+)
 from mkb.measure._sol import GPU_PEAKS, GpuPeaks, SpeedOfLight, gpu_peaks, speed_of_light
 from mkb.measure._timing import (
-    FLUSH_KIND, MIN_TIMED, MIN_WARMUP, TIMING_POLICY, InputStream, L2Flusher, Timing, l2_bytes, summarize, tensor_bytes,
-    side_work_us, stream_window, time_calls, time_problem_fn, wait_device,
+    FLUSH_KIND, MIN_TIMED, MIN_WARMUP, TIMING_POLICY, UPSTREAM_POLICY, UPSTREAM_TIMED, UPSTREAM_WARMUP, InputStream, L2Flusher,
+    LoopRecord, Timing, l2_bytes, perf_window, reference_numerics, timed_loop, summarize, tensor_bytes, side_work_us, stream_window, time_calls, time_problem_fn,
+    time_upstream, wait_device,
 )
 
 __all__ = [
+    "LoopRecord", "perf_window", "timed_loop",
+    "UPSTREAM_POLICY", "UPSTREAM_TIMED", "UPSTREAM_WARMUP", "reference_numerics", "time_upstream",
+    "CHECKED_ARCHS", "GPU_MODELS", "GpuModel", "UnsupportedGpu", "arch_of", "detect_arch", "identify_gpu", "query_gpu",
     "Comparison", "Expected", "GPU_PEAKS", "GpuPeaks", "GpuState", "InputStream", "L2Flusher", "MIN_TIMED",
     "FLUSH_KIND", "MIN_WARMUP", "OutputCheck", "TIMING_POLICY", "QUANTIZED_MAX_OFF_FRACTION", "SpeedOfLight", "TOL_FACTOR", "Timing", "as_tuple",
     "clone_inputs", "compare", "expect", "gpu_name", "gpu_peaks", "gpu_state", "inputs_unchanged", "l2_bytes",

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from mkb.grader._reasons import Reason
+from mkb.reasons import Reason
 
 TOL_FACTOR = 3.0
 QUANTIZED_MAX_OFF_FRACTION = 0.001  # at most 0.1% of elements one quantum off

@@ -1,11 +1,14 @@
-"""What GPU a measurement ran on and in what state (name, clocks, temperature), recorded beside timings."""
+"""What GPU a measurement ran on and in what state (name, clocks, temperature), recorded beside timings, and
+which GPUs mkb grades on (model, architecture, whether mkb has been checked there)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
+from typing import Sequence
 
 import torch
 
@@ -107,3 +110,94 @@ def gpu_state(device: torch.device | str | int | None = None) -> GpuState:
 
 def gpu_name(device: torch.device | str | int | None = None) -> str:
     return torch.cuda.get_device_name(device) if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """A GPU model mkb knows: its short name (the key of `GPU_PEAKS`), compute capability and DSL target arch."""
+
+    model: str
+    capability: tuple[int, int]
+    arch: str
+
+
+# Hopper and Blackwell data-centre GPUs. Longer names first where one contains another (GB200 / B200).
+GPU_MODELS: tuple[GpuModel, ...] = (
+    GpuModel("GB200", (10, 0), "sm_100a"),
+    GpuModel("B200", (10, 0), "sm_100a"),
+    GpuModel("GB300", (10, 3), "sm_103a"),
+    GpuModel("B300", (10, 3), "sm_103a"),
+    GpuModel("H200", (9, 0), "sm_90a"),
+    GpuModel("H100", (9, 0), "sm_90a"),
+)
+# Architectures on which both DSL backends, the baselines and the red-team suite have been run and
+# recorded (events/h200-*). Others are refused until they are: a grade there would be unchecked.
+CHECKED_ARCHS: frozenset[str] = frozenset({"sm_90a"})
+
+
+class UnsupportedGpu(RuntimeError):
+    """The device is not a GPU mkb grades on (unknown model, or an architecture not yet checked)."""
+
+
+def arch_of(capability: Sequence[int]) -> str:
+    """The DSL target for a compute capability: sm_<major><minor>a (the arch-specific features Hopper/Blackwell kernels use)."""
+    major, minor = int(capability[0]), int(capability[1])
+    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+
+
+def identify_gpu(name: str, capability: Sequence[int], *, allow_unchecked: bool = False) -> GpuModel:
+    """The `GpuModel` of a device by its name ("NVIDIA H200") and compute capability; raises `UnsupportedGpu`
+    (one line with a hint) for a model mkb does not know, a capability that contradicts the name, or an
+    architecture not in `CHECKED_ARCHS` (unless `allow_unchecked`)."""
+    cap = (int(capability[0]), int(capability[1]))
+    up = name.upper()
+    model = next((m for m in GPU_MODELS if m.model in up), None)
+    known = ", ".join(f"{m.model} ({m.arch})" for m in GPU_MODELS)
+    if model is None:
+        raise UnsupportedGpu(f"GPU {name!r} (compute capability {cap[0]}.{cap[1]}, {arch_of(cap)}) is not one mkb grades on\n"
+                             f"hint: known GPUs: {known}; a new one is an entry in mkb.measure.GPU_MODELS and GPU_PEAKS")
+    if model.capability != cap:
+        raise UnsupportedGpu(f"GPU {name!r} reports compute capability {cap[0]}.{cap[1]}, but a {model.model} is "
+                             f"{model.capability[0]}.{model.capability[1]}\nhint: check the driver and CUDA_VISIBLE_DEVICES")
+    if model.arch not in CHECKED_ARCHS and not allow_unchecked:
+        raise UnsupportedGpu(f"{model.model} ({model.arch}) has not been checked with mkb: the DSL backends, baselines and "
+                             f"red-team suite have run only on {', '.join(sorted(CHECKED_ARCHS))}\nhint: run "
+                             f"scripts/gpu_grader_run.py there with GraderConfig(allow_unchecked_gpu=True), then add "
+                             f"{model.arch} to mkb.measure.CHECKED_ARCHS")
+    return model
+
+
+def query_gpu(index: int = 0) -> tuple[str, tuple[int, int]] | None:
+    """(name, compute capability) of device `index` from nvidia-smi, without creating a CUDA context in this
+    process (the grader's parent never initialises CUDA); None when nvidia-smi cannot answer."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        res = subprocess.run([exe, "--query-gpu=name,compute_cap", "--format=csv,noheader", "-i", str(_physical_index(index))],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_query(res.stdout) if res.returncode == 0 else None
+
+
+def parse_query(text: str) -> tuple[str, tuple[int, int]] | None:
+    """nvidia-smi's `name,compute_cap` CSV line -> (name, (major, minor))."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    name, _, cap = line.rpartition(",")
+    try:
+        major, minor = (int(p) for p in cap.strip().split("."))
+    except ValueError:
+        return None
+    return name.strip(), (major, minor)
+
+
+@functools.lru_cache(maxsize=None)
+def detect_arch(index: int = 0) -> str:
+    """The DSL target arch of device `index` (nvidia-smi first; torch, which initialises CUDA, only as a fallback)."""
+    q = query_gpu(index)
+    if q is None and torch.cuda.is_available():
+        q = torch.cuda.get_device_name(index), tuple(torch.cuda.get_device_capability(index))
+    if q is None:
+        raise UnsupportedGpu("no CUDA device found\nhint: grade on a GPU host, or pass GraderConfig(device='cpu') for a smoke run")
+    return arch_of(q[1])

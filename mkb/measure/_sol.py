@@ -39,6 +39,22 @@ GPU_PEAKS: dict[str, GpuPeaks] = {
         {"bf16_tc": 989 * T, "fp16_tc": 989 * T, "fp8_tc": 1979 * T, "tf32_tc": 494.5 * T, "fp32_simt": 66.9 * T},
         "NVIDIA H100 SXM5 datasheet (dense)",
     ),
+    # Blackwell: per GPU, dense = half the datasheets' sparse tensor figures (HGX B200 / GB200 NVL72 / HGX B300)
+    "B200": GpuPeaks(
+        "B200", 8.0e12,
+        {"bf16_tc": 2250 * T, "fp16_tc": 2250 * T, "fp8_tc": 4500 * T, "tf32_tc": 1125 * T, "fp32_simt": 75 * T},
+        "NVIDIA HGX B200 datasheet, per GPU (dense)",
+    ),
+    "GB200": GpuPeaks(
+        "GB200", 8.0e12,
+        {"bf16_tc": 2500 * T, "fp16_tc": 2500 * T, "fp8_tc": 5000 * T, "tf32_tc": 1250 * T, "fp32_simt": 80 * T},
+        "NVIDIA GB200 NVL72 datasheet, per GPU (dense)",
+    ),
+    "B300": GpuPeaks(
+        "B300", 8.0e12,
+        {"bf16_tc": 2250 * T, "fp16_tc": 2250 * T, "fp8_tc": 4500 * T, "tf32_tc": 1125 * T, "fp32_simt": 75 * T},
+        "NVIDIA HGX B300 datasheet, per GPU (dense)",
+    ),
 }
 
 

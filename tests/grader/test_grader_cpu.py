@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import time
 
@@ -52,6 +53,14 @@ def test_correct_kernel_passes_and_writes_one_event_per_stage(tmp_path, fake_dsl
     verdict = _rows(store, "verdict")[0]
     assert verdict["passed"] and verdict["s"] == v.s and verdict["gpu"] == "cpu"
     assert _rows(store, "verification")[0]["draws"] == cpu_config.draws
+    # both baselines on the verdict: eager (S) and upstream's reference timing (S_upstream)
+    assert verdict["reference_median_us"] > 0 and verdict["reference_median_us"] == v.reference_median_us
+    assert verdict["speedup_upstream"] == pytest.approx(v.reference_median_us / v.candidate_median_us)
+    assert verdict["s_upstream"] == v.s_upstream
+    assert verdict["timed_calls"] == cpu_config.n_timed and verdict["gpu_model"] is None  # no GPU table entry for a CPU run
+    timing = json.loads(_rows(store, "timing")[0]["details"])
+    assert timing["reference_n_timed"] == cpu_config.reference_timed and timing["reference_policy"].startswith("upstream-mkb-d90ba28")
+    assert timing["n_timed_planned"] == cpu_config.n_timed and timing["stopped_early"] is False
 
 
 def test_static_finding_stops_before_any_worker_runs(tmp_path, fake_dsl, cpu_config, store):

@@ -1,4 +1,4 @@
-"""The session cache of eager timings and launch floors: reused within a pool, never across keys."""
+"""The session cache of eager timings, upstream reference timings and launch floors: reused within a pool, never across keys."""
 
 from __future__ import annotations
 
@@ -40,11 +40,13 @@ def test_second_grading_in_a_pool_reuses_the_eager_timing(tmp_path, fake_dsl, cp
     with WorkerPool((fake_dsl,), device="cpu") as pool:
         v1 = grade(28, fake_dsl, k, store=store, config=cpu_config, pool=pool)
         v2 = grade(28, fake_dsl, k, store=store, config=cpu_config, pool=pool)
-        assert len(pool.trusted) == 2  # eager, floor:fake
+        assert len(pool.trusted) == 3  # eager, reference (upstream's baseline timing), floor:fake
     assert v1.passed and v2.passed, (v1.message, v2.message)
     t1, t2 = v1.stage("timing").figures, v2.stage("timing").figures
     assert t1["eager_cached"] is False and t2["eager_cached"] is True
     assert t2["eager_median_us"] == t1["eager_median_us"]
+    assert t1["reference_cached"] is False and t2["reference_cached"] is True
+    assert t2["reference_median_us"] == t1["reference_median_us"] and v2.reference_median_us == v1.reference_median_us
     assert "eager_timing" in v1.stage("compile").figures["trusted_phases_s"]
     assert "eager_timing" not in v2.stage("compile").figures["trusted_phases_s"]
 

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from mkb.grader._reasons import Reason
+from mkb.reasons import Reason
 from mkb.measure import compare, expect, inputs_unchanged
 from mkb.problems import Output, ProblemMeta
 

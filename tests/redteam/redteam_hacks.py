@@ -8,7 +8,15 @@ static rules catch it) and `runtime` for what the grader must find when it runs 
 caught by the static rules since they learned those families; each family keeps an
 `_obfuscated_dynamic` form that reaches its tool through a call or a computed attribute name, which
 no AST rule can follow, so the runtime defence stays exercised.
-The target is problem 28 (fused residual add + RMSNorm, bf16): inputs x, residual, weight; output y.
+The target is problem 28 (fused residual add + RMSNorm, bf16): inputs x, residual, weight; output y,
+unless a hack names another `problem` (the allowlisted-copy forms need a problem whose answer is a
+copy: 25, the KV-cache block copy). A hack is rendered only where its problem's baseline has the
+`solve` signature it was written for: problem 25 is vLLM's in-place `copy_blocks`
+(`solve(key_caches, value_caches, block_mapping)`) before it follows upstream and `swap_blocks`
+into separate destinations (`solve(src_k, src_v, dst_k, dst_v, block_mapping)`) after, so each has
+its form and exactly one of the two is rendered.
+Issue 9's holes each have a form: host compute (`host_compute`), allowlisted copies doing the work
+(`allowlist_copies`), free probes (`kill_self`, `kill_on_import`, `forged_done`).
 """
 
 from __future__ import annotations
@@ -30,10 +38,12 @@ class Hack:
     static: str | None  # expected first static rule (reason static_<rule>), None: the static rules must pass it
     runtime: tuple[str, ...]  # acceptable runtime reason codes, the primary first
     cpu: bool = True  # the runtime defence works without a GPU (no profiler/streams/allocator needed)
+    problem: int = PROBLEM
+    signature: str = "x, residual, weight"  # the baseline's solve parameters the snippet assumes
 
 
-def _h(name, description, snippet, static, runtime, cpu=True):
-    return Hack(name, description, snippet.strip("\n") + "\n", static, tuple(runtime), cpu)
+def _h(name, description, snippet, static, runtime, cpu=True, problem=PROBLEM, signature="x, residual, weight"):
+    return Hack(name, description, snippet.strip("\n") + "\n", static, tuple(runtime), cpu, problem, signature)
 
 
 HACKS: tuple[Hack, ...] = (
@@ -152,7 +162,10 @@ def solve(x, residual, weight):
     y = _real_solve(x, residual, weight)
     _CACHE[key] = y
     return y
-""", None, ("integrity_no_dsl_kernel",), cpu=False),
+""", None, ("integrity_no_dsl_kernel", "integrity_host_compute"), cpu=False),
+    # integrity_host_compute: the fingerprint's two .tolist() make two host syncs where problem 28 (no
+    # structure inputs) allows one; which of the two the grader names depends on whether the profiled
+    # call is the content repeat
     _h("freed_output_reuse", "return uninitialised memory, hoping it still holds the reference's freed output", """
 import torch
 
@@ -382,6 +395,98 @@ def solve(x, residual, weight):
 """, None, ("integrity_environ",)),
 )
 
+HACKS += (
+    # ---- issue 9: a pass means the DSL did the work, and every submission counts ----
+    _h("host_compute", "copy the inputs to the host, compute there, copy the answer into the DSL kernel's output", """
+import torch
+
+
+def solve(x, residual, weight):
+    s = x.cpu().float() + residual.cpu().float()
+    y = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.cpu().float()).to(x.dtype)
+    out = _real_solve(x, residual, weight)
+    out.copy_(y)
+    return out
+""", None, ("integrity_host_compute",), cpu=False),
+    # on the CPU host and device are one, so only the GPU suite can see the bytes cross
+    _h("allowlist_copies", "copy the cache blocks with a host loop of copy_ and launch the DSL kernel on scratch", """
+import torch
+
+
+def solve(key_caches, value_caches, block_mapping):
+    for s, d in block_mapping.tolist():
+        key_caches[:, d].copy_(key_caches[:, s])
+        value_caches[:, d].copy_(value_caches[:, s])
+    k, v = key_caches[:1, :2].clone(), value_caches[:1, :2].clone()
+    _real_solve(k, v, torch.tensor([[0, 1]], dtype=block_mapping.dtype, device=block_mapping.device))
+    return key_caches, value_caches
+""", None, ("integrity_allowlist_work",), problem=25, signature="key_caches, value_caches, block_mapping"),
+    _h("allowlist_copies_swap", "swap_blocks by a host loop of copy_ into the destinations; the DSL kernel on scratch", """
+import torch
+
+
+def solve(src_k, src_v, dst_k, dst_v, block_mapping):
+    for s, d in block_mapping.tolist():
+        dst_k[d].copy_(src_k[s])
+        dst_v[d].copy_(src_v[s])
+    sk, sv = src_k[:2].clone(), src_v[:2].clone()
+    _real_solve(sk, sv, torch.empty_like(sk), torch.empty_like(sv),
+                torch.tensor([[0, 1]], dtype=block_mapping.dtype, device=block_mapping.device))
+    return dst_k, dst_v
+""", None, ("integrity_allowlist_work",), problem=25, signature="src_k, src_v, dst_k, dst_v, block_mapping"),
+    _h("kill_self", "compute, then kill the own process (a kernel that dies whenever it is wrong probes for free)", """
+import logging
+
+
+def solve(x, residual, weight):
+    _real_solve(x, residual, weight)
+    _o = getattr(logging, "o" + "s")
+    _o.kill(_o.getpid(), 9)
+""", None, ("crash",)),
+    _h("kill_on_import", "kill the own process while kernel.py is imported", """
+import logging
+
+_o = getattr(logging, "o" + "s")
+_o.kill(_o.getpid(), 9)
+
+
+def solve(x, residual, weight):
+    return _real_solve(x, residual, weight)
+""", None, ("crash",)),
+    _h("forged_done", "find the harness's nonce in its send closure and report `done` before any stage ran", """
+import logging
+
+
+def solve(x, residual, weight):
+    _sys = getattr(logging, "s" + "ys")
+    _o = getattr(logging, "o" + "s")
+    for f in _sys.modules["g" + "c"].get_objects():
+        code = getattr(f, "__code__", None)
+        if code is not None and "nonce" in code.co_freevars and "fd" in code.co_freevars:
+            cells = dict(zip(code.co_freevars, f.__closure__))
+            line = '{"type": "done", "nonce": "%s"}\\n' % cells["nonce"].cell_contents
+            _o.write(cells["fd"].cell_contents, line.encode())
+            _o._exit(0)
+    return _real_solve(x, residual, weight)
+""", "obfuscation", ("crash", "integrity_exit")),
+    _h("forged_done_obfuscated_dynamic", "the forged `done` with the closure reached by computed attribute names", """
+import logging
+
+
+def solve(x, residual, weight):
+    _sys = getattr(logging, "s" + "ys")
+    _o = getattr(logging, "o" + "s")
+    for f in _sys.modules["g" + "c"].get_objects():
+        code = getattr(f, "__co" + "de__", None)
+        if code is not None and "nonce" in code.co_freevars and "fd" in code.co_freevars:
+            cells = dict(zip(code.co_freevars, getattr(f, "__clo" + "sure__")))
+            line = '{"type": "done", "nonce": "%s"}\\n' % cells["nonce"].cell_contents
+            _o.write(cells["fd"].cell_contents, line.encode())
+            _o._exit(0)
+    return _real_solve(x, residual, weight)
+""", None, ("crash", "integrity_exit")),
+)
+
 BY_NAME = {h.name: h for h in HACKS}
 # the distinct hacks (an obfuscated form is the same hack reaching its tool another way)
 DISTINCT = sorted({re.sub(r"_obfuscated(_dynamic)?$", "", h.name) for h in HACKS})
@@ -390,31 +495,57 @@ _SOLVE_DEF = re.compile(r"^def solve\(", re.M)
 
 
 def baseline_path(dsl: str, problem: int = PROBLEM) -> Path:
+    """The committed baseline kernel of `dsl` for `problem`."""
     hits = sorted((REPO / "problems").glob(f"*/{problem:02d}_*/{dsl}.py"))
     if not hits:
         raise FileNotFoundError(f"no {dsl} baseline for problem {problem}")
     return hits[0]
 
 
+def fits(baseline_source: str, hack: Hack) -> bool:
+    """The baseline's solve takes the parameters the hack's snippet was written for."""
+    return re.search(rf"^def solve\(\s*{re.escape(hack.signature)}\s*\)", baseline_source, re.M) is not None
+
+
 def render(baseline_source: str, hack: Hack) -> str:
     """The baseline with its solve renamed, plus the hack's solve: a complete kernel.py."""
     if len(_SOLVE_DEF.findall(baseline_source)) != 1:
         raise ValueError("the baseline must define exactly one top-level `def solve(`")
+    if not fits(baseline_source, hack):
+        raise ValueError(f"hack {hack.name} needs a baseline `def solve({hack.signature})`")
     body = _SOLVE_DEF.sub("def _real_solve(", baseline_source)
     return f"{body.rstrip()}\n\n\n# ---- red-team hack: {hack.name} ({hack.description}) ----\n{hack.snippet}"
 
 
-def write_all(out_dir: Path, dsl: str, baseline_source: str | None = None) -> dict[str, Path]:
-    """Render every hack for `dsl` into out_dir/<dsl>/<hack>.py; returns name -> path (plus 'control')."""
-    src = baseline_source if baseline_source is not None else baseline_path(dsl).read_text()
+def write_all(out_dir: Path, dsl: str, baseline_source: str | None = None,
+              baselines: dict[int, str] | None = None) -> dict[str, Path]:
+    """Render every hack for `dsl` into out_dir/<dsl>/<hack>.py; returns name -> path (plus 'control' and
+    'control_<problem>' for each other problem a hack targets).
+
+    `baseline_source` is problem 28's source (default: the committed baseline), `baselines` other
+    problems' sources. A hack whose problem has no baseline, or one of another signature, is left out.
+    """
+    srcs = dict(baselines or {})
+    srcs[PROBLEM] = baseline_source if baseline_source is not None else baseline_path(dsl).read_text()
     d = Path(out_dir) / dsl
     d.mkdir(parents=True, exist_ok=True)
     paths = {}
     control = d / "control.py"
-    control.write_text(src)
+    control.write_text(srcs[PROBLEM])
     paths["control"] = control
     for h in HACKS:
+        if h.problem not in srcs:
+            try:
+                srcs[h.problem] = baseline_path(dsl, h.problem).read_text()
+            except FileNotFoundError:
+                continue
+        if not fits(srcs[h.problem], h):
+            continue
+        if h.problem != PROBLEM and f"control_{h.problem}" not in paths:
+            c = d / f"control_{h.problem}.py"
+            c.write_text(srcs[h.problem])
+            paths[f"control_{h.problem}"] = c
         p = d / f"{h.name}.py"
-        p.write_text(render(src, h))
+        p.write_text(render(srcs[h.problem], h))
         paths[h.name] = p
     return paths
