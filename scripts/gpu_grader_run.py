@@ -26,8 +26,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "redteam"), str(REPO / "benchmarks")]
 
-BASELINE_PROBLEMS = (25, 28, 29, 72)
-
 
 def log(*a) -> None:
     print(time.strftime("%H:%M:%S"), *a, flush=True)
@@ -119,18 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # ---- baselines (the DSL helper's kernels for the four problems) ----
         if "baselines" in sections:
-            for n in BASELINE_PROBLEMS:
-                for dsl in ("cute", "tirx"):
-                    hits = sorted((REPO / "problems").glob(f"*/{n:02d}_*/{dsl}.py"))
-                    if not hits:
-                        summary["skipped"].append(f"baseline {n} {dsl}: no kernel")
-                        continue
-                    v = guarded(f"baseline {n} {dsl}", lambda: grade(n, dsl, hits[0], writer=writer, config=GraderConfig(),
-                                                                   pool=pool, scope="attempt"))
-                    if v is not None:
-                        summary["baselines"].append(row_of(v, kernel=str(hits[0].relative_to(REPO))))
-                        log(f"BASELINE {n:02d} {dsl}: passed={v.passed} reason={v.reason} speedup={v.speedup} "
-                            f"cand={v.candidate_median_us} eager={v.eager_median_us} wall={v.wall_s:.1f}s\n{v.message[:1500] if not v.passed else ''}")
+            from mkb.problems import baselines
+
+            for b in baselines():  # every baseline the problem folders hold
+                n, dsl = b.problem, b.dsl
+                v = guarded(f"baseline {n} {dsl}", lambda: grade(n, dsl, b.path, writer=writer, config=GraderConfig(),
+                                                               pool=pool, scope="attempt"))
+                if v is not None:
+                    summary["baselines"].append(row_of(v, kernel=str(b.path.relative_to(REPO))))
+                    log(f"BASELINE {n:02d} {dsl}: passed={v.passed} reason={v.reason} speedup={v.speedup} "
+                        f"cand={v.candidate_median_us} eager={v.eager_median_us} wall={v.wall_s:.1f}s\n{v.message[:1500] if not v.passed else ''}")
             writer.flush()
 
         # ---- red team: controls and every hack form, both DSLs ----

@@ -361,7 +361,7 @@ class WorkerPool:
     loop on the same GPU. Workers are single-use: whatever a candidate did to its process dies with it.
     """
 
-    def __init__(self, dsls: tuple[str, ...] = ("cute", "tirx"), *, device: str = "cuda", prestart: bool = True,
+    def __init__(self, dsls: tuple[str, ...] | None = None, *, device: str = "cuda", prestart: bool = True,
                  env: dict[str, str] | None = None, depth: int = 1, refill_on_take: bool = True,
                  trusted: TrustedCache | None = None) -> None:
         self.device = normalize_device(device)
@@ -372,11 +372,15 @@ class WorkerPool:
         self._lock = threading.Lock()
         self.spawned = 0
         self.closed = False
+        if dsls is None:  # every registered DSL
+            from mkb.dsl import dsl_names
+
+            dsls = dsl_names()
         self.dsls = tuple(dsls)
         # eager timings and launch floors measured by this pool's workers (or shared with another pool of the session)
         self.trusted = trusted if trusted is not None else TrustedCache()
         if prestart:
-            for d in dsls:
+            for d in self.dsls:
                 self.refill(d)
 
     def _spawn(self, dsl: str) -> Worker:

@@ -64,7 +64,7 @@ class GradingQueue:
     """
 
     def __init__(self, *, device: str = "cuda:0", store: Any = None, writer: Any = None,
-                 config: GraderConfig | None = None, dsls: Sequence[str] = ("cute", "tirx"),
+                 config: GraderConfig | None = None, dsls: Sequence[str] | None = None,
                  env: dict[str, str] | None = None, prestart: bool = True) -> None:
         self.device = normalize_device(device)
         kind = device_kind(self.device)
@@ -76,7 +76,8 @@ class GradingQueue:
 
             writer = EventWriter(store)
         self.writer = writer
-        self.pool = WorkerPool(tuple(dsls), device=self.device, env=env, prestart=prestart)
+        # warm workers for `dsls` (default: every registered DSL); a job of another DSL gets one started cold
+        self.pool = WorkerPool(tuple(dsls) if dsls is not None else None, device=self.device, env=env, prestart=prestart)
         self._cv = threading.Condition()
         self._pending: collections.OrderedDict[str, collections.deque[_Entry]] = collections.OrderedDict()
         self._closed = False
