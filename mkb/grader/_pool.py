@@ -353,20 +353,30 @@ class Worker:
 
 
 class WorkerPool:
-    """Keeps one warm worker per DSL spawned ahead of need; `take` hands it out and spawns its successor.
+    """Keeps `depth` workers per DSL spawned ahead of need; `take` hands out the oldest and refills.
 
     A worker's warm start (torch + the DSL's imports + CUDA init, 8-10 s cold on the H200 host)
-    overlaps the previous evaluation, so a queue of gradings pays it once; its GPU part waits for
+    overlaps the previous evaluations, so a queue of gradings pays it once; its GPU part waits for
     quiet (the device's `GpuQuiet`, the module docstring's rule), so it never runs beside a timing
     loop on the same GPU. Workers are single-use: whatever a candidate did to its process dies with it.
+
+    Refill in batches: the GPU part of a warm start (CUDA and profiler init, 4-6 s on the H200,
+    `profiler_init_at_warm_start_s` in events/h200-grader-bench) is exclusive with timing, so a
+    timing phase waits for any warm-up already running. Spawning one successor per take puts one
+    such warm-up in front of nearly every timing phase; with `low_water` below `depth - 1` the pool
+    spawns `depth - low_water` workers together once only `low_water` are left, their imports end
+    together, they get `go` in the same quiet gap and warm up side by side: one stall per batch.
     """
 
     def __init__(self, dsls: tuple[str, ...] | None = None, *, device: str = "cuda", prestart: bool = True,
                  env: dict[str, str] | None = None, depth: int = 1, refill_on_take: bool = True,
-                 trusted: TrustedCache | None = None) -> None:
+                 trusted: TrustedCache | None = None, low_water: int | None = None) -> None:
+        if depth < 1 or (low_water is not None and not 0 <= low_water < depth):
+            raise ValueError(f"WorkerPool needs depth >= 1 and 0 <= low_water < depth (got {depth}, {low_water})")
         self.device = normalize_device(device)
         self.env = env
         self.depth = depth
+        self.low_water = depth - 1 if low_water is None else low_water  # default: a successor for every take
         self.refill_on_take = refill_on_take
         self._ready: dict[str, list[Worker]] = {}
         self._lock = threading.Lock()
@@ -399,7 +409,7 @@ class WorkerPool:
                 self._spawn(d)
 
     def take(self, dsl: str) -> Worker:
-        """The oldest warm worker for `dsl` (spawning one if there is none) and, at once, its successor.
+        """The oldest warm worker for `dsl` (spawning one if there is none); refills once `low_water` are left.
 
         With `refill_on_take=False` no successor is spawned until `refill()` (the benchmark does this
         so that no worker imports while another one times a kernel).
@@ -419,7 +429,10 @@ class WorkerPool:
             w = Worker(dsl, device=self.device, env=self.env)
             self.spawned += 1
         if self.refill_on_take:
-            self.refill(dsl)
+            with self._lock:
+                left = len(self._ready.get(dsl, []))
+            if left <= self.low_water:
+                self.refill(dsl)
         if dsl not in self.dsls:
             self.dsls += (dsl,)
         return w

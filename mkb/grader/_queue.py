@@ -65,7 +65,8 @@ class GradingQueue:
 
     def __init__(self, *, device: str = "cuda:0", store: Any = None, writer: Any = None,
                  config: GraderConfig | None = None, dsls: Sequence[str] | None = None,
-                 env: dict[str, str] | None = None, prestart: bool = True) -> None:
+                 env: dict[str, str] | None = None, prestart: bool = True, depth: int = 1,
+                 low_water: int | None = None) -> None:
         self.device = normalize_device(device)
         kind = device_kind(self.device)
         cfg = config or GraderConfig(device=kind)
@@ -77,7 +78,9 @@ class GradingQueue:
             writer = EventWriter(store)
         self.writer = writer
         # warm workers for `dsls` (default: every registered DSL); a job of another DSL gets one started cold
-        self.pool = WorkerPool(tuple(dsls) if dsls is not None else None, device=self.device, env=env, prestart=prestart)
+        # (`depth`, `low_water`: how many spares per DSL and when to spawn the next batch, see WorkerPool)
+        self.pool = WorkerPool(tuple(dsls) if dsls is not None else None, device=self.device, env=env, prestart=prestart,
+                               depth=depth, low_water=low_water)
         self._cv = threading.Condition()
         self._pending: collections.OrderedDict[str, collections.deque[_Entry]] = collections.OrderedDict()
         self._closed = False

@@ -276,3 +276,39 @@ def test_queue_grades_real_kernels_and_records_queue_wait(tmp_path, fake_dsl, cp
     pairs = rows.filter(pl.col("scope") == "pair")
     assert pairs.height == 2 and pairs["pair_id"].n_unique() == 1 and pairs["pair_id"][0]
     assert rows.filter(pl.col("attempt_id") == "att-1")["reason"].to_list() == ["all_zero"]
+
+
+def test_pool_refills_in_batches_below_its_low_water_mark(monkeypatch):
+    """Spares are spawned together (their GPU warm-ups then share one quiet gap), not one per take."""
+    from mkb.grader import _pool
+
+    spawned: list[str] = []
+
+    class _W:
+        def __init__(self, dsl, **kw):
+            spawned.append(dsl)
+            self.pid = len(spawned)
+
+        def alive(self):
+            return True
+
+        def kill(self, **kw):
+            pass
+
+        def cleanup(self):
+            pass
+
+    monkeypatch.setattr(_pool, "Worker", _W)
+    pool = _pool.WorkerPool(("x",), device="cpu", depth=4, low_water=1)
+    assert len(spawned) == 4
+    pool.take("x")
+    pool.take("x")
+    assert len(spawned) == 4  # 2 left: above the mark
+    pool.take("x")
+    assert len(spawned) == 7  # 1 left: three spawned together
+    with pytest.raises(ValueError):
+        _pool.WorkerPool(("x",), device="cpu", depth=2, low_water=2, prestart=False)
+    one = _pool.WorkerPool(("x",), device="cpu", depth=1, prestart=False)
+    n = len(spawned)
+    one.take("x")
+    assert len(spawned) == n + 2  # default: a cold worker for the take, and its successor at once
