@@ -84,8 +84,12 @@ def grade_cmd(
     console = Console()
     results: list = []
     dsls = tuple(dict.fromkeys(j.dsl for j in jobs))
+    # spares per DSL: enough to keep the queue fed (batched refill), never more than the kernels of that DSL
+    per_dsl = max(sum(1 for j in jobs if j.dsl == d) for d in dsls)
+    depth = min(3, per_dsl)
     with console.status(f"grading {len(jobs)} kernel(s) on {device}", spinner="dots"):
-        with GradingQueue(device=device, store=store, config=cfg, dsls=dsls) as q:
+        with GradingQueue(device=device, store=store, config=cfg, dsls=dsls, depth=depth,
+                          low_water=min(1, depth - 1)) as q:
             futures = [q.submit(j) for j in jobs]
             for j, f in zip(jobs, futures):
                 try:
