@@ -35,19 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "redteam"), str(REPO / "benchmarks")]
 
-DSLS = ("cute", "tirx")
 DEFAULT_COMPARE = REPO / "events" / "h200-grader-bench" / "logs" / "summary.json"
 SPREAD_LIMIT = 0.005  # a baseline's median may move at most 0.5% against the committed one
-
-
-def discover_baselines() -> list[tuple[int, str, Path]]:
-    """(problem, dsl, path) for every committed DSL baseline kernel, in problem order."""
-    out = []
-    for folder in sorted((REPO / "problems").glob("*/[0-9][0-9]_*")):
-        for dsl in DSLS:
-            if (folder / f"{dsl}.py").is_file():
-                out.append((int(folder.name[:2]), dsl, folder / f"{dsl}.py"))
-    return sorted(out)
 
 
 def committed_medians(path: Path) -> dict[tuple[int, str], float]:
@@ -157,24 +146,25 @@ def main(argv: list[str] | None = None) -> int:
             log(f"ERROR {label}\n{tb}")
             return None
 
-    pool = WorkerPool(("cute", "tirx"), device="cuda", depth=2)
-    session_cache = pool.trusted  # the benchmark's pool shares it: one eager timing per problem for the session
+    pool = WorkerPool(device="cuda", depth=2)  # every registered DSL
     try:
         # ---- baselines (every committed DSL kernel), each median beside the committed one ----
         if "baselines" in sections:
+            from mkb.grader._session import problem_identity
+            from mkb.problems import baselines
+
             before = committed_medians(Path(a.compare))
-            for n, dsl, path in discover_baselines():
-                v = guarded(f"baseline {n} {dsl}", lambda: grade(n, dsl, path, writer=writer, config=GraderConfig(),
+            for b in baselines():  # every baseline the problem folders hold
+                n, dsl = b.problem, b.dsl
+                v = guarded(f"baseline {n} {dsl}", lambda: grade(n, dsl, b.path, writer=writer, config=GraderConfig(),
                                                                pool=pool, scope="attempt"))
                 if v is None:
                     continue
                 old = before.get((n, dsl))
                 change = (v.candidate_median_us / old - 1.0) if (old and v.candidate_median_us) else None
                 m = margins(v)
-                from mkb.grader._session import problem_sha256
-
-                summary["baselines"].append(row_of(v, kernel=str(path.relative_to(REPO)), committed_median_us=old,
-                                                   problem_sha256=problem_sha256(n),
+                summary["baselines"].append(row_of(v, kernel=str(b.path.relative_to(REPO)), committed_median_us=old,
+                                                   problem_hash=problem_identity(n),
                                                    median_change=change, within_spread=None if change is None else abs(change) <= SPREAD_LIMIT,
                                                    margins=m))
                 log(f"BASELINE {n:02d} {dsl}: passed={v.passed} reason={v.reason} speedup={v.speedup} "
@@ -242,13 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         pool.close()
 
-    # ---- benchmark: overhead with a warm pool, spread of one kernel's median over 5 gradings ----
+    # ---- benchmark: overhead with a warm queue, spread of one kernel's median over 5 gradings ----
     if "bench" in sections:
         import grader_bench
 
-        summary["bench"] = guarded("bench", lambda: grader_bench.run(
-            problem=28, dsls=("cute", "tirx"), repeats=a.bench_repeats, config=GraderConfig(), log=log, writer=writer,
-            trusted=session_cache))
+        summary["bench"] = guarded("bench", lambda: grader_bench.overhead(
+            problem=28, repeats=a.bench_repeats, config=GraderConfig(), log=log, writer=writer))
         b = summary["bench"] or {}
         for dsl, d in (b.get("dsls") or {}).items():
             log(f"BENCH {dsl}: overhead median {d['overhead_s_median']:.2f} s (max {d['overhead_s_max']:.2f}), "

@@ -1,4 +1,4 @@
-"""`mkb-run grade`: grade one kernel.py against a problem in one DSL and print the verdict."""
+"""`mkb-run grade`: grade kernels (files, or the baselines found in the problem folders) through one grading queue."""
 
 from __future__ import annotations
 
@@ -11,30 +11,132 @@ import typer
 STORE_HELP = "Dataset URL the events go to; default $MKB_STORE, else events/local under the working directory."
 
 
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def _jobs(targets: list[str], *, baselines: bool, problem: Optional[int], dsl: Optional[str]) -> list:
+    """The GradeJobs the command line names (a bad name is a one-line error, never a traceback)."""
+    from mkb.dsl import baseline_files
+    from mkb.grader import GradeJob
+    from mkb.problems import ProblemError, baselines as find_baselines, find_problem
+
+    if baselines:
+        if problem is not None:
+            targets = [*targets, str(problem)]
+        try:
+            found = find_baselines(targets or None, dsls=[dsl] if dsl else None)
+        except (ProblemError, ValueError) as exc:
+            _fail(str(exc))
+        if not found:
+            _fail("no baseline kernels found\nhint: baselines are <dsl>.py files beside a problem's problem.py")
+        return [GradeJob(b.problem, b.dsl, b.path, experiment="baselines") for b in found]
+    files = baseline_files()
+    if not targets:
+        _fail(f"name the kernel files to grade, or pass --baselines\nhint: mkb-run grade --problem NN --dsl {'|'.join(files.values())} kernel.py")
+    jobs = []
+    for t in targets:
+        path = Path(t)
+        if not path.is_file():
+            _fail(f"{t}: no such kernel file")
+        p, d = problem, dsl
+        if p is None or d is None:  # a baseline's own path says both: problems/<family>/NN_name/<dsl>.py
+            try:
+                inferred_p = int(find_problem(path.resolve().parent).parent.name.split("_")[0])
+            except (ProblemError, ValueError):
+                inferred_p = None
+            p = p if p is not None else inferred_p
+            d = d if d is not None else files.get(path.name)
+        if p is None or d is None:
+            _fail(f"{t}: which problem and DSL is this kernel for?\nhint: pass --problem NN and --dsl {'|'.join(files.values())}")
+        jobs.append(GradeJob(p, d, path.resolve(), experiment="cli"))
+    return jobs
+
+
 def grade_cmd(
-    kernel: Path = typer.Argument(..., exists=True, dir_okay=False, help="The kernel.py to grade."),
-    problem: int = typer.Option(..., "--problem", help="Problem number (NN)."),
-    dsl: str = typer.Option(..., "--dsl", help="DSL of the kernel: cute or tirx."),
+    targets: Optional[list[str]] = typer.Argument(None, help="Kernel files; with --baselines, problem numbers or names (none: all)."),
+    problem: Optional[int] = typer.Option(None, "--problem", help="Problem number (NN) of the kernel files (read from a baseline's folder if left out)."),
+    dsl: Optional[str] = typer.Option(None, "--dsl", help="DSL of the kernel files (a baseline's file name says it); with --baselines, only this DSL."),
+    baselines: bool = typer.Option(False, "--baselines", help="Grade the baseline solutions found in the problem folders."),
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
     size: str = typer.Option("full", "--size", help="Input size: full (graded) or smoke (a quick look)."),
-    device: str = typer.Option("cuda", "--device", help="cuda; cpu only for smoke runs without a GPU (no profiler)."),
+    device: str = typer.Option("cuda", "--device", help="cuda or cuda:N; cpu only for smoke runs without a GPU (no profiler)."),
     quick: bool = typer.Option(False, "--quick", help="A short policy (3 draws, 6 timed calls): never a reported verdict."),
-    as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON instead of a table."),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON instead of tables."),
 ) -> None:
-    """Grade KERNEL: static rules, then a single-use worker for compile, correctness, timing and integrity."""
+    """Grade kernels: static rules, then a single-use worker each for compile, correctness, timing and integrity.
+
+    Every kernel goes through one grading queue on DEVICE (workers started ahead, one eager timing per
+    problem for the run). Exits 0 only when every kernel passed.
+    """
     from rich.console import Console
 
-    from mkb.grader import GraderConfig, grade
+    from mkb.grader import GraderConfig, GradingQueue
+    from mkb.grader._pool import device_kind
 
-    cfg = GraderConfig.quick(size=size, device=device) if quick else GraderConfig(size=size, device=device)
+    jobs = _jobs(list(targets or []), baselines=baselines, problem=problem, dsl=dsl)
+    try:
+        kind = device_kind(device)
+    except ValueError as exc:
+        _fail(str(exc))
+    cfg = GraderConfig.quick(size=size, device=kind) if quick else GraderConfig(size=size, device=kind)
     console = Console()
-    with console.status(f"grading {kernel} (problem {problem}, {dsl})", spinner="dots"):
-        v = grade(problem, dsl, kernel, store=store, config=cfg)
+    results: list = []
+    dsls = tuple(dict.fromkeys(j.dsl for j in jobs))
+    # spares per DSL: enough to keep the queue fed (batched refill), never more than the kernels of that DSL
+    per_dsl = max(sum(1 for j in jobs if j.dsl == d) for d in dsls)
+    depth = min(3, per_dsl)
+    with console.status(f"grading {len(jobs)} kernel(s) on {device}", spinner="dots"):
+        with GradingQueue(device=device, store=store, config=cfg, dsls=dsls, depth=depth,
+                          low_water=min(1, depth - 1)) as q:
+            futures = [q.submit(j) for j in jobs]
+            for j, f in zip(jobs, futures):
+                try:
+                    results.append((j, f.result(), None))
+                except Exception as exc:  # noqa: BLE001 - an unreadable kernel or unknown DSL: named, and the rest go on
+                    results.append((j, None, str(exc).splitlines()[0]))
     if as_json:
-        print(json.dumps(v.as_dict(), default=str, indent=1))
+        print(json.dumps([v.as_dict() if v is not None else {"kernel": str(j.kernel_path), "error": e}
+                          for j, v, e in results], default=str, indent=1))
+    elif len(results) == 1 and results[0][1] is not None:
+        print_verdict(results[0][1], console)
     else:
-        print_verdict(v, console)
-    raise typer.Exit(0 if v.passed else 1)
+        print_table(results, console)
+    for j, v, e in results:
+        if e is not None:
+            typer.echo(f"error: {j.kernel_path}: {e}", err=True)
+    raise typer.Exit(0 if all(v is not None and v.passed for _, v, _ in results) else 1)
+
+
+def print_table(results: list, console=None) -> None:
+    """One row per kernel: problem, DSL, outcome, speedup, medians, wall time."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console()
+    t = Table(show_header=True, header_style="bold")
+    for c in ("problem", "dsl", "kernel", "verdict", "speedup", "candidate us", "eager us", "wall s"):
+        t.add_column(c, justify="right" if c in ("problem", "speedup", "candidate us", "eager us", "wall s") else "left")
+    for j, v, e in results:
+        kernel = escape(_short(j.kernel_path))
+        if v is None:
+            t.add_row(str(j.problem), escape(j.dsl), kernel, f"[red]error[/] {escape(e or '')[:60]}", "", "", "", "")
+            continue
+        t.add_row(str(v.problem), escape(v.dsl), kernel, "[green]passed[/]" if v.passed else f"[red]{escape(v.reason or '')}[/]",
+                  f"{v.speedup:.2f}x" if v.speedup else "", f"{v.candidate_median_us:.1f}" if v.candidate_median_us else "",
+                  f"{v.eager_median_us:.1f}" if v.eager_median_us else "", f"{v.wall_s:.1f}" if v.wall_s is not None else "")
+    console.print(t)
+    n_pass = sum(1 for _, v, _ in results if v is not None and v.passed)
+    console.print(f"{n_pass} of {len(results)} passed")
+
+
+def _short(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def print_verdict(v, console=None) -> None:

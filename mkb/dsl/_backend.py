@@ -56,6 +56,14 @@ class DslBackend(Protocol):
       process and device compiles (imports the DSL then, never at module import); later calls
       return the cached callable. Added in the protocol after v1: callers that must accept older
       backends look it up with `getattr(backend, "empty_kernel", None)`.
+    - `baseline_file` is the file name of this DSL's baseline solution in a problem folder (`<name>.py`);
+      baselines are discovered through it and left out of the problem hash.
+    - `is_compile_error(exc)` says whether an exception raised while a kernel was imported or first
+      called is this DSL's compiler refusing it (`compile_error`) rather than the candidate's own
+      Python failing (`import_error` / `runtime_error`).
+    - `compile_only_patches()` patches the DSL in the calling process (the check's own) so that
+      `solve` really compiles for the GPU arch and launches nothing; returns a stats dict with
+      `compiled` (builds so far), `entry` (the compile entry point's name) and `arch`.
     """
 
     name: str
@@ -83,3 +91,10 @@ class DslBackend(Protocol):
     def doc_pack_version(self) -> str: ...
 
     def empty_kernel(self) -> Callable[[], None]: ...
+
+    @property
+    def baseline_file(self) -> str: ...
+
+    def is_compile_error(self, exc: BaseException) -> bool: ...
+
+    def compile_only_patches(self) -> dict: ...

@@ -23,12 +23,25 @@ class BackendBase:
     dist: str  # the distribution whose version names the DSL version
     docs: Path  # the doc pack folder: PROMPT.md (the prompt section) and reference notes
     rules: RuleSet
+    # top-level packages whose exceptions mean "the DSL's compiler refused the kernel"
+    compiler_modules: tuple[str, ...] = ()
 
     def environment(self, gpu_arch: str) -> dict[str, str]:  # pragma: no cover - each backend has its own
         raise NotImplementedError
 
     def _empty_kernel(self) -> Callable[[], None]:  # pragma: no cover - each backend has its own
         raise NotImplementedError
+
+    def compile_only_patches(self) -> dict:  # pragma: no cover - each backend has its own
+        raise NotImplementedError
+
+    @property
+    def baseline_file(self) -> str:
+        return f"{self.name}.py"
+
+    def is_compile_error(self, exc: BaseException) -> bool:
+        mod = (type(exc).__module__ or "").split(".")[0]
+        return mod in self.compiler_modules or "ompil" in type(exc).__name__
 
     def version(self) -> str:
         return f"{self.dist}=={_common.package_version(self.dist)}"

@@ -2,8 +2,8 @@
 
 Run as `python -m mkb.dsl._check <dsl> <kernel.py> <problem>` by `DslBackend.check_compile`, in a
 fresh process whose environment the backend set. Nothing is launched: the DSL's compile entry
-point (`cute.compile`, `tvm.compile`) really compiles, for the real GPU arch, and returns a
-stand-in whose calls do nothing. The last stdout line is `MKB_CHECK {"ok": ..., "messages": [...]}`.
+point really compiles, for the real GPU arch, and returns a stand-in whose calls do nothing (each
+backend's `compile_only_patches()` says how for its DSL). The last stdout line is `MKB_CHECK {"ok": ..., "messages": [...]}`.
 `python -m mkb.dsl._check <dsl> --empty-kernel` builds the backend's `empty_kernel()` the same way.
 """
 
@@ -19,14 +19,11 @@ def _emit(ok: bool, messages: list[str] | tuple[str, ...]) -> None:
     print("MKB_CHECK " + json.dumps({"ok": ok, "messages": list(messages)}), flush=True)
 
 
-def _patches(dsl: str):
-    if dsl == "cute":
-        from mkb.dsl.cute import _compile_only_patches
-    elif dsl == "tirx":
-        from mkb.dsl.tirx import _compile_only_patches
-    else:
-        return None
-    return _compile_only_patches
+def _backend(dsl: str):
+    """The registered backend, or None (the caller reports the unknown DSL as a check message)."""
+    from mkb.dsl import BACKENDS, get_backend
+
+    return get_backend(dsl) if dsl in BACKENDS else None
 
 
 def check_empty_kernel(dsl: str) -> int:
@@ -35,14 +32,11 @@ def check_empty_kernel(dsl: str) -> int:
 
     label = Path(f"{dsl}_empty_kernel.py")
     try:
-        patches = _patches(dsl)
-        if patches is None:
+        backend = _backend(dsl)
+        if backend is None:
             _emit(False, [f"unknown DSL {dsl!r}"])
             return 0
-        stats = patches()
-        from mkb.dsl import get_backend
-
-        backend = get_backend(dsl)
+        stats = backend.compile_only_patches()
         launch = backend.empty_kernel()
         launch()
         again = backend.empty_kernel()
@@ -68,21 +62,18 @@ def main(argv: list[str]) -> int:
     try:
         import torch
 
-        from mkb.dsl._common import load_kernel, load_problem
+        from mkb.problems import load_problem_module
 
-        if dsl == "cute":
-            from mkb.dsl.cute import _compile_only_patches
-        elif dsl == "tirx":
-            from mkb.dsl.tirx import _compile_only_patches
-        else:
+        backend = _backend(dsl)
+        if backend is None:
             _emit(False, [f"unknown DSL {dsl!r}"])
             return 0
-        prob = load_problem(problem)
+        prob = load_problem_module(problem)
         inputs = prob.make_inputs(0, device="cpu", size="smoke")
         if not isinstance(inputs, tuple):
             inputs = (inputs,)
-        stats = _compile_only_patches()
-        mod = load_kernel(kernel_path, dsl=dsl)
+        stats = backend.compile_only_patches()
+        mod = backend.load(kernel_path)
     except BaseException as e:  # noqa: BLE001 - every failure becomes a message
         _emit(False, format_exception(e, kernel_path))
         return 0

@@ -1,4 +1,4 @@
-"""Plumbing both DSL backends share: importing a kernel file, finding a problem, the check subprocess, hashes.
+"""Plumbing every DSL backend shares: importing a kernel file, the check subprocess, hashes, the math-flag policy.
 
 Why a subprocess for `check_compile`: the DSLs snapshot their environment (CUTE_DSL_ARCH, the
 math-flag policy) when first imported, a compiler can abort the process, and the check patches
@@ -40,27 +40,6 @@ def load_kernel(path: Path, *, dsl: str) -> ModuleType:
     except BaseException:
         sys.modules.pop(name, None)
         raise
-    return module
-
-
-def find_problem(number: int) -> Path:
-    """problems/<family>/NN_name/problem.py for a problem number."""
-    from mkb._resources import data_dir
-
-    hits = sorted(data_dir("problems").glob(f"*/{number:02d}_*/problem.py"))
-    if not hits:
-        raise FileNotFoundError(f"no problem numbered {number}\nhint: problems live in problems/<family>/NN_name/problem.py")
-    return hits[0]
-
-
-def load_problem(number: int) -> ModuleType:
-    path = find_problem(number)
-    name = f"mkb_problem_{number:02d}_{next(_COUNTER)}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
     return module
 
 

@@ -55,6 +55,7 @@ class CuteBackend(BackendBase):
     entry = "cute.compile"
     docs = _DOCS
     rules = _RULES
+    compiler_modules = ("cutlass", "mlir", "cuda", "tvm_ffi")
 
     def environment(self, gpu_arch: str) -> dict[str, str]:
         return {
@@ -77,6 +78,9 @@ class CuteBackend(BackendBase):
 
     def _empty_kernel(self) -> Callable[[], None]:
         return _empty_kernel_impl()
+
+    def compile_only_patches(self) -> dict:
+        return _compile_only_patches()
 
 
 # --- the launch floor: one empty kernel, launched the way candidates launch theirs ----------------------

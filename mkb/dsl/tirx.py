@@ -51,6 +51,7 @@ class TirxBackend(BackendBase):
     entry = "tvm.compile"
     docs = _DOCS
     rules = _RULES
+    compiler_modules = ("tvm", "tvm_ffi", "cuda")
 
     def environment(self, gpu_arch: str) -> dict[str, str]:
         cuda = _common.cuda_path()
@@ -91,6 +92,9 @@ class TirxBackend(BackendBase):
 
     def _empty_kernel(self) -> Callable[[], None]:
         return _empty_kernel_impl()
+
+    def compile_only_patches(self) -> dict:
+        return _compile_only_patches()
 
 
 # --- the launch floor: one empty kernel, launched the way candidates launch theirs ----------------------

@@ -2,7 +2,8 @@
 
 from mkb.grader._config import GraderConfig
 from mkb.grader._grade import GRADER_VERSION, grade
-from mkb.grader._pool import Worker, WorkerPool
+from mkb.grader._pool import Worker, WorkerPool, quiet_for
+from mkb.grader._queue import GradeJob, GradingQueue
 from mkb.reasons import STAGES, Reason, is_known, stage_of, static_reason
 from mkb.grader._verdict import (
     THRESHOLDS, CompileFigures, IntegrityFigures, StageResult, TimingFigures, VerificationFigures, Verdict,
@@ -10,6 +11,6 @@ from mkb.grader._verdict import (
 
 __all__ = [
     "CompileFigures", "IntegrityFigures", "TimingFigures", "VerificationFigures",
-    "GRADER_VERSION", "GraderConfig", "Reason", "STAGES", "StageResult", "THRESHOLDS", "Verdict", "Worker",
-    "WorkerPool", "grade", "is_known", "stage_of", "static_reason",
+    "GRADER_VERSION", "GradeJob", "GraderConfig", "GradingQueue", "Reason", "STAGES", "StageResult", "THRESHOLDS",
+    "Verdict", "Worker", "WorkerPool", "grade", "is_known", "quiet_for", "stage_of", "static_reason",
 ]

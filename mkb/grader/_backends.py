@@ -1,26 +1,18 @@
-"""Resolves a DSL name to its backend through the registry, as a "module:Class" target a worker can import too."""
+"""The grader's view of the DSL registry: a DSL name as the "module:Class" target a worker imports its backend from."""
 
 from __future__ import annotations
 
-import importlib
 from functools import cache
 
-from mkb.dsl._backend import DslBackend
-
-
-def backend_target(dsl: str) -> str:
-    """The registry's "module:Class" for `dsl`, read at call time (so tests can register a CPU-only backend)."""
-    from mkb.dsl._registry import BACKENDS
-
-    try:
-        return BACKENDS[dsl]
-    except KeyError:
-        raise ValueError(f"unknown DSL {dsl!r}\nhint: known DSLs are {', '.join(BACKENDS)}") from None
+from mkb.dsl import DslBackend
+from mkb.dsl import backend_from_target as _from_target
+from mkb.dsl import backend_target
 
 
 @cache
 def backend_from_target(target: str | None, dsl: str) -> DslBackend:
-    if target is None:
-        target = backend_target(dsl)
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)()
+    """The backend a worker was started with (`--backend`), else the registry's entry for `dsl`."""
+    return _from_target(target if target is not None else backend_target(dsl))
+
+
+__all__ = ["backend_from_target", "backend_target"]

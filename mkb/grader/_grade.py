@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from mkb.grader._config import GraderConfig
-from mkb.grader._pool import QUIET, WARM_WAIT_S, Worker, WorkerPool
-from mkb.grader._problems import problem_number
+from mkb.grader._pool import WARM_WAIT_S, Worker, WorkerPool
 from mkb.grader._reasons import STAGES, Reason, static_reason
-from mkb.grader._session import TrustedCache, problem_sha256, trusted_key
+from mkb.grader._session import TrustedCache, problem_identity, trusted_key
 from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict, exit_failure, missing_stages_reason, timeout_failure
+from mkb.problems import problem_number
 
 GRADER_VERSION = "2.0"  # 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
 
@@ -29,8 +29,14 @@ def _jsonable(v: Any) -> str | None:
 
 
 def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedCache | None = None,
-                problem_sha: str = "unknown") -> tuple[list[StageResult], str | None, str, dict]:
-    """Drive one job; returns (stages, failure reason not tied to a stage, log, bookkeeping)."""
+                problem_hash: str = "unknown", pinned: dict | None = None,
+                fresh_eager: bool = False) -> tuple[list[StageResult], str | None, str, dict]:
+    """Drive one job; returns (stages, failure reason not tied to a stage, log, bookkeeping).
+
+    `pinned` trusted figures (a pair re-grade's one eager timing) win over the cache; `fresh_eager`
+    measures eager even when the cache has it (the first grading of such a batch). What the worker
+    measured before the candidate existed comes back in `book["trusted_fresh"]`.
+    """
     nonce = secrets.token_hex(16)
     book: dict[str, Any] = {"worker_pid": worker.pid}
     t_wait = time.monotonic()
@@ -43,18 +49,21 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
     book["gpu"] = worker.ready.get("gpu")
     book["worker_quiet_wait_s"] = worker.ready.get("quiet_wait_s")
     keys = {}
+    hit: dict[str, dict] = {}
     if cache is not None and isinstance(job.get("problem"), int):
         for what in ("eager", "reference", f"floor:{job['dsl']}"):
-            keys[what.split(":")[0]] = trusted_key(what, problem=job["problem"], problem_sha=problem_sha,
+            keys[what.split(":")[0]] = trusted_key(what, problem=job["problem"], problem_hash=problem_hash,
                                                    ready=worker.ready, cfg=cfg, grader_version=GRADER_VERSION)
-        hit = {k: v for k, v in ((k, cache.get(key)) for k, key in keys.items()) if v is not None}
-        if hit:
-            job = {**job, "trusted": hit}
-        book["trusted_cached"] = sorted(hit)
+        hit = {k: v for k, v in ((k, cache.get(key)) for k, key in keys.items() if not (fresh_eager and k == "eager"))
+               if v is not None}
+    hit.update(pinned or {})
+    if hit:
+        job = {**job, "trusted": hit}
+    book["trusted_cached"] = sorted(hit)
     try:
         return _drive(worker, job, cfg, cache, keys, nonce, book)
     finally:
-        QUIET.release(worker, pid=worker.pid)  # a hold never outlives its grading (crash, timeout, forged message)
+        worker.quiet.release(worker, pid=worker.pid)  # a hold never outlives its grading (crash, timeout, forged message)
 
 
 def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | None, keys: dict, nonce: str,
@@ -84,19 +93,22 @@ def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | N
         kind = msg.get("type")
         if kind == "trusted":
             # written before the candidate was imported (it precedes the compile phase message): cacheable
-            if phase == "setup" and cache is not None:
-                for what in ("eager", "reference", "floor"):
-                    if isinstance(msg.get(what), dict) and keys.get(what) is not None:
-                        cache.put(keys[what], msg[what])
+            if phase == "setup":
+                fresh = {w: msg[w] for w in ("eager", "reference", "floor") if isinstance(msg.get(w), dict)}
+                book["trusted_fresh"] = fresh
+                if cache is not None:
+                    for what, fig in fresh.items():
+                        if keys.get(what) is not None:
+                            cache.put(keys[what], fig)
         elif kind == "hold":
             # a GPU-sensitive phase (eager timing, the timing loop): spares' GPU warm-ups wait until it ends
             if msg.get("on"):
-                waited = QUIET.hold(worker, str(msg.get("what", "")), pid=worker.pid,
+                waited = worker.quiet.hold(worker, str(msg.get("what", "")), pid=worker.pid,
                                     timeout=min(WARM_WAIT_S, max(0.0, wall_deadline - time.monotonic())))
                 book["hold_wait_s"] = book.get("hold_wait_s", 0.0) + waited
                 worker.send_go()
             else:
-                QUIET.release(worker, pid=worker.pid)
+                worker.quiet.release(worker, pid=worker.pid)
         elif kind == "phase":
             phase = msg["phase"]
             if phase == "compile":
@@ -138,7 +150,30 @@ def grade(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, store
 
     `writer` (an EventWriter) wins over `store` (a URL); with neither, the default store is used.
     Pass a long-lived `pool` to keep workers warm across calls; without one, a worker is spawned
-    for this call and nothing is left running afterwards.
+    for this call and nothing is left running afterwards. Many gradings, from many threads or
+    tasks, go through a `GradingQueue` instead (one per GPU).
+    """
+    own_writer = writer is None
+    if own_writer:
+        from mkb.events import EventWriter
+
+        writer = EventWriter(store)
+    try:
+        verdict, _ = grade_with(problem, dsl, kernel_path, writer=writer, config=config, pool=pool, scope=scope,
+                                attempt_id=attempt_id)
+    finally:
+        if own_writer:
+            writer.close()
+    return verdict
+
+
+def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, writer: Any,
+               config: GraderConfig | None = None, pool: WorkerPool | None = None, scope: str = "submission",
+               attempt_id: str | None = None, queue_wait_s: float | None = None, pinned: dict | None = None,
+               fresh_eager: bool = False, pair_id: str | None = None) -> tuple[Verdict, dict]:
+    """One grading on `pool` with its events emitted to `writer` (the queue's and `grade`'s shared core).
+
+    Returns the verdict and the trusted figures the worker measured fresh (for a batch's one eager timing).
     """
     from mkb.grader._backends import backend_from_target, backend_target
     from mkb.grader._jsonl import uuid7
@@ -146,7 +181,10 @@ def grade(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, store
     cfg = config or GraderConfig()
     t_req = time.monotonic()
     kernel_path = Path(kernel_path).resolve()
-    source = kernel_path.read_text()
+    try:
+        source = kernel_path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{kernel_path}: cannot read the kernel ({exc})\nhint: pass the path of a kernel.py") from None
     sha = hashlib.sha256(source.encode()).hexdigest()
     number = problem_number(problem)
     evaluation_id = uuid7()
@@ -168,27 +206,19 @@ def grade(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, store
             job = {"problem": number if not isinstance(problem, Path) and str(problem).isdigit() else str(problem),
                    "dsl": dsl, "backend": backend_target(dsl), "kernel_path": str(kernel_path), "secret": secrets.randbits(62), "config": cfg.as_dict()}
             stages, failure, log, book = _run_worker(worker, job, cfg, cache=None if own_pool else pool.trusted,
-                                                     problem_sha=problem_sha256(problem))
+                                                     problem_hash=problem_identity(number), pinned=pinned,
+                                                     fresh_eager=fresh_eager)
         finally:
             if own_pool:
                 pool.close()
 
-    verdict = _verdict(evaluation_id, number, dsl, sha, stages, failure, log, book, t_req)
-    own_writer = writer is None
-    if own_writer:
-        from mkb.events import EventWriter
-
-        writer = EventWriter(store)
-    try:
-        _emit(writer, verdict, attempt_id=attempt_id, scope=scope, failure_log=log)
-    finally:
-        if own_writer:
-            writer.close()
-    return verdict
+    verdict = _verdict(evaluation_id, number, dsl, sha, stages, failure, log, book, t_req, queue_wait_s)
+    _emit(writer, verdict, attempt_id=attempt_id, scope=scope, failure_log=log, pair_id=pair_id)
+    return verdict, dict(book.get("trusted_fresh") or {})
 
 
 def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[StageResult], failure: str | None,
-             log: str, book: dict, t_req: float) -> Verdict:
+             log: str, book: dict, t_req: float, queue_wait_s: float | None = None) -> Verdict:
     by = {s.stage: s for s in stages}
     reason = None
     for name in STAGES:
@@ -219,14 +249,15 @@ def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[S
         evaluation_id=evaluation_id, problem=number, dsl=dsl, kernel_sha256=sha, passed=passed, reason=reason,
         speedup=speedup if passed else None, eager_median_us=eager, candidate_median_us=cand, gpu=gpu,
         stages=tuple(stages), wall_s=wall, overhead_s=wall - kernel_s, worker_wait_s=book.get("worker_wait_s"),
-        message=next((s.log for s in stages if not s.ok), "")[:4000],
+        queue_wait_s=queue_wait_s, message=next((s.log for s in stages if not s.ok), "")[:4000],
         gpu_model=tf.gpu_model if tf else None, gpu_arch=tf.gpu_arch if tf else None,
         timed_calls=tf.n_timed if tf else None, reference_median_us=tf.reference_median_us if tf else None,
         speedup_upstream=(tf.speedup_upstream if tf and passed else None),
     )
 
 
-def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failure_log: str) -> None:
+def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failure_log: str,
+          pair_id: str | None = None) -> None:
     common = dict(evaluation_id=v.evaluation_id, problem=v.problem, dsl=v.dsl, kernel_sha256=v.kernel_sha256)
     for s in v.stages:
         f = dict(s.figures)
@@ -257,6 +288,7 @@ def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failur
         r_at_0=r[THRESHOLDS[0]], r_at_0_5=r[THRESHOLDS[1]], r_at_1=r[THRESHOLDS[2]], r_at_2=r[THRESHOLDS[3]],
         r_at_4=r[THRESHOLDS[4]], s=v.s, gpu=v.gpu, gpu_model=v.gpu_model, gpu_arch=v.gpu_arch, timed_calls=v.timed_calls,
         reference_median_us=v.reference_median_us, speedup_upstream=v.speedup_upstream, s_upstream=v.s_upstream,
+        queue_wait_s=v.queue_wait_s, pair_id=pair_id,
         details=_jsonable({"wall_s": v.wall_s, "overhead_s": v.overhead_s, "worker_wait_s": v.worker_wait_s,
                            "grader_version": GRADER_VERSION}),
     )

@@ -135,9 +135,10 @@ def _poison(expected_values: tuple) -> None:
     del blocks
 
 
-def _looks_like_compile_error(exc: BaseException) -> bool:
-    mod = type(exc).__module__ or ""
-    return mod.split(".")[0] in {"cutlass", "tvm", "tvm_ffi", "mlir", "cuda"} or "ompil" in type(exc).__name__
+def _looks_like_compile_error(exc: BaseException, backend: Any) -> bool:
+    """The backend says which exceptions are its compiler's (mkb.dsl: DSL names live there only)."""
+    check = getattr(backend, "is_compile_error", None)
+    return bool(check(exc)) if check is not None else "ompil" in type(exc).__name__
 
 
 def _fmt_exc(exc: BaseException) -> str:
@@ -371,7 +372,7 @@ class _Evaluation:
         except SystemExit as exc:
             raise Fail("integrity", "integrity_exit", f"kernel.py raised SystemExit({exc.code!r}) on import") from None
         except BaseException as exc:  # noqa: BLE001
-            reason = "compile_error" if _looks_like_compile_error(exc) else "import_error"
+            reason = "compile_error" if _looks_like_compile_error(exc, self.backend) else "import_error"
             raise Fail("compile", reason, _fmt_exc(exc)) from None
         solve = getattr(module, "solve", None)
         if not callable(solve):
@@ -388,7 +389,7 @@ class _Evaluation:
         except SystemExit as exc:
             raise Fail("integrity", "integrity_exit", f"solve raised SystemExit({exc.code!r})") from None
         except BaseException as exc:  # noqa: BLE001
-            raise Fail("compile", "compile_error" if _looks_like_compile_error(exc) else "runtime_error", _fmt_exc(exc)) from None
+            raise Fail("compile", "compile_error" if _looks_like_compile_error(exc, self.backend) else "runtime_error", _fmt_exc(exc)) from None
         self.compile_s = _perf() - t0
         try:
             patterns = tuple(self.backend.kernel_name_patterns(module))

@@ -3,8 +3,9 @@
 The quiet rule: a spare worker's warm start overlaps other gradings, so it is split in two. Its
 Python imports (CPU only) run at once; everything of its warm start that touches the GPU (CUDA
 init, the profiler's CUPTI init, stream calibration, any allocation) waits for a `go` from the
-parent, which `QUIET` (one coordinator per process, shared by every pool) sends only while no
-worker is in a GPU-sensitive phase: the timing loop, and the trusted phase's eager timing and
+parent, which the device's `GpuQuiet` (one coordinator per device of the process, `quiet_for`,
+shared by every pool and queue of that device) sends only while no worker of that device is in a
+GPU-sensitive phase: the timing loop, and the trusted phase's eager timing and
 launch floors. A worker announces such a phase with a `hold` message and waits for its own `go`,
 which comes once no spare is in its GPU warm-up (bounded by `WARM_WAIT_S` and the grading's wall
 limit) and no new spare gets `go` until it says the phase is over. Measured on the H200: with the
@@ -17,6 +18,10 @@ and a warm-up waits on nothing. Every hold dies with its worker: `_run_worker` r
 `finally`, and killing / reaping a worker releases it too (crash, timeout, forged messages alike).
 A grading that takes a spare still waiting for `go` never waits on itself: it holds nothing while
 it waits for the worker to be ready, so `go` comes as soon as the others' phases end.
+
+Per device: a warm-up on one GPU does not disturb a timing loop on another, so each device
+("cuda:0", "cuda:1", ...) has its own coordinator and one process can drive every GPU of a host.
+A worker of "cuda:N" sees only that GPU (CUDA_VISIBLE_DEVICES, mapped through the parent's own list).
 """
 
 from __future__ import annotations
@@ -42,14 +47,47 @@ WARM_WAIT_S = 60.0
 WARM_LIMIT_S = 120.0
 
 
+def normalize_device(device: str) -> str:
+    """"cuda" -> "cuda:0" (the process's first visible GPU, the same one as "cuda:0"); "cpu", "cpu:1" unchanged.
+
+    CPU devices with an index are stand-ins that tests use to show the per-device rule without a GPU.
+    """
+    kind, _, index = str(device).partition(":")
+    if kind not in ("cuda", "cpu") or (index and not index.isdigit()):
+        raise ValueError(f"unknown device {device!r}\nhint: use cuda:N (a GPU of this host) or cpu (tests, smoke runs)")
+    if kind == "cuda":
+        return f"cuda:{int(index or 0)}"
+    return f"cpu:{int(index)}" if index else "cpu"
+
+
+def device_kind(device: str) -> str:
+    return normalize_device(device).split(":")[0]
+
+
+def visible_device(device: str, env: dict[str, str] | None = None) -> str | None:
+    """The CUDA_VISIBLE_DEVICES value that shows a worker of `device` its GPU only (None for CPU devices)."""
+    dev = normalize_device(device)
+    if not dev.startswith("cuda:"):
+        return None
+    index = int(dev.split(":")[1])
+    parent = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if parent is None or not parent.strip():
+        return str(index)
+    ids = [x.strip() for x in parent.split(",") if x.strip()]
+    if index >= len(ids):
+        raise ValueError(f"device {dev} is not visible (CUDA_VISIBLE_DEVICES={parent})\nhint: use cuda:0..cuda:{len(ids) - 1}")
+    return ids[index]
+
+
 class GpuQuiet:
-    """Process-wide: which workers are in a GPU-sensitive phase, which spares wait for `go`, which warm up.
+    """One device: which workers are in a GPU-sensitive phase, which spares wait for `go`, which warm up.
 
     State changes under one condition variable; `history` keeps (monotonic time, event, pid) for
     tests and post-mortems.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cuda:0") -> None:
+        self.device = device
         self._cv = threading.Condition()
         self._holds: dict[object, str] = {}
         self._pending = 0
@@ -134,7 +172,21 @@ class GpuQuiet:
             self._wake()
 
 
-QUIET = GpuQuiet()
+_QUIETS: dict[str, GpuQuiet] = {}
+_QUIETS_LOCK = threading.Lock()
+
+
+def quiet_for(device: str) -> GpuQuiet:
+    """The process's coordinator of `device` (created on first use, then the same object for every pool)."""
+    key = normalize_device(device)
+    with _QUIETS_LOCK:
+        q = _QUIETS.get(key)
+        if q is None:
+            q = _QUIETS[key] = GpuQuiet(key)
+        return q
+
+
+QUIET = quiet_for("cuda:0")  # the process's default GPU (device "cuda")
 
 
 class Worker:
@@ -142,7 +194,10 @@ class Worker:
 
     def __init__(self, dsl: str, *, device: str = "cuda", env: dict[str, str] | None = None,
                  python: str = sys.executable, gpu_arch: str | None = None) -> None:
-        self.dsl, self.device = dsl, device
+        self.dsl = dsl
+        self.device_key = normalize_device(device)  # the quiet rule's key
+        self.device = device = device_kind(device)  # what the worker runs on: cuda or cpu
+        self.quiet = quiet_for(self.device_key)
         if device == "cuda" and gpu_arch is None:  # the device's own arch, never a default (mkb.measure.detect_arch)
             from mkb.measure._device import UnsupportedGpu, detect_arch
 
@@ -156,6 +211,7 @@ class Worker:
         full_env = dict(os.environ if env is None else env)
         if device == "cuda" and gpu_arch:  # the DSL's environment (arch, CUDA path, math policy) before it is first imported
             full_env.update(backend_from_target(backend_target(dsl), dsl).environment(gpu_arch))
+            full_env["CUDA_VISIBLE_DEVICES"] = visible_device(self.device_key, env)
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, full_env.get("PYTHONPATH", "")) if p)
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.spawned_at = time.monotonic()
@@ -186,7 +242,7 @@ class Worker:
         write_msg(self._job_w, msg)
 
     def send_go(self) -> None:
-        """Let a worker waiting in a `hold` go on (after `QUIET.hold`)."""
+        """Let a worker waiting in a `hold` go on (after `self.quiet.hold`)."""
         try:
             self._send({"type": "go"})
         except OSError:
@@ -196,14 +252,14 @@ class Worker:
         with self._state_lock:
             if self.ready is None and self.ready_error is None:
                 self.ready, self.ready_error = ready, error
-        QUIET.warmed(self)
+        self.quiet.warmed(self)
         self._started.set()
 
     def _watch_start(self) -> None:
         msg = self.reader.read(time.monotonic() + 3600.0)  # imports: the limit is enforced in wait_ready
         if isinstance(msg, dict) and msg.get("type") == "imported":
             self.imported_at = time.monotonic()
-            QUIET.want_go(self)
+            self.quiet.want_go(self)
             while True:
                 if self.go_at is not None:  # the GPU warm-up runs: bounded, so that it cannot block holds for ever
                     msg = self.reader.read(self.go_at + WARM_LIMIT_S)
@@ -267,7 +323,7 @@ class Worker:
         `wait=False` reaps in the background: tearing down a large CUDA context takes a while, and the
         verdict of a worker that finished its job does not depend on how it ends.
         """
-        QUIET.forget(self)
+        self.quiet.forget(self)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -304,30 +360,44 @@ class Worker:
 
 
 class WorkerPool:
-    """Keeps one warm worker per DSL spawned ahead of need; `take` hands it out and spawns its successor.
+    """Keeps `depth` workers per DSL spawned ahead of need; `take` hands out the oldest and refills.
 
     A worker's warm start (torch + the DSL's imports + CUDA init, 8-10 s cold on the H200 host)
-    overlaps the previous evaluation, so a queue of gradings pays it once; its GPU part waits for
-    quiet (`QUIET`, the module docstring's rule), so it never runs beside a timing loop. Workers are
-    single-use: whatever a candidate did to its process dies with it.
+    overlaps the previous evaluations, so a queue of gradings pays it once; its GPU part waits for
+    quiet (the device's `GpuQuiet`, the module docstring's rule), so it never runs beside a timing
+    loop on the same GPU. Workers are single-use: whatever a candidate did to its process dies with it.
+
+    Refill in batches: the GPU part of a warm start (CUDA and profiler init, 4-6 s on the H200,
+    `profiler_init_at_warm_start_s` in events/h200-grader-bench) is exclusive with timing, so a
+    timing phase waits for any warm-up already running. Spawning one successor per take puts one
+    such warm-up in front of nearly every timing phase; with `low_water` below `depth - 1` the pool
+    spawns `depth - low_water` workers together once only `low_water` are left, their imports end
+    together, they get `go` in the same quiet gap and warm up side by side: one stall per batch.
     """
 
-    def __init__(self, dsls: tuple[str, ...] = ("cute", "tirx"), *, device: str = "cuda", prestart: bool = True,
+    def __init__(self, dsls: tuple[str, ...] | None = None, *, device: str = "cuda", prestart: bool = True,
                  env: dict[str, str] | None = None, depth: int = 1, refill_on_take: bool = True,
-                 trusted: TrustedCache | None = None) -> None:
-        self.device = device
+                 trusted: TrustedCache | None = None, low_water: int | None = None) -> None:
+        if depth < 1 or (low_water is not None and not 0 <= low_water < depth):
+            raise ValueError(f"WorkerPool needs depth >= 1 and 0 <= low_water < depth (got {depth}, {low_water})")
+        self.device = normalize_device(device)
         self.env = env
         self.depth = depth
+        self.low_water = depth - 1 if low_water is None else low_water  # default: a successor for every take
         self.refill_on_take = refill_on_take
         self._ready: dict[str, list[Worker]] = {}
         self._lock = threading.Lock()
         self.spawned = 0
         self.closed = False
+        if dsls is None:  # every registered DSL
+            from mkb.dsl import dsl_names
+
+            dsls = dsl_names()
         self.dsls = tuple(dsls)
         # eager timings and launch floors measured by this pool's workers (or shared with another pool of the session)
         self.trusted = trusted if trusted is not None else TrustedCache()
         if prestart:
-            for d in dsls:
+            for d in self.dsls:
                 self.refill(d)
 
     def _spawn(self, dsl: str) -> Worker:
@@ -346,7 +416,7 @@ class WorkerPool:
                 self._spawn(d)
 
     def take(self, dsl: str) -> Worker:
-        """The oldest warm worker for `dsl` (spawning one if there is none) and, at once, its successor.
+        """The oldest warm worker for `dsl` (spawning one if there is none); refills once `low_water` are left.
 
         With `refill_on_take=False` no successor is spawned until `refill()` (the benchmark does this
         so that no worker imports while another one times a kernel).
@@ -366,7 +436,10 @@ class WorkerPool:
             w = Worker(dsl, device=self.device, env=self.env)
             self.spawned += 1
         if self.refill_on_take:
-            self.refill(dsl)
+            with self._lock:
+                left = len(self._ready.get(dsl, []))
+            if left <= self.low_water:
+                self.refill(dsl)
         if dsl not in self.dsls:
             self.dsls += (dsl,)
         return w

@@ -9,22 +9,21 @@ message on the result channel, so no candidate can have written it). Correctness
 outputs, fp64 anchors and re-check sets are never cached: they are drawn from each grading's own
 secret.
 
-Keys cannot cross problems, GPUs or versions: a key holds the problem number and the sha256 of its
-problem.py, the GPU name and visible-device id the worker reported, the torch/mkb/grader versions,
+Keys cannot cross problems, GPUs or versions: a key holds the problem number and its `problem_hash`
+(mkb.problems: the folder and the helper modules problem.py imports, so an edit to a shared page-table
+or fp8 helper invalidates the eager timing too), the GPU name and visible-device id the worker reported, the torch/mkb/grader versions,
 the timing-policy id, and every config field the figure depends on. Entries also expire after
 `max_age_s` (clocks and temperature drift over a long session) and die with the pool.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from mkb.grader._problems import problem_path
 
 MAX_AGE_S = 900.0
 
@@ -35,7 +34,7 @@ class TrustedKey:
 
     what: str  # "eager" or "floor:<dsl>"
     problem: int
-    problem_sha256: str
+    problem_hash: str
     gpu: str
     visible_devices: str
     torch: str
@@ -48,26 +47,29 @@ class TrustedKey:
     clock_warm_s: float
 
 
-def problem_sha256(spec: Any) -> str:
+def problem_identity(spec: Any) -> str:
+    """The problem's hash (mkb.problems.problem_hash), or "unknown" (then nothing of it is cached)."""
+    from mkb.problems import find_problem, problem_hash
+
     try:
-        return hashlib.sha256(problem_path(spec).read_bytes()).hexdigest()
+        return problem_hash(find_problem(spec).parent)
     except (ValueError, OSError):
         return "unknown"
 
 
-def trusted_key(what: str, *, problem: int, problem_sha: str, ready: dict, cfg: Any, grader_version: str) -> TrustedKey | None:
+def trusted_key(what: str, *, problem: int, problem_hash: str, ready: dict, cfg: Any, grader_version: str) -> TrustedKey | None:
     """The key for `what`, or None when the worker did not report what the key needs (then nothing is cached)."""
     from mkb.measure import TIMING_POLICY
 
     gpu, torch_v = ready.get("gpu"), ready.get("torch")
-    if not gpu or not torch_v or problem_sha == "unknown":
+    if not gpu or not torch_v or problem_hash == "unknown":
         return None
     try:
         from mkb import __version__ as mkb_v
     except ImportError:
         mkb_v = "unknown"
     return TrustedKey(
-        what=what, problem=int(problem), problem_sha256=problem_sha, gpu=str(gpu),
+        what=what, problem=int(problem), problem_hash=problem_hash, gpu=str(gpu),
         visible_devices=str(ready.get("visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES", ""))),
         torch=str(torch_v), mkb=str(mkb_v), grader=grader_version, timing_policy=TIMING_POLICY,
         size=cfg.size, n_warmup=cfg.n_warmup, n_timed=int(cfg.eager_timed or cfg.n_timed), clock_warm_s=cfg.clock_warm_s,

@@ -150,6 +150,7 @@ class Verdict:
     wall_s: float | None = None  # request to verdict
     overhead_s: float | None = None  # wall_s minus the candidate's compile and timed-call time
     worker_wait_s: float | None = None  # time spent waiting for a warm worker (0 when one was ready)
+    queue_wait_s: float | None = None  # submit to start in a GradingQueue (an agent's working time excludes it)
     message: str = ""
     gpu_model: str | None = None  # the GPU table's key (H200, B200, ...); `gpu` is the driver's name
     gpu_arch: str | None = None

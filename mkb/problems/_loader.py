@@ -15,13 +15,19 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, get_args
+from typing import Any, Callable, Iterable, get_args
 
 from mkb._resources import data_dir
 from mkb.problems._contract import FAMILIES, CompareMode, Output, Peak, ProblemMeta, Upstream
 
 _DIR_RE = re.compile(r"^(\d{2})_([a-z0-9_]+)$")
-_SOLUTION_FILES = ("cute.py", "tirx.py")  # baseline solutions: not part of the problem's identity
+
+
+def _baseline_files() -> dict[str, str]:
+    """Baseline solution file name -> DSL, from the DSL registry (baselines are not part of a problem's identity)."""
+    from mkb.dsl import baseline_files
+
+    return baseline_files()
 
 
 class ProblemError(ValueError):
@@ -105,15 +111,16 @@ def shared_helpers(problem_file: Path) -> list[Path]:
 def problem_hash(problem_dir: Path) -> str:
     """sha256 over the relative paths and bytes of the problem's files and the shared helpers it imports.
 
-    Baselines (`cute.py`, `tirx.py`) can improve without changing what is being asked, so they are
-    left out; anything else in the folder (data files the problem reads) is part of its identity, and
+    Baselines (one `<dsl>.py` per registered DSL backend) can improve without changing what is being
+    asked, so they are left out; anything else in the folder (data files the problem reads) is part of its identity, and
     so is every `mkb.problems` helper module problem.py imports (a change to an fp8 encoding or a page-table
     generator changes the problem even though its folder did not change).
     """
     h = hashlib.sha256()
+    solutions = _baseline_files()
     for f in sorted(p for p in problem_dir.rglob("*") if p.is_file()):
         rel = f.relative_to(problem_dir).as_posix()
-        if "__pycache__" in rel or rel.endswith((".pyc", ".pyo")) or rel in _SOLUTION_FILES:
+        if "__pycache__" in rel or rel.endswith((".pyc", ".pyo")) or rel in solutions:
             continue
         h.update(rel.encode() + b"\0")
         h.update(f.read_bytes())
@@ -253,3 +260,68 @@ def get_problem(key: int | str, *, root: Path | str | None = None) -> Problem:
                 key in (p.name, p.slug) or (key.isdigit() and int(key) == p.number))):
             return p
     raise KeyError(f"no problem {key!r}\nhint: `mkb-run problems list` shows the {len(allp)} known problems")
+
+
+def find_problem(spec: int | str | Path, *, root: Path | str | None = None) -> Path:
+    """The problem.py that `spec` names, without importing any problem: a number (28 or "28"), a name or
+    NN_name, a problem folder, or a problem.py file. The one lookup the grader, the DSL backends and the CLI use."""
+    base = Path(root) if root is not None else problems_root()
+    if isinstance(spec, int) or (isinstance(spec, str) and spec.isdigit()):
+        n = int(spec)
+        hits = sorted(base.glob(f"*/{n:02d}_*/problem.py"))
+        if not hits:
+            raise ProblemError(f"no problem numbered {n} under {base}\nhint: `mkb-run problems list` shows the catalog")
+        return hits[0]
+    p = Path(spec)
+    if p.is_dir() and (p / "problem.py").is_file():
+        return p / "problem.py"
+    if p.is_file() and p.name == "problem.py":
+        return p
+    if isinstance(spec, str) and "/" not in spec and not spec.endswith(".py"):
+        hits = sorted(f for f in base.glob("*/*/problem.py")
+                      if f.parent.name == spec or (_DIR_RE.match(f.parent.name) and _DIR_RE.match(f.parent.name).group(2) == spec))
+        if hits:
+            return hits[0]
+    raise ProblemError(f"{spec}: names no problem (neither a number, a name, a problem folder nor a problem.py)\n"
+                       "hint: pass a number such as 28; `mkb-run problems list` shows the catalog")
+
+
+def problem_number(spec: int | str | Path) -> int:
+    """The number of the problem `spec` names (read from its folder name, nothing imported)."""
+    if isinstance(spec, int) or (isinstance(spec, str) and spec.isdigit()):
+        return int(spec)
+    return int(find_problem(spec).parent.name.split("_")[0])
+
+
+def load_problem_module(spec: int | str | Path) -> ModuleType:
+    """A freshly imported, validated problem module (the grader's pristine copy, never one a candidate touched)."""
+    return load_problem(find_problem(spec)).module
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A baseline solution shipped in a problem folder: `<dsl>.py` beside problem.py, one per registered backend."""
+
+    problem: int
+    dsl: str
+    path: Path
+
+
+def baselines(which: Iterable[int | str] | None = None, *, dsls: Iterable[str] | None = None,
+              root: Path | str | None = None) -> tuple[Baseline, ...]:
+    """Every baseline found in the problem folders (of the problems `which` names, all by default), in
+    (problem, registry) order. Discovered, never listed: a new baseline file is graded by the next run."""
+    files = _baseline_files()  # file name -> dsl, registry order
+    want_dsls = set(dsls) if dsls is not None else None
+    if want_dsls is not None:
+        unknown = sorted(want_dsls - set(files.values()))
+        if unknown:
+            raise ValueError(f"unknown DSL {', '.join(unknown)}\nhint: known DSLs are {', '.join(files.values())}")
+    paths = [find_problem(w, root=root) for w in which] if which is not None else list(discover(root))
+    out: list[Baseline] = []
+    for f in dict.fromkeys(paths):
+        number = int(f.parent.name.split("_")[0])
+        for name, dsl in files.items():
+            if (f.parent / name).is_file() and (want_dsls is None or dsl in want_dsls):
+                out.append(Baseline(number, dsl, f.parent / name))
+    return tuple(sorted(out, key=lambda b: b.problem))

@@ -1,4 +1,4 @@
-"""GPU check of the 8 baseline kernels (run by hand on the H200, not collected by pytest).
+"""GPU check of the baseline kernels found in the problem folders (run by hand on the H200, not collected by pytest).
 
 For each problem and DSL: full-size inputs on the GPU, the kernel's output against the fp32
 reference and the fp64 anchor (the grader's rule: error vs anchor <= 3 x max(reference error,
@@ -21,17 +21,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mkb.dsl import get_backend  # noqa: E402
+from mkb.dsl import dsl_names, get_backend  # noqa: E402
 
-for _dsl in ("cute", "tirx"):
+for _dsl in dsl_names():
     os.environ.update(get_backend(_dsl).environment("sm_90a"))
 
 import torch  # noqa: E402
 
-from mkb.dsl._common import find_problem, load_problem  # noqa: E402
+from mkb.problems import baselines, load_problem_module  # noqa: E402
 
-PROBLEMS = [int(a) for a in os.environ.get("MKB_PROBLEMS", "28,25,72,29").split(",")]
-DSLS = os.environ.get("MKB_DSLS", "cute,tirx").split(",")
+# MKB_PROBLEMS / MKB_DSLS narrow the run; by default every baseline the problem folders hold
+_ONLY = [int(a) for a in os.environ["MKB_PROBLEMS"].split(",")] if os.environ.get("MKB_PROBLEMS") else None
+BASELINES = baselines(_ONLY, dsls=os.environ["MKB_DSLS"].split(",") if os.environ.get("MKB_DSLS") else None)
 EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24, torch.float64: 2.0**-53}
 
 
@@ -60,11 +61,10 @@ def time_calls(fn, inputs, n):
     return statistics.median(times)
 
 
-def check(num: int, dsl: str) -> dict:
+def check(num: int, dsl: str, path: Path) -> dict:
     backend = get_backend(dsl)
-    prob = load_problem(num)
+    prob = load_problem_module(num)
     meta = prob.META
-    path = find_problem(num).parent / f"{dsl}.py"
     rec = {"problem": num, "dsl": dsl}
     t0 = time.perf_counter()
     mod = backend.load(path)
@@ -120,16 +120,16 @@ def main() -> None:
     out = Path(os.environ.get("OUT", "."))
     results = []
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    for num in PROBLEMS:
-        for dsl in DSLS:
-            try:
-                rec = check(num, dsl)
-            except Exception as e:  # noqa: BLE001
-                rec = {"problem": num, "dsl": dsl, "error": f"{type(e).__name__}: {str(e)[-1500:]}", "tb": traceback.format_exc()[-3000:]}
-            results.append(rec)
-            short = {k: v for k, v in rec.items() if k not in ("tb",)}
-            print(json.dumps(short), flush=True)
-            (out / "baselines.json").write_text(json.dumps(results, indent=1))
+    for b in BASELINES:
+        num, dsl = b.problem, b.dsl
+        try:
+            rec = check(num, dsl, b.path)
+        except Exception as e:  # noqa: BLE001
+            rec = {"problem": num, "dsl": dsl, "error": f"{type(e).__name__}: {str(e)[-1500:]}", "tb": traceback.format_exc()[-3000:]}
+        results.append(rec)
+        short = {k: v for k, v in rec.items() if k not in ("tb",)}
+        print(json.dumps(short), flush=True)
+        (out / "baselines.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The quiet rule: a spare worker's GPU warm-up never runs while another worker of the process is timing."""
+"""The quiet rule: a spare worker's GPU warm-up never runs while another worker of the same device is timing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import time
 import pytest
 
 from mkb.grader import GraderConfig, WorkerPool, grade
-from mkb.grader._pool import QUIET, Worker
+from mkb.grader._pool import Worker, quiet_for
+
+QUIET = quiet_for("cpu")  # the coordinator of the CPU stand-in device these tests run on
 
 # calls 1..4 are the compile call and the 3 verification draws of the quick config; call 5 is the first timed call
 _SLOW_IN_TIMING = '''import time

@@ -9,7 +9,7 @@ from mkb.grader._session import TrustedCache, trusted_key
 
 def _key(what="eager", problem=28, sha="a" * 64, gpu="NVIDIA H200", torch_v="2.11.0", **cfg):
     c = GraderConfig(**cfg)
-    return trusted_key(what, problem=problem, problem_sha=sha, ready={"gpu": gpu, "torch": torch_v}, cfg=c, grader_version="1.0")
+    return trusted_key(what, problem=problem, problem_hash=sha, ready={"gpu": gpu, "torch": torch_v}, cfg=c, grader_version="1.0")
 
 
 def test_keys_differ_by_problem_source_gpu_version_and_policy():
@@ -21,7 +21,7 @@ def test_keys_differ_by_problem_source_gpu_version_and_policy():
 
 
 def test_no_key_when_the_worker_did_not_say_what_ran_where():
-    assert trusted_key("eager", problem=28, problem_sha="a" * 64, ready={"gpu": "x"}, cfg=GraderConfig(), grader_version="1") is None
+    assert trusted_key("eager", problem=28, problem_hash="a" * 64, ready={"gpu": "x"}, cfg=GraderConfig(), grader_version="1") is None
     assert _key(sha="unknown") is None
     cache = TrustedCache()
     cache.put(None, {"median_us": 1.0})

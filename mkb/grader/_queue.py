@@ -1,0 +1,230 @@
+"""`GradingQueue`: one queue per GPU that grades jobs from any thread or asyncio task, one at a time, over a warm pool.
+
+Why one grading at a time per GPU: a grading's correctness draws, eager timing and timing loop all
+use the GPU, and a second grading's work beside a timing loop moves its median (the quiet rule's
+measurement, mkb.grader._pool). What overlaps is what cannot disturb a timing: the next worker's
+Python imports, and the parent's bookkeeping. So a dispatcher thread per queue takes the next job
+and grades it on a single-use worker from the queue's `WorkerPool`; the device's quiet coordinator
+keeps spares' GPU warm-ups out of its GPU-sensitive phases.
+
+Order: round-robin across experiments (each experiment with pending work gets the next grading in
+turn, so a large experiment cannot starve a small one), FIFO within one. A batch (`submit_batch`, a
+pair re-grade) is one turn: its kernels, all of one problem, are graded back to back with nothing
+else on the GPU in between, against one eager timing measured for the batch. Every verdict carries
+`queue_wait_s`, submit to the start of its grading, which an agent's working time excludes.
+
+Events go to one long-lived writer and are flushed when the queue runs dry (or every `FLUSH_EVERY_S`
+under load), off the gradings' critical path; `close()` drains every pending job and flushes.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from mkb.grader._config import GraderConfig
+from mkb.grader._pool import WorkerPool, device_kind, normalize_device
+
+SCOPES = ("submission", "attempt", "pair")
+FLUSH_EVERY_S = 30.0
+
+
+@dataclass(frozen=True)
+class GradeJob:
+    """One kernel to grade. `kernel_path` is a snapshot the caller never rewrites: the queue may read it any time."""
+
+    problem: int
+    dsl: str
+    kernel_path: Path
+    experiment: str = "default"  # round-robin key
+    attempt_id: str | None = None
+    scope: str = "submission"  # "submission" | "pair" (an attempt's own final re-grade: "attempt")
+
+
+@dataclass
+class _Entry:
+    jobs: tuple[GradeJob, ...]
+    futures: tuple[concurrent.futures.Future, ...]
+    submitted: float
+    batch: bool
+
+
+class GradingQueue:
+    """Grades `GradeJob`s on one device (`cuda:N`; `cpu` or `cpu:N` in tests), one at a time, fairly across experiments.
+
+    `submit` returns a `concurrent.futures.Future[Verdict]` (from asyncio: `await asyncio.wrap_future(...)`);
+    a grading that raises (an unreadable kernel, an unknown DSL or problem) fails its future with that
+    exception. A kernel that fails is not an exception: its verdict says why.
+    """
+
+    def __init__(self, *, device: str = "cuda:0", store: Any = None, writer: Any = None,
+                 config: GraderConfig | None = None, dsls: Sequence[str] | None = None,
+                 env: dict[str, str] | None = None, prestart: bool = True, depth: int = 1,
+                 low_water: int | None = None) -> None:
+        self.device = normalize_device(device)
+        kind = device_kind(self.device)
+        cfg = config or GraderConfig(device=kind)
+        self.config = cfg if cfg.device == kind else dataclasses.replace(cfg, device=kind)
+        self._own_writer = writer is None
+        if writer is None:
+            from mkb.events import EventWriter
+
+            writer = EventWriter(store)
+        self.writer = writer
+        # warm workers for `dsls` (default: every registered DSL); a job of another DSL gets one started cold
+        # (`depth`, `low_water`: how many spares per DSL and when to spawn the next batch, see WorkerPool)
+        self.pool = WorkerPool(tuple(dsls) if dsls is not None else None, device=self.device, env=env, prestart=prestart,
+                               depth=depth, low_water=low_water)
+        self._cv = threading.Condition()
+        self._pending: collections.OrderedDict[str, collections.deque[_Entry]] = collections.OrderedDict()
+        self._closed = False
+        self._busy = False
+        self.graded = 0
+        self.busy_s = 0.0  # seconds the dispatcher spent grading (for gradings per GPU-hour)
+        self._last_flush = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"mkb-grading-{self.device}", daemon=True)
+        self._thread.start()
+
+    # ---------------- producers (any thread) ----------------
+
+    def submit(self, job: GradeJob) -> concurrent.futures.Future:
+        """Queue one grading; the future resolves to its `Verdict`."""
+        _check_job(job)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._put(_Entry((job,), (fut,), time.monotonic(), batch=False), job.experiment)
+        return fut
+
+    def submit_batch(self, jobs: Sequence[GradeJob]) -> list[concurrent.futures.Future]:
+        """Queue an exclusive pair re-grade: kernels of one problem graded back to back against one eager timing.
+
+        The batch takes one turn of its first job's experiment; nothing else runs on this GPU until
+        its last kernel is graded. Verdicts of a `scope="pair"` batch share a `pair_id`.
+        """
+        jobs = tuple(jobs)
+        if not jobs:
+            return []
+        for j in jobs:
+            _check_job(j)
+        problems = {j.problem for j in jobs}
+        if len(problems) != 1:
+            raise ValueError(f"a batch grades kernels of one problem, got problems {sorted(problems)}\n"
+                             "hint: submit one batch per problem")
+        futs = tuple(concurrent.futures.Future() for _ in jobs)
+        self._put(_Entry(jobs, futs, time.monotonic(), batch=True), jobs[0].experiment)
+        return list(futs)
+
+    def _put(self, entry: _Entry, experiment: str) -> None:
+        with self._cv:
+            if self._closed:
+                raise RuntimeError(f"the grading queue of {self.device} is closed\nhint: submit before close()")
+            self._pending.setdefault(experiment, collections.deque()).append(entry)
+            self._cv.notify_all()
+
+    def pending(self) -> int:
+        """Jobs submitted and not yet started (for tests and load reports)."""
+        with self._cv:
+            return sum(len(e.jobs) for q in self._pending.values() for e in q)
+
+    # ---------------- the dispatcher ----------------
+
+    def _next(self) -> _Entry | None:
+        """The next entry, round-robin over experiments (None once closed and drained)."""
+        with self._cv:
+            while not self._pending and not self._closed:
+                self._cv.wait()
+            if not self._pending:
+                return None
+            experiment, q = next(iter(self._pending.items()))
+            entry = q.popleft()
+            if q:
+                self._pending.move_to_end(experiment)  # its next job waits for one turn of every other experiment
+            else:
+                del self._pending[experiment]
+            self._busy = True
+            return entry
+
+    def _run(self) -> None:
+        while True:
+            entry = self._next()
+            if entry is None:
+                break
+            t0 = time.monotonic()
+            try:
+                self._dispatch(entry)
+            except BaseException as exc:  # noqa: BLE001 - a dispatcher fault fails the entry's futures, never hangs them
+                for f in entry.futures:
+                    if not f.done():
+                        f.set_exception(exc)
+            finally:
+                self.busy_s += time.monotonic() - t0
+                with self._cv:
+                    self._busy = False
+                    idle = not self._pending
+                    self._cv.notify_all()
+                if idle or time.monotonic() - self._last_flush > FLUSH_EVERY_S:
+                    self._flush()
+
+    def _flush(self) -> None:
+        self._last_flush = time.monotonic()
+        try:
+            self.writer.flush()
+        except Exception:  # noqa: BLE001 - the writer keeps unflushed rows; close() tries again and raises there
+            pass
+
+    def _dispatch(self, entry: _Entry) -> None:
+        from mkb.grader._grade import grade_with
+        from mkb.grader._jsonl import uuid7
+
+        pinned: dict | None = None
+        pair_id = uuid7() if entry.batch and any(j.scope == "pair" for j in entry.jobs) else None
+        for job, fut in zip(entry.jobs, entry.futures):
+            if not fut.set_running_or_notify_cancel():
+                continue  # cancelled by its producer while it waited
+            wait = time.monotonic() - entry.submitted
+            try:
+                verdict, fresh = grade_with(
+                    job.problem, job.dsl, job.kernel_path, writer=self.writer, config=self.config, pool=self.pool,
+                    scope=job.scope, attempt_id=job.attempt_id, queue_wait_s=wait, pinned=pinned,
+                    # a batch's first grading measures eager afresh; the others use that one timing
+                    fresh_eager=entry.batch and pinned is None, pair_id=pair_id if job.scope == "pair" else None)
+            except BaseException as exc:  # noqa: BLE001 - the producer gets it through its future
+                fut.set_exception(exc)
+                continue
+            if entry.batch and pinned is None and fresh.get("eager"):
+                pinned = {"eager": fresh["eager"]}
+            self.graded += 1
+            fut.set_result(verdict)
+
+    # ---------------- lifecycle ----------------
+
+    def close(self) -> None:
+        """Grade everything already submitted, then stop the dispatcher and the workers and flush the events."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        self.pool.close()
+        if self._own_writer:
+            self.writer.close()
+        else:
+            self.writer.flush()
+
+    def __enter__(self) -> "GradingQueue":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _check_job(job: Any) -> None:
+    if not isinstance(job, GradeJob):
+        raise TypeError(f"GradingQueue takes GradeJob, not {type(job).__name__}")
+    if job.scope not in SCOPES:
+        raise ValueError(f"unknown scope {job.scope!r}\nhint: one of {', '.join(SCOPES)}")
