@@ -122,7 +122,7 @@ def _dense(agg: pl.DataFrame, cell_cols: list[str], names: list[str]):
     cells_df = agg.select(cell_cols).unique().sort(cell_cols)
     cells_df = cells_df.with_row_index("_cell")
     problems = np.sort(agg["problem"].unique().to_numpy())
-    agg = agg.join(cells_df, on=cell_cols, how="left")
+    agg = agg.join(cells_df, on=cell_cols, how="left", nulls_equal=True)
     ci = agg["_cell"].to_numpy()
     pi = np.searchsorted(problems, agg["problem"].to_numpy())
     out = {}
@@ -153,6 +153,8 @@ def lift_table(pairs: pl.DataFrame, *, by: tuple[str, ...] = (), spec: Bootstrap
     cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
     # the noise-floor pseudo-arm is a cyclic shift of the solos: its summed lift is 0 by construction
     pairs = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
+    if pairs.height == 0:  # solos alone (or arms without their solo): no cell to report
+        return pl.DataFrame()
     # one pass over the pairs per grouping, both collected together (in-memory engine: see _tables.ENGINE)
     lp = pairs.lazy()
     per_problem_q = lp.group_by(*cell, "problem").agg(
@@ -176,7 +178,7 @@ def lift_table(pairs: pl.DataFrame, *, by: tuple[str, ...] = (), spec: Bootstrap
     out = cells.with_columns(
         lift=pl.Series(ml), lift_lo=pl.Series(mlo), lift_hi=pl.Series(mhi),
         rel_lift=pl.Series(rel), rel_lo=pl.Series(rlo), rel_hi=pl.Series(rhi),
-    ).join(pair_rates, on=cell, how="left").join(rates, on=cell, how="left")
+    ).join(pair_rates, on=cell, how="left", nulls_equal=True).join(rates, on=cell, how="left", nulls_equal=True)
     out = out.with_columns(rel_halfwidth=(pl.col("rel_hi") - pl.col("rel_lo")) / 2)
     out = out.with_columns(detects_10pct=pl.col("rel_halfwidth") <= DETECT_LIFT)
     if tests:

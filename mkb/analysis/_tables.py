@@ -195,6 +195,12 @@ def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
     base = solos.select(*key, base_attempt=pl.col("attempt_id"), S_solo="S", passed_solo="passed", speedup_solo="speedup")
     arms = inc.filter(pl.col("arm_kind") != "solo").select(
         *key, "family", "arm_kind", "source_dsl", "attempt_id", "skill_source_attempt", "S", "passed", "speedup")
+    # a placebo may carry no source_dsl (the schema allows it: it has no source attempt); it belongs to the
+    # direction of its block's transfer arm, whose source it stands in for
+    block_src = arms.filter(pl.col("arm_kind") == "transfer").group_by(key).agg(block_src=pl.col("source_dsl").drop_nulls().first())
+    arms = arms.join(block_src, on=key, how="left").with_columns(
+        source_dsl=pl.when(pl.col("arm_kind") == "placebo").then(pl.coalesce("source_dsl", "block_src"))
+        .otherwise(pl.col("source_dsl"))).drop("block_src")
     # placebo carries no source attempt: its standing is that of the transfer arm's source (the other DSL's solo, same replicate)
     solo_ids = solos.select("model", "problem", "replicate", "stratum", src_dsl="target_dsl", solo_id="attempt_id")
     arms = arms.join(solo_ids, left_on=["model", "problem", "replicate", "stratum", "source_dsl"],
@@ -202,13 +208,23 @@ def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
     arms = arms.with_columns(source_attempt=pl.coalesce("skill_source_attempt",
                                                         pl.when(pl.col("arm_kind") == "placebo").then(pl.col("solo_id"))))
     arms = arms.drop("solo_id", "skill_source_attempt")
-    # the noise floor: solo at r' = (r+1) mod R as a pseudo-arm; its source is the transfer arm's source at r
+    # the noise floor, built with the dependence of the arms it is read against (DESIGN, Definitions): in block
+    # (model, problem, r, target) the pseudo-arm is the target's solo at r+1, the subtracted solo is the target's
+    # solo at r, and the source is the source DSL's solo at r+2, classified against the mean of the target's solos
+    # other than r and r+1 (so it includes r+2). A shock shared by every attempt of a replicate then enters the
+    # pseudo-arm's lift (r+1 vs r) and its standing (r+2 vs a mean holding r+2) independently, as it enters a
+    # transfer arm's lift (arm and solo both at r) and standing independently. Needs R >= 3.
     nrep = solos.group_by(grp).agg(R=pl.col("replicate").max() + 1)
-    nxt = solos.join(nrep, on=grp).with_columns(prev=(pl.col("replicate") - 1) % pl.col("R")).filter(pl.col("prev") != pl.col("replicate"))
+    nxt = solos.join(nrep, on=grp).filter(pl.col("R") >= 3).with_columns(prev=(pl.col("replicate") - 1) % pl.col("R"))
     noise = nxt.select(pl.col("model"), pl.col("problem"), pl.col("prev").alias("replicate"), "target_dsl", "stratum", "family",
-                       pl.lit(NOISE_ARM).alias("arm_kind"), "attempt_id", "S", "passed", "speedup")
-    tsrc = arms.filter(pl.col("arm_kind") == "transfer").select(*key, "source_dsl", "source_attempt")
+                       pl.lit(NOISE_ARM).alias("arm_kind"), "attempt_id", "S", "passed", "speedup", "R")
+    # the source DSL of a block: its transfer arm's (any DSL other than the target when there is none)
+    tsrc = arms.filter(pl.col("arm_kind") == "transfer").group_by(key).agg(source_dsl=pl.col("source_dsl").drop_nulls().first())
     noise = noise.join(tsrc, on=key, how="left")
+    noise = noise.with_columns(src_rep=(pl.col("replicate") + 2) % pl.col("R")).join(
+        solo_ids, left_on=["model", "problem", "src_rep", "stratum", "source_dsl"],
+        right_on=["model", "problem", "replicate", "stratum", "src_dsl"], how="left")
+    noise = noise.rename({"solo_id": "source_attempt"}).drop("R", "src_rep")
     noise = noise.select(arms.collect_schema().names())
     pairs = pl.concat([arms, noise], how="vertical_relaxed").join(base, on=key, how="inner")
     # source S and whether the source is itself one of the target's solo replicates (same arm, noise floor)

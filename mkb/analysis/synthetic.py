@@ -50,6 +50,11 @@ class SynthSpec:
     effects: dict[str, float] = field(default_factory=lambda: {"transfer": 0.35, "placebo": 0.0, "same": 0.2, "wrong": 0.0})
     harmed_share: float = 0.0  # share of problems on which every non-zero effect is reversed in sign
     standing_slope: float = 0.0  # transfer z += slope x (source solo's noise)
+    # the experiment's scheduler: per (model, problem, replicate) the solos of each DSL run first, the skill arms of
+    # a block (model, problem, replicate, target DSL) later and together. `replicate_shock` is shared by every
+    # attempt of a replicate (solos and the skill arms of its blocks); `block_shock` by the skill arms of one block.
+    replicate_shock: float = 0.0
+    block_shock: float = 0.0
     p_no_kernel: float = 0.3  # share of failing attempts that end with no kernel at all
     p_budget_exhausted: float = 0.2  # share of no-kernel attempts that ran out of budget
     p_infra: float = 0.0
@@ -116,6 +121,10 @@ def simulate(spec: SynthSpec, *, replicates: int | None = None, rng: np.random.G
         sign[harmed] = -1.0
     eps = rng.normal(0, spec.noise, (M, P, D, R, len(ARM_KINDS)))
     z = base[:, :, :, None, None] + eps
+    if spec.replicate_shock:
+        z += rng.normal(0, spec.replicate_shock, (M, P, 1, R, 1))
+    if spec.block_shock:
+        z[..., 1:] += rng.normal(0, spec.block_shock, (M, P, D, R, 1))
     for k, kind in enumerate(ARM_KINDS):
         z[..., k] += _arm_effect(spec, kind) * sign[None, :, None, None]
     if spec.standing_slope and D > 1:
@@ -143,8 +152,10 @@ def true_relative_lift(sim: Simulation, *, kind: str = "transfer") -> dict[tuple
     spec = sim.spec
     out = {}
     eff = _arm_effect(spec, kind) * sim.sign[None, :, None]
-    sd_arm = spec.noise * math.sqrt(1 + spec.standing_slope**2) if kind == "transfer" else spec.noise
-    es_solo = expected_s(sim.base, spec.noise)  # [M, P, D]
+    sd_solo = math.sqrt(spec.noise**2 + spec.replicate_shock**2)
+    sd_arm = math.sqrt(spec.noise**2 * (1 + (spec.standing_slope**2 if kind == "transfer" else 0.0))
+                       + spec.replicate_shock**2 + spec.block_shock**2)
+    es_solo = expected_s(sim.base, sd_solo)  # [M, P, D]
     es_arm = expected_s(sim.base + eff, sd_arm)
     for m, model in enumerate(spec.models):
         for d, tgt in enumerate(spec.dsls):

@@ -22,9 +22,25 @@ SEED = typer.Option(20261129, "--seed", help="Bootstrap seed (recorded in the ou
 RESAMPLES = typer.Option(10_000, "--resamples", help="Bootstrap resamples.")
 
 
-def _fail(msg: str) -> None:
+# exit codes (until the CLIs share one table, mkb/cli/_exit.py): 0 ok, 1 error, 2 bad input, 3 no data
+EXIT_ERROR, EXIT_BAD_INPUT, EXIT_NO_DATA = 1, 2, 3
+
+
+def _fail(msg: str, code: int = EXIT_BAD_INPUT) -> None:
     console.print(f"[red]error:[/red] {msg}")
-    raise typer.Exit(2)
+    raise typer.Exit(code)
+
+
+def _need_arms(t) -> None:
+    """Lift, standing and reports compare arms with solos: a store of solos alone has nothing to compare."""
+    import polars as pl
+
+    if t.pairs.filter(pl.col("arm_kind") != "solo_noise").height == 0:
+        kinds = sorted(t.included["arm_kind"].unique().to_list())
+        _fail(f"store {t.store} holds only {'solo attempts' if kinds == ['solo'] else 'attempts of ' + ', '.join(kinds)} "
+              "that pair with no solo of their target DSL: there is no arm to compare with a solo (only solo attempts "
+              "or unpaired arms)\nhint: `mkb-analyze attempts` lists what is there; skill arms run after the solos of their block",
+              EXIT_NO_DATA)
 
 
 def _counts(store) -> dict[str, int]:
@@ -162,6 +178,7 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
     t = _load(store, stratify)
     if t is None:
         return
+    _need_arms(t)
     from mkb.analysis import lift_table
 
     spec = _spec(seed, resamples)
@@ -188,6 +205,7 @@ def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int 
     t = _load(store, stratify)
     if t is None:
         return
+    _need_arms(t)
     from mkb.analysis import standing_table
 
     spec = _spec(seed, resamples)
@@ -295,6 +313,7 @@ def report(store: Optional[str] = STORE, out: str = typer.Option("mkb-report", "
     t = _load(store, stratify)
     if t is None:
         return
+    _need_arms(t)
     from mkb.analysis._report import write_report
 
     bad = set(fmt) - {"png", "svg", "pdf"}
