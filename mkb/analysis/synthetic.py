@@ -28,6 +28,11 @@ _FAMILY_RANGES = (("attention", 1, 18), ("kv_cache", 19, 26), ("mlp_norm", 27, 4
                   ("quantization", 52, 61), ("linear_attention", 62, 74))
 
 
+def sol_ratio_of(spec: "SynthSpec", problem: int) -> float:
+    """A problem's speed-of-light time as a share of its eager time (0.08 to 0.58, fixed by seed and problem)."""
+    return 0.08 + 0.5 * int(_sha("sol", spec.seed, problem)[:8], 16) / 2**32
+
+
 def family_of(problem: int) -> str:
     """The catalog family of a problem number; numbers past 74 wrap around the catalog."""
     n = (problem - 1) % 74 + 1
@@ -55,6 +60,8 @@ class SynthSpec:
     # attempt of a replicate (solos and the skill arms of its blocks); `block_shock` by the skill arms of one block.
     replicate_shock: float = 0.0
     block_shock: float = 0.0
+    p_skill_flagged: float = 0.0  # share of skills whose hygiene check flags a code block (the sensitivity row)
+    characterise: bool = True  # write one characterisation per problem (speed of light: S_sol)
     p_no_kernel: float = 0.3  # share of failing attempts that end with no kernel at all
     p_budget_exhausted: float = 0.2  # share of no-kernel attempts that ran out of budget
     p_infra: float = 0.0
@@ -363,8 +370,10 @@ def write_synthetic(spec: SynthSpec, store: str, *, via_emit: bool = False, chun
                         passed = bool(zval > 0)
                         has_kernel = passed or u[1] >= spec.p_no_kernel
                         sha = _sha("kernel", aid) if has_kernel else None
+                        flagged = int(_sha("flag", aid)[:8], 16) / 2**32 < spec.p_skill_flagged
                         sink.emit("skill", aid, text=f"# SKILL.md of {aid}\nsynthetic notes.", sha256=_sha("skill", aid),
-                                  token_length=int(400 + 100 * u[2]), tokenizer="synthetic", hygiene_flags=[],
+                                  token_length=int(400 + 100 * u[2]), tokenizer="synthetic",
+                                  hygiene_flags=["code_block"] if flagged else [],
                                   source_attempt=aid)
                         if u[1] < spec.p_infra and not passed:
                             infra.append(aid)
@@ -392,6 +401,14 @@ def write_synthetic(spec: SynthSpec, store: str, *, via_emit: bool = False, chun
                                       r_at_0=rat[0], r_at_0_5=rat[1], r_at_1=rat[2], r_at_2=rat[3], r_at_4=rat[4],
                                       s=20.0 * sum(rat) if scope == "attempt" else s_val, gpu="NVIDIA H200",
                                       pair_id=pair_id if scope == "pair" else None)
+    if spec.characterise:
+        for p in sim.problems:
+            # a memory-bound problem whose speed of light on the H200 is rho x the eager time (100 us in the verdicts)
+            sol = 100.0 * sol_ratio_of(spec, p)
+            sink.emit("characterisation", None, problem=p, problem_name=f"{p:02d}_synthetic_{family_of(p)}", family=family_of(p),
+                      problem_hash=_sha("problem", p, "char", spec.problem_hash_salt), size="full", gpu="NVIDIA H200",
+                      ok=True, eager_median_us=100.0, flops=0.0, bytes=sol * 1e-6 * 4.8e12, peak="memory", sol_us=sol,
+                      sol_ratio=sol / 100.0, within_band=True)
     order = rng.permutation(len(ids))
     keys = list(ids)
     for i in order[: spec.n_annotated]:

@@ -44,3 +44,18 @@ def test_peaks_table_is_torch_free_and_still_reexported():
     from mkb.peaks import GPU_PEAKS as P2
 
     assert GPU_PEAKS is P2 and gpu_peaks("H200") is P2["H200"]
+
+
+def test_analysis_s_sol_equals_mkb_scoring_per_attempt(tmp_path):
+    from mkb.analysis import load_tables
+    from mkb.analysis.synthetic import SynthSpec, write_synthetic
+
+    write_synthetic(SynthSpec(models=("m",), n_problems=12, replicates=2, seed=4), str(tmp_path / "d"))
+    a = load_tables(str(tmp_path / "d")).included
+    assert a["S_sol"].null_count() == 0 and a["S_compile"].null_count() == a.height  # no torch.compile time: absent
+    vals = set()
+    for r in a.iter_rows(named=True):
+        exp = s_sol(r["passed"], sol_fraction(r["candidate_us"], r["sol_us"]))
+        assert r["S_sol"] == exp, r
+        vals.add(exp)
+    assert len(vals) >= 4  # the ladder is exercised, not saturated
