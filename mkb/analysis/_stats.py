@@ -143,50 +143,153 @@ def _mean_lift(SA, SB, n):
         return (SA - SB) / n
 
 
+def _ratio(num, den):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+
+
+POWER_Z = 1.959963984540054 + 0.8416212335729143  # two-sided 5% test at 80% power: z_0.975 + z_0.80
+DETECT_HALFWIDTH = DETECT_LIFT * 1.959963984540054 / POWER_Z  # 95% CI half-width at which a 10% lift has 80% power
+
+
 def lift_table(pairs: pl.DataFrame, *, by: tuple[str, ...] = (), spec: BootstrapSpec = BootstrapSpec(),
-               tests: bool = True) -> pl.DataFrame:
+               tests: bool = True, pooled: bool = False) -> pl.DataFrame:
     """One row per cell (stratum x model x arm x direction [x by]): lift, relative lift with CIs, rates, tests.
 
     relative lift = (sum S_arm - sum S_solo) / sum S_solo; rates are shares of problems whose
-    replicate-mean lift is < 0 (regression), > 0 (improvement) or 0 (tie), pair-level shares beside.
+    replicate-mean lift is < 0 (regression), > 0 (improvement) or 0 (tie), each with its problem-clustered
+    CI, pair-level shares beside. The same lift in S_sol points (and S over torch.compile) where the store
+    characterises the problems. `pooled` adds a row per model and arm pooled over directions (direction
+    "pooled"; a problem's pairs from both directions form one cluster).
     """
-    cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
-    # the noise-floor pseudo-arm is a cyclic shift of the solos: its summed lift is 0 by construction
     pairs = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
     if pairs.height == 0:  # solos alone (or arms without their solo): no cell to report
         return pl.DataFrame()
+    out = _lift_cells(pairs, by=by, spec=spec, tests=tests)
+    if pooled:
+        pp = pairs.with_columns(direction=pl.lit("pooled"), source_dsl=pl.lit("*"), target_dsl=pl.lit("*"))
+        out = pl.concat([out, _lift_cells(pp, by=by, spec=spec, tests=tests)], how="diagonal_relaxed")
+    cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
+    order = {k: i for i, k in enumerate(ARM_ORDER)}
+    return out.with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99),
+                            _p=pl.col("direction") == "pooled").sort("_o", "_p", *cell).drop("_o", "_p")
+
+
+def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
+    cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
     # one pass over the pairs per grouping, both collected together (in-memory engine: see _tables.ENGINE)
     lp = pairs.lazy()
+    has_sol = pl.col("S_sol").is_not_null() & pl.col("S_sol_solo").is_not_null()
     per_problem_q = lp.group_by(*cell, "problem").agg(
         SA=pl.col("S").sum(), SB=pl.col("S_solo").sum(), n=pl.len(),
-        mean_lift=pl.col("lift").mean(), b=(pl.col("passed_solo") & ~pl.col("passed")).sum(),
-        c=(~pl.col("passed_solo") & pl.col("passed")).sum())
+        mean_lift=pl.col("lift").mean(), sq_lift=(pl.col("lift") ** 2).sum(),
+        b=(pl.col("passed_solo") & ~pl.col("passed")).sum(), c=(~pl.col("passed_solo") & pl.col("passed")).sum(),
+        SA_sol=pl.col("S_sol").filter(has_sol).sum(), SB_sol=pl.col("S_sol_solo").filter(has_sol).sum(),
+        n_sol=has_sol.sum(), solo_S=pl.col("S_solo"))
     pair_rates_q = lp.group_by(cell).agg(
         n_pairs=pl.len(), S_arm=pl.col("S").mean(), S_solo=pl.col("S_solo").mean(),
+        S_sol_arm=pl.col("S_sol").mean(), S_sol_solo=pl.col("S_sol_solo").mean(),
+        S_compile_arm=pl.col("S_compile").mean(), S_compile_solo=pl.col("S_compile_solo").mean(),
         pass_arm=pl.col("passed").mean(), pass_solo=pl.col("passed_solo").mean(),
         pair_regress=(pl.col("lift") < -_EPS).mean(), pair_improve=(pl.col("lift") > _EPS).mean(),
-        pair_tie=(pl.col("lift").abs() <= _EPS).mean())
+        pair_tie=(pl.col("lift").abs() <= _EPS).mean(), served_changed=pl.col("served_changed").sum(),
+        served_recorded=pl.col("served_changed").is_not_null().sum())
     per_problem, pair_rates = pl.collect_all([per_problem_q, pair_rates_q], engine=ENGINE)
-    cells, problems, m = _dense(per_problem, cell, ["SA", "SB", "n"])
-    boot = cluster_bootstrap_many(cells, problems, m, {"rel": _rel, "mean": _mean_lift}, spec)
-    (rel, rlo, rhi), (ml, mlo, mhi) = boot["rel"], boot["mean"]
-    rates = per_problem.group_by(cell).agg(
-        n_problems=pl.len(),
-        regression_rate=(pl.col("mean_lift") < -_EPS).mean(), improvement_rate=(pl.col("mean_lift") > _EPS).mean(),
-        tie_rate=(pl.col("mean_lift").abs() <= _EPS).mean(), problem_lifts=pl.col("mean_lift"),
-        mcnemar_b=pl.col("b").sum(), mcnemar_c=pl.col("c").sum())
-    out = cells.with_columns(
-        lift=pl.Series(ml), lift_lo=pl.Series(mlo), lift_hi=pl.Series(mhi),
-        rel_lift=pl.Series(rel), rel_lo=pl.Series(rlo), rel_hi=pl.Series(rhi),
-    ).join(pair_rates, on=cell, how="left", nulls_equal=True).join(rates, on=cell, how="left", nulls_equal=True)
+    per_problem = per_problem.with_columns(
+        reg=(pl.col("mean_lift") < -_EPS).cast(pl.Float64), imp=(pl.col("mean_lift") > _EPS).cast(pl.Float64),
+        tie=(pl.col("mean_lift").abs() <= _EPS).cast(pl.Float64), one=pl.lit(1.0))
+    names = ["SA", "SB", "n", "reg", "imp", "tie", "one"]
+    sol = per_problem["n_sol"].sum() > 0
+    if sol:
+        names += ["SA_sol", "SB_sol", "n_sol"]
+    cells, problems, m = _dense(per_problem, cell, names)
+    stats = {"rel": lambda SA, SB, n, **_: _rel(SA, SB, n), "mean": lambda SA, SB, n, **_: _mean_lift(SA, SB, n),
+             "reg": lambda reg, one, **_: _ratio(reg, one), "imp": lambda imp, one, **_: _ratio(imp, one),
+             "tie": lambda tie, one, **_: _ratio(tie, one)}
+    if sol:
+        stats["rel_sol"] = lambda SA_sol, SB_sol, n_sol, **_: _rel(SA_sol, SB_sol, n_sol)
+        stats["mean_sol"] = lambda SA_sol, SB_sol, n_sol, **_: _ratio(SA_sol - SB_sol, n_sol)
+    boot = cluster_bootstrap_many(cells, problems, m, stats, spec)
+    cols = {}
+    for name, (lo_name) in (("mean", "lift"), ("rel", "rel_lift"), ("reg", "regression_rate"), ("imp", "improvement_rate"),
+                            ("tie", "tie_rate"), ("mean_sol", "lift_sol"), ("rel_sol", "rel_lift_sol")):
+        est, lo, hi = boot.get(name, (np.full(cells.height, np.nan),) * 3)
+        base = {"lift": "lift", "rel_lift": "rel"}.get(lo_name, lo_name)
+        cols[lo_name] = pl.Series(est, dtype=pl.Float64)
+        cols[f"{base}_lo"] = pl.Series(lo, dtype=pl.Float64)
+        cols[f"{base}_hi"] = pl.Series(hi, dtype=pl.Float64)
+    extra = per_problem.group_by(cell).agg(
+        n_problems=pl.len(), problem_lifts=pl.col("mean_lift"), mcnemar_b=pl.col("b").sum(), mcnemar_c=pl.col("c").sum(),
+        **_floor_aggs())
+    out = cells.with_columns(**cols).with_columns(pl.col(pl.Float64).fill_nan(None))
+    out = out.join(pair_rates, on=cell, how="left", nulls_equal=True).join(extra, on=cell, how="left", nulls_equal=True)
     out = out.with_columns(rel_halfwidth=(pl.col("rel_hi") - pl.col("rel_lo")) / 2)
-    out = out.with_columns(detects_10pct=pl.col("rel_halfwidth") <= DETECT_LIFT)
+    # 80% power for a 10% relative lift: 2.80 SE <= 10 points, i.e. a 95% half-width <= 7 points
+    out = out.with_columns(detects_10pct=pl.col("rel_halfwidth") <= DETECT_HALFWIDTH)
+    out = _add_shrinkage(out)
     if tests:
         out = add_tests(out, group=["stratum", "arm_kind", *by])
     else:
         out = out.drop("problem_lifts")
-    order = {k: i for i, k in enumerate(ARM_ORDER)}
-    return out.with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99)).sort("_o", *cell).drop("_o")
+    return out
+
+
+def _floor_aggs() -> dict:
+    """Per-cell inputs of the regression rate's noise floor and of the shrinkage estimate (see `_add_shrinkage`)."""
+    return {"_solo_S": pl.col("solo_S"), "_n": pl.col("n"), "_sq": pl.col("sq_lift")}
+
+
+def _tie_prob(values: list[float], n: int) -> float:
+    """P(two independent means of n draws from `values` (uniform, with replacement) are equal): S is discrete."""
+    levels, counts = np.unique(np.round(np.asarray(values, float) / 20.0).astype(int), return_counts=True)
+    pmf = np.zeros(int(levels.max()) + 1)
+    pmf[levels] = counts / counts.sum()
+    dist = np.array([1.0])
+    for _ in range(max(1, n)):
+        dist = np.convolve(dist, pmf)
+    return float((dist**2).sum())
+
+
+def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
+    """The regression rate's noise floor and an empirical-Bayes estimate of the true share of negative lifts.
+
+    Noise floor: the regression rate expected if the arm were one more solo, i.e. for each problem the
+    chance that the mean of n solo draws falls below the mean of n others (the problem's own solo S values,
+    resampled), which is (1 - P(tie)) / 2; averaged over the cell's problems. A regression rate near it is
+    what noise alone produces at this number of replicates.
+    Shrinkage: problem mean lifts d_p with sampling variance s2/n_p (s2 pooled within problems) and a
+    between-problem variance tau2 = var(d_p) - mean(s2/n_p) (method of moments); each problem's true lift
+    is N(mu + (1 - B_p)(d_p - mu), (1 - B_p) s2/n_p) with B_p = (s2/n_p) / (s2/n_p + tau2), and the true
+    share is the mean of P(true lift < 0). Null where tau2 <= 0 (the variance components do not allow it).
+    """
+    from math import erf, sqrt
+
+    floor, shrink, tau = [], [], []
+    for lifts, solo_s, ns, sq in zip(out["problem_lifts"].to_list(), out["_solo_S"].to_list(), out["_n"].to_list(),
+                                     out["_sq"].to_list()):
+        d = np.asarray(lifts, float)
+        n = np.asarray(ns, float)
+        floor.append(float(np.mean([(1 - _tie_prob(v, int(k))) / 2 for v, k in zip(solo_s, ns)])) if len(d) else None)
+        within = np.asarray(sq, float) - n * d**2  # sum of squared deviations per problem
+        dof = (n - 1).sum()
+        if len(d) < 3 or dof <= 0:
+            shrink.append(None), tau.append(None)
+            continue
+        s2 = within.sum() / dof
+        se2 = s2 / n
+        t2 = float(d.var(ddof=1) - se2.mean())
+        if t2 <= 0:
+            shrink.append(None), tau.append(0.0)
+            continue
+        mu = float(d.mean())
+        B = se2 / (se2 + t2)
+        mean = mu + (1 - B) * (d - mu)
+        sd = np.sqrt((1 - B) * se2)
+        pneg = [0.5 * (1 + erf((0 - mm) / (ss * sqrt(2)))) if ss > 0 else float(mm < 0) for mm, ss in zip(mean, sd)]
+        shrink.append(float(np.mean(pneg))), tau.append(sqrt(t2))
+    return out.drop("_solo_S", "_n", "_sq").with_columns(
+        regression_noise_floor=pl.Series(floor, dtype=pl.Float64), regression_true_share=pl.Series(shrink, dtype=pl.Float64),
+        between_problem_sd=pl.Series(tau, dtype=pl.Float64))
 
 
 def wilcoxon_pratt(d: np.ndarray) -> float:
