@@ -374,17 +374,31 @@ def _standing_stat(ia, ra, na, ib, rb, nb):
 
 
 def standing_table(pairs: pl.DataFrame, *, naive: bool = False, pooled: bool = True,
-                   spec: BootstrapSpec = BootstrapSpec()) -> pl.DataFrame:
+                   spec: BootstrapSpec = BootstrapSpec(), over_directions: bool = False) -> pl.DataFrame:
     """The standing table: per arm kind and direction (pooled over models, or per model), each class's
-    improve/regress/tie shares and the standing effect = (improve - regress | above) - (same | below), with its CI.
+    improve/regress/tie shares (with CIs) and the standing effect = (improve - regress | above) - (same | below),
+    with its CI, and the same effect in S points: (mean lift | above) - (mean lift | below).
 
-    `naive` classifies against the solo the lift subtracts (biased; shown for contrast only).
+    `naive` classifies against the solo the lift subtracts (biased; shown for contrast only);
+    `over_directions` adds a row per arm pooled over directions (direction "pooled").
     """
     col = "standing_naive" if naive else "standing"
-    cell = ["stratum", "arm_kind", "direction"] + ([] if pooled else ["model"])
     p = pairs.filter(pl.col(col).is_not_null())
     if p.height == 0:
         return pl.DataFrame()
+    out = _standing_cells(p, col=col, pooled=pooled, spec=spec)
+    if over_directions:
+        out = pl.concat([out, _standing_cells(p.with_columns(direction=pl.lit("pooled")), col=col, pooled=pooled, spec=spec)],
+                        how="diagonal_relaxed")
+    cell = ["stratum", "arm_kind", "direction"] + ([] if pooled else ["model"])
+    order = {k: i for i, k in enumerate(ARM_ORDER)}
+    out = out.with_columns(classified_against=pl.lit("solo the lift subtracts (naive)" if naive else "mean of other target solo replicates"))
+    return out.with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99),
+                            _p=pl.col("direction") == "pooled").sort("_o", "_p", *cell).drop("_o", "_p")
+
+
+def _standing_cells(p: pl.DataFrame, *, col: str, pooled: bool, spec: BootstrapSpec) -> pl.DataFrame:
+    cell = ["stratum", "arm_kind", "direction"] + ([] if pooled else ["model"])
     imp, reg = pl.col("outcome") == "improve", pl.col("outcome") == "regress"
     vals = {}
     for c in ("above", "tie", "below"):
@@ -392,11 +406,17 @@ def standing_table(pairs: pl.DataFrame, *, naive: bool = False, pooled: bool = T
         vals[f"n_{c}"] = inc.sum()
         vals[f"imp_{c}"] = (inc & imp).sum()
         vals[f"reg_{c}"] = (inc & reg).sum()
+        vals[f"lift_{c}"] = pl.col("lift").filter(inc).sum()
     vals["n"] = pl.len()
     cells, problems, m = _matrices(p, cell, vals)
-    sums = {"ia": m["imp_above"], "ra": m["reg_above"], "na": m["n_above"], "ib": m["imp_below"], "rb": m["reg_below"],
-            "nb": m["n_below"], "n": m["n"]}
-    est, lo, hi = cluster_bootstrap(cells, problems, sums, lambda n, **k: _standing_stat(**k), spec)
+    stats = {"effect": lambda imp_above, reg_above, n_above, imp_below, reg_below, n_below, **_:
+             _standing_stat(imp_above, reg_above, n_above, imp_below, reg_below, n_below),
+             "effect_S": lambda lift_above, n_above, lift_below, n_below, **_:
+             _ratio(lift_above, n_above) - _ratio(lift_below, n_below)}
+    for c in ("above", "tie", "below"):
+        stats[f"improve_{c}"] = (lambda c: lambda **k: _ratio(k[f"imp_{c}"], k[f"n_{c}"]))(c)
+        stats[f"regress_{c}"] = (lambda c: lambda **k: _ratio(k[f"reg_{c}"], k[f"n_{c}"]))(c)
+    boot = cluster_bootstrap_many(cells, problems, m, stats, spec)
     tot = {k: v.sum(1) for k, v in m.items()}
     out = cells.with_columns(n_pairs=pl.Series(tot["n"].astype(int)))
     for c in ("above", "tie", "below"):
@@ -406,10 +426,108 @@ def standing_table(pairs: pl.DataFrame, *, naive: bool = False, pooled: bool = T
                 f"n_{c}": pl.Series(n.astype(int)),
                 f"improve_{c}": pl.Series(tot[f"imp_{c}"] / n), f"regress_{c}": pl.Series(tot[f"reg_{c}"] / n),
                 f"tie_{c}": pl.Series((n - tot[f"imp_{c}"] - tot[f"reg_{c}"]) / n)})
-    out = out.with_columns(effect=pl.Series(est), effect_lo=pl.Series(lo), effect_hi=pl.Series(hi),
-                           classified_against=pl.lit("solo the lift subtracts (naive)" if naive else "mean of other target solo replicates"))
+        for k in ("improve", "regress"):
+            _, lo, hi = boot[f"{k}_{c}"]
+            out = out.with_columns(**{f"{k}_{c}_lo": pl.Series(lo, dtype=pl.Float64), f"{k}_{c}_hi": pl.Series(hi, dtype=pl.Float64)})
+    for name in ("effect", "effect_S"):
+        est, lo, hi = boot[name]
+        out = out.with_columns(**{name: pl.Series(est, dtype=pl.Float64), f"{name}_lo": pl.Series(lo, dtype=pl.Float64),
+                                  f"{name}_hi": pl.Series(hi, dtype=pl.Float64)})
+    return out.with_columns(pl.col(pl.Float64).fill_nan(None))
+
+
+def contrast_table(pairs: pl.DataFrame, *, against: tuple[str, ...] = ("placebo", "wrong"), spec: BootstrapSpec = BootstrapSpec(),
+                   pooled: bool = True) -> pl.DataFrame:
+    """The time-matched contrast: transfer - placebo (and transfer - wrong) within each block.
+
+    A block's skill arms run together, after its solos (DESIGN): transfer and placebo share the block's
+    time, served model and queue, so their difference isolates the skill's content, where lift vs solo
+    also carries whatever changed between the solo phase and the block. Per (model, direction): mean
+    difference in S, relative difference (sum S_transfer - sum S_other) / sum S_other, problem-clustered CIs,
+    and the blocks whose served model changed between the solo and the skill arms (null: not recorded).
+    """
+    key = ["stratum", "model", "problem", "replicate", "target_dsl"]
+    tr = pairs.filter(pl.col("arm_kind") == "transfer").select(*key, "direction", "source_dsl", S_tr="S", lift_tr="lift",
+                                                              changed="served_changed")
+    rows = []
+    for other in against:
+        ot = pairs.filter(pl.col("arm_kind") == other).select(*key, S_ot="S")
+        j = tr.join(ot, on=key, how="inner").with_columns(contrast=pl.lit(f"transfer - {other}"))
+        if j.height:
+            rows.append(j)
+            if pooled:
+                rows.append(j.with_columns(direction=pl.lit("pooled"), source_dsl=pl.lit("*"), target_dsl=pl.lit("*")))
+    if not rows:
+        return pl.DataFrame()
+    j = pl.concat(rows, how="vertical_relaxed")
+    cell = ["stratum", "model", "contrast", "direction", "source_dsl", "target_dsl"]
+    cells, problems, m = _matrices(j, cell, {"SA": pl.col("S_tr").sum(), "SB": pl.col("S_ot").sum(), "n": pl.len()})
+    boot = cluster_bootstrap_many(cells, problems, m, {"rel": lambda SA, SB, n: _rel(SA, SB, n),
+                                                       "mean": lambda SA, SB, n: _mean_lift(SA, SB, n)}, spec)
+    info = j.group_by(cell).agg(n_blocks=pl.len(), n_problems=pl.col("problem").n_unique(), S_transfer=pl.col("S_tr").mean(),
+                                S_other=pl.col("S_ot").mean(), lift_vs_solo=pl.col("lift_tr").mean(),
+                                served_changed=pl.col("changed").sum(), served_recorded=pl.col("changed").is_not_null().sum())
+    (rel, rlo, rhi), (ml, mlo, mhi) = boot["rel"], boot["mean"]
+    out = cells.with_columns(diff=pl.Series(ml), diff_lo=pl.Series(mlo), diff_hi=pl.Series(mhi), rel_diff=pl.Series(rel),
+                             rel_lo=pl.Series(rlo), rel_hi=pl.Series(rhi)).with_columns(pl.col(pl.Float64).fill_nan(None))
+    out = out.join(info, on=cell, how="left", nulls_equal=True)
+    return out.with_columns(_p=pl.col("direction") == "pooled").sort("contrast", "_p", *cell).drop("_p")
+
+
+def problem_table(pairs: pl.DataFrame) -> pl.DataFrame:
+    """One row per (stratum, model, arm, direction, problem): pairs, mean S of arm and solo, mean lift (S and S_sol)."""
+    p = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
+    if p.height == 0:
+        return pl.DataFrame()
+    cell = ["stratum", "model", "arm_kind", "direction", "problem"]
+    out = p.group_by(cell).agg(family=pl.col("family").first(), n_pairs=pl.len(), S_solo=pl.col("S_solo").mean(),
+                               S_arm=pl.col("S").mean(), lift=pl.col("lift").mean(), lift_sol=pl.col("lift_sol").mean(),
+                               pass_solo=pl.col("passed_solo").mean(), pass_arm=pl.col("passed").mean())
     order = {k: i for i, k in enumerate(ARM_ORDER)}
     return out.with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99)).sort("_o", *cell).drop("_o")
+
+
+def power_table(lift: pl.DataFrame, pairs: pl.DataFrame, *, target: float = DETECT_LIFT, power: float = 0.80) -> pl.DataFrame:
+    """Problems or replicates needed to detect a relative lift of `target` at `power` (two-sided 5%), per cell.
+
+    From the observed variance components: a cell's relative-lift SE is its 95% CI half-width / 1.96; the
+    variance of a problem's replicate-mean lift is tau2 + sigma2 / R (between problems, within a problem), so
+    SE scales as sqrt((tau2 + sigma2/R') / (tau2 + sigma2/R) x P / P'). Needed: SE <= target / (z_0.975 + z_power).
+    Replicates alone cannot help past tau2: then `replicates_needed` is null ("not by replicates").
+    """
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(power)
+    need_se = target / z
+    cells = lift.filter(pl.col("direction") != "pooled") if "direction" in lift.columns else lift
+    # within-problem variance of pair lifts and the replicates per problem, per cell
+    cell = ["stratum", "model", "arm_kind", "direction"]
+    comp = pairs.filter(pl.col("arm_kind") != NOISE_ARM).group_by(*cell, "problem").agg(
+        v=pl.col("lift").var(ddof=1), n=pl.len(), d=pl.col("lift").mean()).group_by(cell).agg(
+        sigma2=pl.col("v").mean(), R=pl.col("n").median(), var_d=pl.col("d").var(ddof=1), P=pl.len())
+    out = cells.select(*cell, "n_problems", "rel_lift", "rel_halfwidth").join(comp, on=cell, how="left", nulls_equal=True)
+    rows = []
+    for r in out.iter_rows(named=True):
+        se = (r["rel_halfwidth"] or float("nan")) / 1.959963984540054
+        P, R, s2 = r["P"], r["R"], r["sigma2"] or 0.0
+        tau2 = max(0.0, (r["var_d"] or 0.0) - s2 / R) if R else 0.0
+        cur = tau2 + s2 / R if R else float("nan")
+        p_need = r_need = None
+        achieved = None
+        if se == se and se > 0 and cur > 0:
+            p_need = int(np.ceil(P * (se / need_se) ** 2))
+            # SE(R') = se * sqrt((tau2 + s2/R') / cur); solve for R' at fixed P
+            goal = (need_se / se) ** 2 * cur - tau2
+            if goal > 0 and s2 > 0:
+                r_need = int(np.ceil(s2 / goal))
+            elif s2 == 0 and tau2 <= (need_se / se) ** 2 * cur:
+                r_need = int(R)
+            from statistics import NormalDist as _N
+
+            achieved = float(_N().cdf(target / se - 1.959963984540054))
+        rows.append({**r, "se_rel": se if se == se else None, "tau2": tau2, "problems_needed": p_need,
+                     "replicates_needed": r_need, "power_at_target": achieved})
+    return pl.DataFrame(rows, infer_schema_length=None)
 
 
 def cell_lift_simple(S_arm: list[float], S_solo: list[float]) -> tuple[float, float]:
