@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,7 +98,8 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
         parts = {name: summed[i * k:(i + 1) * k].T for i, name in enumerate(names)}  # [resamples, cells] views
         for name, stat in stats.items():
             boot = np.asarray(stat(**parts))  # [resamples, cells]
-            with np.errstate(invalid="ignore"):
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a statistic undefined in every resample stays NaN (reported null)
                 q = _percentiles(boot.T, [a, 1 - a]) if not np.isnan(boot).any() else np.nanquantile(boot, [a, 1 - a], axis=0)
             lo[name][cs], hi[name][cs] = q[0], q[1]
     return {name: (est[name], lo[name], hi[name]) for name in stats}
@@ -185,7 +187,7 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
         mean_lift=pl.col("lift").mean(), sq_lift=(pl.col("lift") ** 2).sum(),
         b=(pl.col("passed_solo") & ~pl.col("passed")).sum(), c=(~pl.col("passed_solo") & pl.col("passed")).sum(),
         SA_sol=pl.col("S_sol").filter(has_sol).sum(), SB_sol=pl.col("S_sol_solo").filter(has_sol).sum(),
-        n_sol=has_sol.sum(), solo_S=pl.col("S_solo"))
+        n_sol=has_sol.sum(), pair_lifts=pl.col("lift"))
     pair_rates_q = lp.group_by(cell).agg(
         n_pairs=pl.len(), S_arm=pl.col("S").mean(), S_solo=pl.col("S_solo").mean(),
         S_sol_arm=pl.col("S_sol").mean(), S_sol_solo=pl.col("S_sol_solo").mean(),
@@ -236,40 +238,47 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
 
 def _floor_aggs() -> dict:
     """Per-cell inputs of the regression rate's noise floor and of the shrinkage estimate (see `_add_shrinkage`)."""
-    return {"_solo_S": pl.col("solo_S"), "_n": pl.col("n"), "_sq": pl.col("sq_lift")}
+    return {"_pair_lifts": pl.col("pair_lifts"), "_n": pl.col("n"), "_sq": pl.col("sq_lift")}
 
 
-def _tie_prob(values: list[float], n: int) -> float:
-    """P(two independent means of n draws from `values` (uniform, with replacement) are equal): S is discrete."""
-    levels, counts = np.unique(np.round(np.asarray(values, float) / 20.0).astype(int), return_counts=True)
-    pmf = np.zeros(int(levels.max()) + 1)
-    pmf[levels] = counts / counts.sum()
+def _zero_prob(lifts: list[float]) -> float:
+    """P(replicate-mean lift == 0) when each pair's arm and solo are exchangeable (no effect on this problem).
+
+    Conditional on the pairs' absolute lifts, each lift's sign is then a fair coin (the sign-flip null), so
+    the summed lift's distribution is exact by convolution (S is a multiple of 20); by symmetry
+    P(< 0) = (1 - P(0)) / 2. It uses the spread the pairs actually show, where resampling three solo values
+    would understate it.
+    """
     dist = np.array([1.0])
-    for _ in range(max(1, n)):
-        dist = np.convolve(dist, pmf)
-    return float((dist**2).sum())
+    for d in lifts:
+        k = int(round(abs(d) / 20.0))
+        step = np.zeros(2 * k + 1)
+        step[0] += 0.5
+        step[-1] += 0.5
+        dist = np.convolve(dist, step)
+    return float(dist[(len(dist) - 1) // 2])
 
 
 def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
     """The regression rate's noise floor and an empirical-Bayes estimate of the true share of negative lifts.
 
-    Noise floor: the regression rate expected if the arm were one more solo, i.e. for each problem the
-    chance that the mean of n solo draws falls below the mean of n others (the problem's own solo S values,
-    resampled), which is (1 - P(tie)) / 2; averaged over the cell's problems. A regression rate near it is
-    what noise alone produces at this number of replicates.
+    Noise floor: the regression rate expected if the arm were one more solo (arm and solo exchangeable in
+    each pair: the sign-flip null of `_zero_prob`), averaged over the cell's problems. A regression rate near
+    it is what noise alone produces at this number of replicates.
     Shrinkage: problem mean lifts d_p with sampling variance s2/n_p (s2 pooled within problems) and a
     between-problem variance tau2 = var(d_p) - mean(s2/n_p) (method of moments); each problem's true lift
     is N(mu + (1 - B_p)(d_p - mu), (1 - B_p) s2/n_p) with B_p = (s2/n_p) / (s2/n_p + tau2), and the true
-    share is the mean of P(true lift < 0). Null where tau2 <= 0 (the variance components do not allow it).
+    share is the mean of P(true lift < 0). Null unless tau2 exceeds about twice the variance ratio's null SE
+    (the variance components do not allow it: with no real spread between problems the share is noise).
     """
     from math import erf, sqrt
 
     floor, shrink, tau = [], [], []
-    for lifts, solo_s, ns, sq in zip(out["problem_lifts"].to_list(), out["_solo_S"].to_list(), out["_n"].to_list(),
-                                     out["_sq"].to_list()):
+    for lifts, pair_lifts, ns, sq in zip(out["problem_lifts"].to_list(), out["_pair_lifts"].to_list(), out["_n"].to_list(),
+                                         out["_sq"].to_list()):
         d = np.asarray(lifts, float)
         n = np.asarray(ns, float)
-        floor.append(float(np.mean([(1 - _tie_prob(v, int(k))) / 2 for v, k in zip(solo_s, ns)])) if len(d) else None)
+        floor.append(float(np.mean([(1 - _zero_prob(v)) / 2 for v in pair_lifts])) if len(d) else None)
         within = np.asarray(sq, float) - n * d**2  # sum of squared deviations per problem
         dof = (n - 1).sum()
         if len(d) < 3 or dof <= 0:
@@ -278,7 +287,9 @@ def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
         s2 = within.sum() / dof
         se2 = s2 / n
         t2 = float(d.var(ddof=1) - se2.mean())
-        if t2 <= 0:
+        # only where the between-problem variance clearly exceeds the noise (the variance ratio above its null's
+        # ~2 SE, sqrt(2 / (P - 1)) each): with no real spread, any share of "negative true lifts" is noise
+        if t2 <= 2 * np.sqrt(2 / (len(d) - 1)) * se2.mean():
             shrink.append(None), tau.append(0.0)
             continue
         mu = float(d.mean())
@@ -287,7 +298,7 @@ def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
         sd = np.sqrt((1 - B) * se2)
         pneg = [0.5 * (1 + erf((0 - mm) / (ss * sqrt(2)))) if ss > 0 else float(mm < 0) for mm, ss in zip(mean, sd)]
         shrink.append(float(np.mean(pneg))), tau.append(sqrt(t2))
-    return out.drop("_solo_S", "_n", "_sq").with_columns(
+    return out.drop("_pair_lifts", "_n", "_sq").with_columns(
         regression_noise_floor=pl.Series(floor, dtype=pl.Float64), regression_true_share=pl.Series(shrink, dtype=pl.Float64),
         between_problem_sd=pl.Series(tau, dtype=pl.Float64))
 

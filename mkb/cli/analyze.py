@@ -101,6 +101,54 @@ def _header(t) -> None:
         console.print(f"[yellow]skipped file[/yellow] {path}: {why}")
 
 
+JSON = typer.Option(None, "--json", help="Write every table of this command as JSON to this file ('-': stdout, nothing else printed).")
+CSV = typer.Option(None, "--csv", help="Write the main table as CSV to this file (other tables beside it as <stem>.<table>.csv).")
+
+
+def _quiet(json_path: str | None) -> None:
+    """`--json -` owns stdout: the human tables are not printed."""
+    console.quiet = json_path == "-"
+
+
+def _emit(tables: dict, *, json_path: str | None, csv_path: str | None, meta: dict | None = None) -> None:
+    """The machine-readable output every command offers: all its tables as JSON, and as CSV (the first is the main one)."""
+    import json
+    import math
+    from pathlib import Path
+
+    import polars as pl
+
+    tables = {k: v for k, v in tables.items() if v is not None}
+    if json_path:
+        def clean(v):
+            if isinstance(v, float) and not math.isfinite(v):
+                return None
+            if isinstance(v, list):
+                return [clean(x) for x in v]
+            return v
+
+        doc = {**(meta or {}), "tables": {k: [{c: clean(x) for c, x in row.items()} for row in df.to_dicts()] for k, df in tables.items()}}
+        text = json.dumps(doc, default=str, indent=1)
+        if json_path == "-":
+            console.quiet = False
+            sys.stdout.write(text + "\n")
+        else:
+            Path(json_path).write_text(text)
+    if csv_path:
+        base = Path(csv_path)
+        for i, (name, df) in enumerate(tables.items()):
+            flat = df.select([c for c, ty in df.schema.items() if not isinstance(ty, (pl.List, pl.Struct, pl.Object))])
+            path = base if i == 0 else base.with_name(f"{base.stem}.{name}{base.suffix or '.csv'}")
+            flat.write_csv(path)
+
+
+def _meta(t, spec=None) -> dict:
+    out = {"store": t.store, "stratified": t.stratified, "summary": t.summary()}
+    if spec is not None:
+        out["bootstrap"] = {"seed": spec.seed, "resamples": spec.resamples, "level": spec.level, "method": spec.describe()}
+    return out
+
+
 def _pct(v) -> str:
     return "" if v is None else f"{100 * v:+.1f}%"
 
@@ -113,7 +161,7 @@ def _p(v) -> str:
     return "" if v is None else (f"{v:.3f}" if v >= 0.001 else f"{v:.1e}")
 
 
-def print_lift(lift, *, spec, title="Lift", max_rows: int | None = 120) -> None:
+def print_lift(lift, *, spec, title="Lift", max_rows: int | None = 120, notes: bool = True) -> None:
     full = lift
     if max_rows is not None and lift.height > max_rows:
         lift = lift.head(max_rows)
@@ -130,6 +178,8 @@ def print_lift(lift, *, spec, title="Lift", max_rows: int | None = 120) -> None:
                     f"{_f(100 * r['pair_regress'], 0)}/{_f(100 * r['pair_improve'], 0)}/{_f(100 * r['pair_tie'], 0)}%",
                     _p(r.get("p_wilcoxon_holm")), _p(r.get("p_mcnemar_holm")), "yes" if r["detects_10pct"] else "[red]no[/red]")
     console.print(tbl)
+    if not notes:
+        return
     if full.height > lift.height:
         console.print(f"[yellow]showing {lift.height} of {full.height} cells[/yellow] (ordered by arm, then model): "
                       "--all prints every one, --csv FILE writes them")
@@ -139,7 +189,8 @@ def print_lift(lift, *, spec, title="Lift", max_rows: int | None = 120) -> None:
                   f"(range {100 * hw.min():.1f}-{100 * hw.max():.1f})." if hw.len() else spec.describe())
     under = lift.filter(~lift["detects_10pct"].fill_null(False))
     if under.height:
-        console.print(f"[yellow]{under.height} of {lift.height} cells could not detect a 10% lift[/yellow] (CI half-width > 10 points): "
+        console.print(f"[yellow]{under.height} of {lift.height} cells could not detect a 10% lift[/yellow] at 80% power "
+                      "(95% CI half-width > 7 points; `mkb-analyze power` says what would): "
                       + ", ".join(f"{r['model']} {r['arm_kind']} {r['direction']}" for r in under.head(20).iter_rows(named=True))
                       + (" ..." if under.height > 20 else ""))
     console.print("Wilcoxon: signed-rank, zero_method='pratt', normal approximation, on problem replicate-mean lift; McNemar: exact, pass vs pass "
@@ -172,18 +223,37 @@ def _spec(seed, resamples):
 @app.command()
 def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SEED, resamples: int = RESAMPLES,
          by_family: bool = typer.Option(False, "--by-family", help="Also per problem family."),
+         by_problem: bool = typer.Option(False, "--by-problem", help="Also one row per problem (model x arm x direction x problem)."),
          all_rows: bool = typer.Option(False, "--all", help="Print every cell (default: the first 120)."),
-         csv: Optional[str] = typer.Option(None, "--csv", help="Write the lift table to this CSV too.")) -> None:
-    """Lift and relative lift per model x arm x direction, with problem-clustered CIs, rates and tests."""
+         json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
+    """Lift and relative lift per model x arm x direction (and pooled), with problem-clustered CIs on lift and rates,
+    the regression rate's noise floor, S_sol, the time-matched contrast (transfer - placebo, transfer - wrong) and a
+    sensitivity row without flagged skills."""
+    _quiet(json_out)
     t = _load(store, stratify)
     if t is None:
         return
     _need_arms(t)
-    from mkb.analysis import lift_table
+    import polars as pl
+
+    from mkb.analysis import contrast_table, lift_table, problem_table
+    from mkb.analysis._tables import SENSITIVE_FLAGS
 
     spec = _spec(seed, resamples)
-    lt = lift_table(t.pairs, spec=spec)
+    lt = lift_table(t.pairs, spec=spec, pooled=True)
     print_lift(lt, spec=spec, max_rows=None if all_rows else 120)
+    print_rates(lt)
+    ct = contrast_table(t.pairs, spec=spec)
+    print_contrast(ct)
+    flagged = t.pairs.filter(pl.col("skill_flagged") & pl.col("arm_kind").is_in(["transfer", "same", "wrong"]))
+    sens = None
+    if flagged.height:
+        sens = lift_table(t.pairs.filter(~pl.col("skill_flagged")), spec=spec, tests=False).filter(pl.col("arm_kind") == "transfer")
+        print_lift(sens, spec=spec, title=f"Sensitivity: transfer without the {flagged.height} arms given a skill flagged "
+                   f"{' or '.join(SENSITIVE_FLAGS)}", max_rows=None, notes=False)
+    else:
+        console.print(f"sensitivity: no arm received a skill flagged {' or '.join(SENSITIVE_FLAGS)} (the row would equal the table)")
+    fam = None
     if by_family:
         fam = lift_table(t.pairs, by=("family",), spec=spec, tests=False)
         tbl = Table(title="Relative lift by family")
@@ -193,8 +263,52 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
             tbl.add_row(r["model"], r["arm_kind"], r["direction"], r["family"], str(r["n_pairs"]),
                         f"{_pct(r['rel_lift'])} [{_pct(r['rel_lo'])}, {_pct(r['rel_hi'])}]", "yes" if r["detects_10pct"] else "no")
         console.print(tbl)
-    if csv:
-        lt.write_csv(csv)
+    prob = None
+    if by_problem:
+        prob = problem_table(t.pairs)
+        tbl = Table(title=f"Per problem ({prob.height} rows)")
+        for c in ("model", "arm", "direction", "problem", "family", "pairs", "S solo", "S arm", "lift", "lift S_sol"):
+            tbl.add_column(c)
+        for r in prob.head(None if all_rows else 200).iter_rows(named=True):
+            tbl.add_row(r["model"], r["arm_kind"], r["direction"], str(r["problem"]), r["family"], str(r["n_pairs"]), _f(r["S_solo"]),
+                        _f(r["S_arm"]), _f(r["lift"]), _f(r["lift_sol"]))
+        console.print(tbl)
+    _emit({"lift": lt, "contrast": ct if ct.height else None, "sensitivity": sens, "family": fam, "problems": prob},
+          json_path=json_out, csv_path=csv, meta=_meta(t, spec))
+
+
+def print_rates(lt) -> None:
+    tbl = Table(title="Rates per cell (share of problems; 95% CIs), the regression rate's noise floor and its shrinkage estimate")
+    for c in ("model", "arm", "direction", "probs", "regression [CI]", "noise floor", "true share (EB)", "improvement [CI]",
+              "tie [CI]", "S_sol solo", "S_sol arm", "lift S_sol [CI]"):
+        tbl.add_column(c, justify="left" if c in ("model", "arm", "direction") else "right")
+    ci = lambda r, k: f"{_f(100 * r[k], 0)}% [{_f(100 * r[k + '_lo'], 0) if r[k + '_lo'] is not None else ''}, {_f(100 * r[k + '_hi'], 0) if r[k + '_hi'] is not None else ''}]"  # noqa: E731
+    for r in lt.iter_rows(named=True):
+        tbl.add_row(r["model"], r["arm_kind"], r["direction"], str(r["n_problems"]), ci(r, "regression_rate"),
+                    _f(100 * r["regression_noise_floor"], 0) + "%" if r["regression_noise_floor"] is not None else "",
+                    _f(100 * r["regression_true_share"], 0) + "%" if r["regression_true_share"] is not None else "n/a",
+                    ci(r, "improvement_rate"), ci(r, "tie_rate"), _f(r["S_sol_solo"]), _f(r["S_sol_arm"]),
+                    f"{_f(r['lift_sol'], 2)} [{_f(r['lift_sol_lo'], 2)}, {_f(r['lift_sol_hi'], 2)}]" if r["lift_sol"] is not None else "n/a")
+    console.print(tbl)
+    console.print("noise floor: the regression rate if the arm were one more solo (same replicates); true share (EB): "
+                  "empirical-Bayes share of problems whose true lift < 0, n/a where the between-problem variance is not above "
+                  "the noise. S_sol: S on the fraction of speed of light (n/a: the store has no characterisation).")
+
+
+def print_contrast(ct) -> None:
+    if ct.height == 0:
+        console.print("time-matched contrast: no block has both a transfer arm and a placebo or wrong arm")
+        return
+    tbl = Table(title="Time-matched contrast (skill arms of a block run together, after its solos): the skill's content")
+    for c in ("model", "contrast", "direction", "blocks", "probs", "S transfer", "S other", "diff [95% CI]", "rel. diff [95% CI]",
+              "lift vs solo", "served model changed"):
+        tbl.add_column(c)
+    for r in ct.iter_rows(named=True):
+        tbl.add_row(r["model"], r["contrast"], r["direction"], str(r["n_blocks"]), str(r["n_problems"]), _f(r["S_transfer"]),
+                    _f(r["S_other"]), f"{_f(r['diff'], 2)} [{_f(r['diff_lo'], 2)}, {_f(r['diff_hi'], 2)}]",
+                    f"{_pct(r['rel_diff'])} [{_pct(r['rel_lo'])}, {_pct(r['rel_hi'])}]", _f(r["lift_vs_solo"], 2),
+                    f"{r['served_changed']} of {r['served_recorded']}" if r["served_recorded"] else "not recorded")
+    console.print(tbl)
 
 
 @app.command()
