@@ -314,8 +314,10 @@ def print_contrast(ct) -> None:
 @app.command()
 def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SEED, resamples: int = RESAMPLES,
              per_model: bool = typer.Option(False, "--per-model"),
-             naive: bool = typer.Option(False, "--naive", help="Also show the biased table (standing vs the solo the lift subtracts).")) -> None:
+             naive: bool = typer.Option(False, "--naive", help="Also show the biased table (standing vs the solo the lift subtracts)."),
+             json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """Lift by the source's standing (above/tie/below the target's other solo replicates), with the standing effect."""
+    _quiet(json_out)
     t = _load(store, stratify)
     if t is None:
         return
@@ -323,16 +325,18 @@ def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int 
     from mkb.analysis import standing_table
 
     spec = _spec(seed, resamples)
+    out = {}
     for is_naive in ((False, True) if naive else (False,)):
-        st = standing_table(t.pairs, spec=spec, pooled=not per_model, naive=is_naive)
+        st = standing_table(t.pairs, spec=spec, pooled=not per_model, naive=is_naive, over_directions=True)
         if st.height == 0:
-            console.print("no standing classes: needs R >= 2 solo replicates and source attempts")
-            return
+            _fail("no standing classes: needs R >= 2 solo replicates and source attempts", EXIT_NO_DATA)
+        out["naive" if is_naive else "standing"] = st
         title = ("NAIVE standing (vs the solo the lift subtracts: builds in regression to the mean)" if is_naive
                  else "Standing: source solo S vs mean S of the target DSL's other solo replicates")
         tbl = Table(title=title)
         cols = ["arm", "direction"] + (["model"] if per_model else []) + [
-            "above n", "above imp/reg/tie", "tie n", "tie imp/reg/tie", "below n", "below imp/reg/tie", "effect [95% CI]"]
+            "above n", "above imp/reg/tie", "tie n", "tie imp/reg/tie", "below n", "below imp/reg/tie", "effect [95% CI]",
+            "effect in S points [95% CI]"]
         for c in cols:
             tbl.add_column(c)
         for r in st.iter_rows(named=True):
@@ -340,16 +344,54 @@ def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int 
             for c in ("above", "tie", "below"):
                 row += [str(r[f"n_{c}"]), "/".join(_f(100 * r[f"{k}_{c}"], 0) if r[f"{k}_{c}"] is not None else "-" for k in ("improve", "regress", "tie"))]
             row.append(f"{_f(r['effect'], 3)} [{_f(r['effect_lo'], 3)}, {_f(r['effect_hi'], 3)}]")
+            row.append(f"{_f(r['effect_S'], 2)} [{_f(r['effect_S_lo'], 2)}, {_f(r['effect_S_hi'], 2)}]")
             tbl.add_row(*row)
         console.print(tbl)
-    console.print(f"standing effect = (improve - regress share | above) - (same | below); solo_noise = solo_r' vs solo_r "
-                  f"(the noise floor). With no effect each class shows improve ~ regress. {spec.describe()}.")
+    console.print("standing effect = (improve - regress share | above) - (same | below); in S points: (mean lift | above) - "
+                  "(mean lift | below). solo_noise = the target's solo at r+1 vs its solo at r, source the source DSL's solo "
+                  f"at r+2 (the noise floor, with the arms' dependence; needs R >= 3). With no effect each class shows "
+                  f"improve ~ regress. CIs on every class share are in --json/--csv. {spec.describe()}.")
+    _emit(out, json_path=json_out, csv_path=csv, meta=_meta(t, spec))
+
+
+@app.command()
+def power(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SEED, resamples: int = RESAMPLES,
+          target: float = typer.Option(0.10, "--lift", help="Relative lift to detect (0.10 = 10%)."),
+          power_: float = typer.Option(0.80, "--power", help="Power of a two-sided 5% test."),
+          json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
+    """Problems or replicates needed to detect a relative lift at a given power, from the observed variance components."""
+    _quiet(json_out)
+    if not 0 < target < 10 or not 0.5 <= power_ < 1:
+        _fail(f"--lift {target} / --power {power_} out of range\nhint: --lift 0.10 --power 0.80")
+    t = _load(store, stratify)
+    if t is None:
+        return
+    _need_arms(t)
+    from mkb.analysis import lift_table, power_table
+
+    spec = _spec(seed, resamples)
+    pt = power_table(lift_table(t.pairs, spec=spec, tests=False), t.pairs, target=target, power=power_)
+    tbl = Table(title=f"Power to detect a {100 * target:.0f}% relative lift at {100 * power_:.0f}% power (two-sided 5%)")
+    for c in ("model", "arm", "direction", "problems", "replicates", "rel. lift ±", "power now", "between-problem var", "within var",
+              "problems needed", "replicates needed"):
+        tbl.add_column(c)
+    for r in pt.iter_rows(named=True):
+        tbl.add_row(r["model"], r["arm_kind"], r["direction"], str(r["n_problems"]), _f(r["R"], 0),
+                    _f(100 * r["rel_halfwidth"]) if r["rel_halfwidth"] is not None else "", _pct(r["power_at_target"]).lstrip("+"),
+                    _f(r["tau2"]), _f(r["sigma2"]), str(r["problems_needed"] or ""),
+                    str(r["replicates_needed"]) if r["replicates_needed"] is not None else "not by replicates")
+    console.print(tbl)
+    console.print("SE of relative lift scales as sqrt((tau2 + sigma2/R) / P) (problem-clustered); needed: SE <= lift / (z_0.975 + z_power). "
+                  "Problems needed keep R; replicates needed keep the problems.")
+    _emit({"power": pt}, json_path=json_out, csv_path=csv, meta=_meta(t, spec))
 
 
 @app.command()
 def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
-           mixed: bool = typer.Option(True, "--mixed/--no-mixed", help="Fit the mixed models (secondary estimates).")) -> None:
+           mixed: bool = typer.Option(True, "--mixed/--no-mixed", help="Fit the mixed models (secondary estimates)."),
+           json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """Per-model summary (pass rate, mean S per arm, tokens, cost) and the mixed-model fits with diagnostics."""
+    _quiet(json_out)
     t = _load(store, stratify)
     if t is None:
         return
@@ -357,6 +399,7 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
 
     inc = t.included
     summ = inc.group_by("model", "arm_kind").agg(n=pl.len(), pass_rate=pl.col("passed").mean(), S=pl.col("S").mean(),
+                                                 S_sol=pl.col("S_sol").mean(), S_compile=pl.col("S_compile").mean(),
                                                  out_tokens=pl.col("output_tokens").mean(), cost=pl.col("cost_usd").sum(),
                                                  budget_used=pl.col("budget_used").mean()).sort("model", "arm_kind")
     tbl = Table(title="Models")
@@ -366,12 +409,18 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
         tbl.add_row(r["model"], r["arm_kind"], str(r["n"]), _pct(r["pass_rate"]).lstrip("+"), _f(r["S"]),
                     _f(r["out_tokens"], 0), _f(r["cost"], 2), _pct(r["budget_used"]).lstrip("+"))
     console.print(tbl)
+    fits_rows = []
     if not mixed:
+        _emit({"models": summ}, json_path=json_out, csv_path=csv, meta=_meta(t))
         return
     from mkb.analysis._mixed import fit_all
 
     for stratum in sorted(t.attempts["stratum"].unique().to_list()):
         for fit in fit_all(t.attempts.filter(pl.col("stratum") == stratum)):
+            fits_rows += [{"stratum": stratum, "fit": fit.name, "target_dsl": fit.target_dsl, "formula": fit.formula,
+                           "estimator": fit.estimator, "converged": fit.converged, **r,
+                           "variance": "; ".join(f"{k}={v:.6g}" for k, v in fit.variance.items()),
+                           "flags": " | ".join(fit.flags + fit.warnings)} for r in fit.effects.iter_rows(named=True)]
             ft = Table(title=f"{fit.name}, target {fit.target_dsl}" + (f", stratum {stratum}" if t.stratified else ""))
             for c in ("term", "estimate", "SE / post. SD", "95% interval"):
                 ft.add_column(c)
@@ -385,13 +434,16 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
                 console.print(f"  [yellow]warning:[/yellow] {w}")
             for fl in fit.flags:
                 console.print(f"  [yellow]{fl}[/yellow]")
+    _emit({"models": summ, "fits": pl.DataFrame(fits_rows) if fits_rows else None}, json_path=json_out, csv_path=csv, meta=_meta(t))
 
 
 @app.command()
 def attempts(store: Optional[str] = STORE, stratify: bool = STRATIFY,
              excluded: bool = typer.Option(False, "--excluded", help="List the excluded attempts and why."),
-             limit: int = typer.Option(30, "--limit"), csv: Optional[str] = typer.Option(None, "--csv")) -> None:
+             limit: int = typer.Option(30, "--limit"), json_out: Optional[str] = JSON,
+             csv: Optional[str] = typer.Option(None, "--csv", help="Write every attempt (all columns) as CSV to this file.")) -> None:
     """The attempts table: counts by arm, status and verdict; or the excluded attempts."""
+    _quiet(json_out)
     t = _load(store, stratify)
     if t is None:
         return
@@ -415,8 +467,8 @@ def attempts(store: Optional[str] = STORE, stratify: bool = STRATIFY,
         for r in g.iter_rows():
             tbl.add_row(*[str(v) for v in r])
         console.print(tbl)
-    if csv:
-        a.select([c for c, ty in a.schema.items() if not isinstance(ty, pl.List)]).write_csv(csv)
+    flat = a.select([c for c, ty in a.schema.items() if not isinstance(ty, pl.List)])
+    _emit({"attempts": flat}, json_path=json_out, csv_path=csv, meta=_meta(t))
 
 
 @app.command()
@@ -508,15 +560,23 @@ def _print_verdicts(store) -> None:
 
 
 @app.command("verdicts")
-def verdicts_cmd(store: Optional[str] = STORE) -> None:
+def verdicts_cmd(store: Optional[str] = STORE, json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """Every verdict in the store (stand-alone gradings, red-team and benchmark runs), oldest first."""
+    from mkb.analysis import verdicts_table
+
+    _quiet(json_out)
     _print_verdicts(store)
+    _emit({"verdicts": verdicts_table(store)}, json_path=json_out, csv_path=csv)
 
 
 @app.command("problems")
-def problems_cmd(store: Optional[str] = STORE) -> None:
+def problems_cmd(store: Optional[str] = STORE, json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """The characterisation table: eager time, peak memory, fp64 gap, speed-of-light ratio per problem."""
+    from mkb.analysis import problems_table
+
+    _quiet(json_out)
     _print_problems(store)
+    _emit({"problems": problems_table(store)}, json_path=json_out, csv_path=csv)
 
 
 def main() -> None:
