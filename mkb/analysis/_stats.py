@@ -268,7 +268,7 @@ def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
     Shrinkage: problem mean lifts d_p with sampling variance s2/n_p (s2 pooled within problems) and a
     between-problem variance tau2 = var(d_p) - mean(s2/n_p) (method of moments); each problem's true lift
     is N(mu + (1 - B_p)(d_p - mu), (1 - B_p) s2/n_p) with B_p = (s2/n_p) / (s2/n_p + tau2), and the true
-    share is the mean of P(true lift < 0). Null unless tau2 exceeds about twice the variance ratio's null SE
+    share is the mean of P(true lift < 0). Null unless tau2 exceeds three times the variance ratio's null SE
     (the variance components do not allow it: with no real spread between problems the share is noise).
     """
     from math import erf, sqrt
@@ -287,9 +287,12 @@ def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
         s2 = within.sum() / dof
         se2 = s2 / n
         t2 = float(d.var(ddof=1) - se2.mean())
-        # only where the between-problem variance clearly exceeds the noise (the variance ratio above its null's
-        # ~2 SE, sqrt(2 / (P - 1)) each): with no real spread, any share of "negative true lifts" is noise
-        if t2 <= 2 * np.sqrt(2 / (len(d) - 1)) * se2.mean():
+        # only where the between-problem variance clearly exceeds the noise: the variance ratio var(d) / mean(se2)
+        # above 1 + 3 SE under no spread, SE^2 = 2 / (P - 1) + excess kurtosis / P (S lifts are discrete and
+        # heavy-tailed, which widens the ratio's null); with no real spread any share of "negative true lifts" is noise
+        c = d - d.mean()
+        kurt = max(0.0, float((c**4).mean() / max((c**2).mean() ** 2, 1e-300) - 3.0))
+        if t2 <= 3 * np.sqrt(2 / (len(d) - 1) + kurt / len(d)) * se2.mean():
             shrink.append(None), tau.append(0.0)
             continue
         mu = float(d.mean())

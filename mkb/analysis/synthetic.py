@@ -195,6 +195,36 @@ def true_regression_share(sim: Simulation, *, kind: str = "transfer", n_mc: int 
     return {(model, tgt): float(acc[m, :, d].mean()) for m, model in enumerate(spec.models) for d, tgt in enumerate(spec.dsls)}
 
 
+def true_rates(sim: Simulation, *, kind: str = "transfer", n_mc: int = 400) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """Population (regression, improvement, tie) rates per (model, target_dsl), as `true_regression_share`."""
+    spec = sim.spec
+    rng = np.random.default_rng(spec.seed + 1_000_003)
+    k = ARM_KINDS.index(kind)
+    acc = np.zeros((3, len(spec.models), spec.n_problems, len(spec.dsls)))
+    batches = max(1, n_mc // 50)
+    for _ in range(batches):
+        mc = simulate(spec, replicates=spec.replicates * 50, rng=rng, base=sim.base, sign=sim.sign)
+        s = s_of_z(mc.z)
+        lift = (s[..., k] - s[..., 0]).reshape(*s.shape[:3], 50, spec.replicates).mean(-1)
+        acc[0] += (lift < -1e-9).mean(-1)
+        acc[1] += (lift > 1e-9).mean(-1)
+        acc[2] += (np.abs(lift) <= 1e-9).mean(-1)
+    acc /= batches
+    return {(model, tgt): tuple(float(acc[i, m, :, d].mean()) for i in range(3))
+            for m, model in enumerate(spec.models) for d, tgt in enumerate(spec.dsls)}
+
+
+def true_contrast(sim: Simulation, *, other: str = "placebo") -> dict[tuple[str, str], float]:
+    """Planted relative difference transfer vs `other` per (model, target_dsl): sum E[S_transfer] / sum E[S_other] - 1."""
+    spec = sim.spec
+    sd_t = math.sqrt(spec.noise**2 * (1 + spec.standing_slope**2) + spec.replicate_shock**2 + spec.block_shock**2)
+    sd_o = math.sqrt(spec.noise**2 + spec.replicate_shock**2 + spec.block_shock**2)
+    es_t = expected_s(sim.base + _arm_effect(spec, "transfer") * sim.sign[None, :, None], sd_t)
+    es_o = expected_s(sim.base + _arm_effect(spec, other) * sim.sign[None, :, None], sd_o)
+    return {(model, tgt): float(es_t[m, :, d].sum() / es_o[m, :, d].sum() - 1)
+            for m, model in enumerate(spec.models) for d, tgt in enumerate(spec.dsls)}
+
+
 def standing_effect_numpy(s: np.ndarray, *, kind: str = "transfer", naive: bool = False) -> float:
     """Standing effect of `kind` pooled over models and DSLs, from S[M, P, D, R, A]; the test's independent scorer.
 
