@@ -94,3 +94,16 @@ def test_kit_equals_mkb_analyze_on_every_committed_experiment_dataset(dataset, t
         assert not any((d / "kind=attempt_started").is_dir() for d in (ROOT / "events").glob("*"))
         return
     _check(str(dataset), tmp_path)
+
+
+def test_notebook_cells_run_on_an_export(tmp_path):
+    store = str(tmp_path / "demo")
+    assert runner.invoke(app, ["synth", "--store", store, "--problems", "12", "--models", "1"]).exit_code == 0
+    assert runner.invoke(app, ["export", "--store", store, "--out", str(tmp_path / "exp")]).exit_code == 0
+    nb = json.loads((ROOT / "analysis" / "reanalysis.ipynb").read_text())
+    code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    code[0] = f"DATASET = {str(tmp_path / 'exp')!r}\nSEED, RESAMPLES = 1, 200"
+    script = "\n".join(code) + "\nprint('OK', lift.height, standing.height)"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT / "analysis")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1].startswith("OK")
