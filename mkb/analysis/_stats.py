@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ DEFAULT_RESAMPLES = 10_000
 DETECT_LIFT = 0.10  # a cell whose relative-lift CI half-width exceeds this could not detect a 10% lift
 ARM_ORDER = ("transfer", "placebo", "same", "wrong", NOISE_ARM)
 _EPS = 1e-9
+BLOCK_BYTES = 48 * 2**20  # resampled sums held at once by the bootstrap (bounds its memory at any number of cells)
 
 
 @dataclass(frozen=True)
@@ -64,19 +66,55 @@ def _percentiles(x: np.ndarray, qs: list[float]) -> np.ndarray:
     return out
 
 
-def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np.ndarray], stats: dict, spec: BootstrapSpec):
+def _count_percentiles(counts: np.ndarray, n: int, qs: list[float]) -> np.ndarray:
+    """[len(qs), rows]: np.quantile(counts / n, qs, axis=1) of a [rows, resamples] array of integers in 0..n.
+
+    A share of problems resampled with replacement is a count over a fixed number n of drawn problems, so
+    its order statistics come from one histogram per row (a bincount) instead of a partition of every
+    resample: the same values as `_percentiles` (numpy's interpolation written out), several times faster.
+    """
+    rows, B = counts.shape
+    c = np.rint(counts).astype(np.int64)
+    hist = np.bincount((c + (np.arange(rows) * (n + 1))[:, None]).ravel(), minlength=rows * (n + 1)).reshape(rows, n + 1)
+    cum = hist.cumsum(1)
+    virtual = (B - 1) * np.asarray(qs, dtype=np.float64)
+    prev = np.floor(virtual)
+    top = virtual >= B - 1
+    prev[top] = -1.0
+    gamma = virtual - prev
+    pi = np.where(top, B - 1, prev.astype(np.intp))
+    ni = np.where(top, B - 1, pi + 1)
+    order = lambda j: (cum > j).argmax(1) / n  # noqa: E731  (the j-th smallest value of each row, as a share)
+    out = np.empty((len(qs), rows))
+    for i in range(len(qs)):
+        a, b, g = order(pi[i]), order(ni[i]), gamma[i]
+        diff = b - a
+        out[i] = b - diff * (1 - g) if g >= 0.5 else a + diff * g
+    return out
+
+
+def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np.ndarray], stats: dict, spec: BootstrapSpec,
+                           shares: dict | None = None):
     """Several statistics from the same resamples: {name: (estimate, lo, hi)}, each as `cluster_bootstrap` returns it.
 
     Every statistic sees exactly the resamples a separate `cluster_bootstrap` call with the same spec
     would draw (one generator per statistic, seeded alike), so sharing them changes no number. Cells whose
     present problems are the same share one resample matrix, applied to all their cells and sums in one
-    matrix product.
+    matrix product. `shares` are statistics that are shares of problems: `f(**sums)` gives the count of
+    drawn problems with the property (an integer), divided by the cell's number of present problems,
+    which every resample draws exactly; their percentiles are counted, not partitioned.
     """
+    shares = shares or {}
     C = len(cells)
     present = sums["n"] > 0
-    est = {name: stat(**{k: v.sum(1) for k, v in sums.items()}) for name, stat in stats.items()}
-    lo = {name: np.full(C, np.nan) for name in stats}
-    hi = {name: np.full(C, np.nan) for name in stats}
+    totals = {k: v.sum(1) for k, v in sums.items()}
+    n_present = present.sum(1)
+    est = {name: stat(**totals) for name, stat in stats.items()}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        est |= {name: np.where(n_present > 0, f(n_present=n_present, **totals) / np.maximum(n_present, 1), np.nan)
+                for name, f in shares.items()}
+    lo = {name: np.full(C, np.nan) for name in [*stats, *shares]}
+    hi = {name: np.full(C, np.nan) for name in [*stats, *shares]}
     groups: dict[bytes, list[int]] = {}
     for c in range(C):
         groups.setdefault(present[c].tobytes(), []).append(c)
@@ -89,20 +127,29 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
         if len(cols) < 2:
             continue
         w = _cluster_weights(len(cols), spec, rng)  # [resamples, problems]
-        v = np.concatenate([sums[k][np.ix_(cs, cols)] for k in names])  # [sums x cells, problems]
-        # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous
-        # for the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts),
-        # so every product is exact and equals the former per-sum `w @ v.T` bit for bit
-        summed = v @ w.T
-        k = len(cs)
-        parts = {name: summed[i * k:(i + 1) * k].T for i, name in enumerate(names)}  # [resamples, cells] views
-        for name, stat in stats.items():
-            boot = np.asarray(stat(**parts))  # [resamples, cells]
-            with np.errstate(invalid="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # a statistic undefined in every resample stays NaN (reported null)
-                q = _percentiles(boot.T, [a, 1 - a]) if not np.isnan(boot).any() else np.nanquantile(boot, [a, 1 - a], axis=0)
-            lo[name][cs], hi[name][cs] = q[0], q[1]
-    return {name: (est[name], lo[name], hi[name]) for name in stats}
+        # cells in blocks, so the resampled sums stay under ~BLOCK_BYTES however many cells share these problems
+        # (the draws are the group's, so blocking changes no number)
+        block = max(1, int(BLOCK_BYTES // (len(names) * spec.resamples * 8)))
+        for b0 in range(0, len(cs), block):
+            cb = cs[b0:b0 + block]
+            v = np.concatenate([sums[k][np.ix_(cb, cols)] for k in names])  # [sums x cells, problems]
+            # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous
+            # for the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts),
+            # so every product is exact and equals the former per-sum `w @ v.T` bit for bit
+            summed = v @ w.T
+            k = len(cb)
+            parts = {name: summed[i * k:(i + 1) * k].T for i, name in enumerate(names)}  # [resamples, cells] views
+            for name, stat in stats.items():
+                boot = np.asarray(stat(**parts))  # [resamples, cells]
+                with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # undefined in every resample: stays NaN (reported null)
+                    q = _percentiles(boot.T, [a, 1 - a]) if not np.isnan(boot).any() else np.nanquantile(boot, [a, 1 - a], axis=0)
+                lo[name][cb], hi[name][cb] = q[0], q[1]
+            for name, f in shares.items():
+                cnt = np.asarray(f(n_present=len(cols), **parts))  # [resamples, cells] integer counts
+                q = _count_percentiles(np.ascontiguousarray(cnt.T), len(cols), [a, 1 - a])
+                lo[name][cb], hi[name][cb] = q[0], q[1]
+    return {name: (est[name], lo[name], hi[name]) for name in [*stats, *shares]}
 
 
 def cluster_bootstrap(cells: list, problems: np.ndarray, sums: dict[str, np.ndarray], stat, spec: BootstrapSpec):
@@ -187,7 +234,7 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
         mean_lift=pl.col("lift").mean(), sq_lift=(pl.col("lift") ** 2).sum(),
         b=(pl.col("passed_solo") & ~pl.col("passed")).sum(), c=(~pl.col("passed_solo") & pl.col("passed")).sum(),
         SA_sol=pl.col("S_sol").filter(has_sol).sum(), SB_sol=pl.col("S_sol_solo").filter(has_sol).sum(),
-        n_sol=has_sol.sum(), pair_lifts=pl.col("lift"))
+        n_sol=has_sol.sum(), pair_lifts=(pl.col("lift").abs() / 20.0).round().cast(pl.Int64).sort())
     pair_rates_q = lp.group_by(cell).agg(
         n_pairs=pl.len(), S_arm=pl.col("S").mean(), S_solo=pl.col("S_solo").mean(),
         S_sol_arm=pl.col("S_sol").mean(), S_sol_solo=pl.col("S_sol_solo").mean(),
@@ -199,19 +246,19 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
     per_problem, pair_rates = pl.collect_all([per_problem_q, pair_rates_q], engine=ENGINE)
     per_problem = per_problem.with_columns(
         reg=(pl.col("mean_lift") < -_EPS).cast(pl.Float64), imp=(pl.col("mean_lift") > _EPS).cast(pl.Float64),
-        tie=(pl.col("mean_lift").abs() <= _EPS).cast(pl.Float64), one=pl.lit(1.0))
-    names = ["SA", "SB", "n", "reg", "imp", "tie", "one"]
+    )
+    names = ["SA", "SB", "n", "reg", "imp"]
     sol = per_problem["n_sol"].sum() > 0
     if sol:
         names += ["SA_sol", "SB_sol", "n_sol"]
     cells, problems, m = _dense(per_problem, cell, names)
-    stats = {"rel": lambda SA, SB, n, **_: _rel(SA, SB, n), "mean": lambda SA, SB, n, **_: _mean_lift(SA, SB, n),
-             "reg": lambda reg, one, **_: _ratio(reg, one), "imp": lambda imp, one, **_: _ratio(imp, one),
-             "tie": lambda tie, one, **_: _ratio(tie, one)}
+    stats = {"rel": lambda SA, SB, n, **_: _rel(SA, SB, n), "mean": lambda SA, SB, n, **_: _mean_lift(SA, SB, n)}
+    # shares of problems: counts of drawn problems (a problem's replicate-mean lift is < 0, > 0 or 0)
+    shares = {"reg": lambda reg, **_: reg, "imp": lambda imp, **_: imp, "tie": lambda reg, imp, n_present, **_: n_present - reg - imp}
     if sol:
         stats["rel_sol"] = lambda SA_sol, SB_sol, n_sol, **_: _rel(SA_sol, SB_sol, n_sol)
         stats["mean_sol"] = lambda SA_sol, SB_sol, n_sol, **_: _ratio(SA_sol - SB_sol, n_sol)
-    boot = cluster_bootstrap_many(cells, problems, m, stats, spec)
+    boot = cluster_bootstrap_many(cells, problems, m, stats, spec, shares=shares)
     cols = {}
     for name, (lo_name) in (("mean", "lift"), ("rel", "rel_lift"), ("reg", "regression_rate"), ("imp", "improvement_rate"),
                             ("tie", "tie_rate"), ("mean_sol", "lift_sol"), ("rel_sol", "rel_lift_sol")):
@@ -242,6 +289,12 @@ def _floor_aggs() -> dict:
 
 
 def _zero_prob(lifts: list[float]) -> float:
+    """See `_zero_prob_steps`; lifts are multiples of 20 (S steps), so problems share a handful of step multisets."""
+    return _zero_prob_steps(tuple(sorted(int(round(abs(d) / 20.0)) for d in lifts)))
+
+
+@functools.lru_cache(maxsize=None)
+def _zero_prob_steps(steps: tuple[int, ...]) -> float:
     """P(replicate-mean lift == 0) when each pair's arm and solo are exchangeable (no effect on this problem).
 
     Conditional on the pairs' absolute lifts, each lift's sign is then a fair coin (the sign-flip null), so
@@ -250,8 +303,7 @@ def _zero_prob(lifts: list[float]) -> float:
     would understate it.
     """
     dist = np.array([1.0])
-    for d in lifts:
-        k = int(round(abs(d) / 20.0))
+    for k in steps:
         step = np.zeros(2 * k + 1)
         step[0] += 0.5
         step[-1] += 0.5
@@ -276,9 +328,10 @@ def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
     floor, shrink, tau = [], [], []
     for lifts, pair_lifts, ns, sq in zip(out["problem_lifts"].to_list(), out["_pair_lifts"].to_list(), out["_n"].to_list(),
                                          out["_sq"].to_list()):
+        pair_lifts = [tuple(x) for x in pair_lifts]  # each problem's sorted lift sizes in S steps (see _zero_prob)
         d = np.asarray(lifts, float)
         n = np.asarray(ns, float)
-        floor.append(float(np.mean([(1 - _zero_prob(v)) / 2 for v in pair_lifts])) if len(d) else None)
+        floor.append(float(np.mean([(1 - _zero_prob_steps(v)) / 2 for v in pair_lifts])) if len(d) else None)
         within = np.asarray(sq, float) - n * d**2  # sum of squared deviations per problem
         dof = (n - 1).sum()
         if len(d) < 3 or dof <= 0:
