@@ -541,6 +541,29 @@ def contrast_table(pairs: pl.DataFrame, *, against: tuple[str, ...] = ("placebo"
     return out.with_columns(_p=pl.col("direction") == "pooled").sort("contrast", "_p", *cell).drop("_p")
 
 
+def two_part_table(pairs: pl.DataFrame, *, spec: BootstrapSpec = BootstrapSpec()) -> pl.DataFrame:
+    """The two-part summary beside the mixed models: pass rate arm vs solo, then geometric-mean speedup among passes.
+
+    The pass difference gets a problem-clustered bootstrap CI: the complement to McNemar (which treats a
+    problem's replicates as independent pairs) that respects replicates clustered in problems. The speedup
+    part is conditioned on passing and labelled so: arms that pass more often may pass harder problems.
+    """
+    p = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
+    if p.height == 0:
+        return pl.DataFrame()
+    cell = ["stratum", "model", "arm_kind", "direction"]
+    cells, problems, m = _matrices(p, cell, {"PA": pl.col("passed").cast(pl.Int64).sum(), "PB": pl.col("passed_solo").cast(pl.Int64).sum(),
+                                             "n": pl.len()})
+    est, lo, hi = cluster_bootstrap(cells, problems, m, lambda PA, PB, n: _ratio(PA - PB, n), spec)
+    sp = p.group_by(cell).agg(
+        pass_arm=pl.col("passed").mean(), pass_solo=pl.col("passed_solo").mean(),
+        gm_speedup_arm_given_pass=pl.col("speedup").filter(pl.col("passed") & (pl.col("speedup") > 0)).log().mean().exp(),
+        gm_speedup_solo_given_pass=pl.col("speedup_solo").filter(pl.col("passed_solo") & (pl.col("speedup_solo") > 0)).log().mean().exp())
+    out = cells.with_columns(pass_diff=pl.Series(est), pass_diff_lo=pl.Series(lo), pass_diff_hi=pl.Series(hi)) \
+        .with_columns(pl.col(pl.Float64).fill_nan(None))
+    return out.join(sp, on=cell, how="left", nulls_equal=True)
+
+
 def problem_table(pairs: pl.DataFrame) -> pl.DataFrame:
     """One row per (stratum, model, arm, direction, problem): pairs, mean S of arm and solo, mean lift (S and S_sol)."""
     p = pairs.filter(pl.col("arm_kind") != NOISE_ARM)

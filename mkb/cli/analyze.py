@@ -409,9 +409,24 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
         tbl.add_row(r["model"], r["arm_kind"], str(r["n"]), _pct(r["pass_rate"]).lstrip("+"), _f(r["S"]),
                     _f(r["out_tokens"], 0), _f(r["cost"], 2), _pct(r["budget_used"]).lstrip("+"))
     console.print(tbl)
+    from mkb.analysis import BootstrapSpec, two_part_table
+
+    tp = two_part_table(t.pairs, spec=BootstrapSpec(resamples=2000)) if t.pairs.height else pl.DataFrame()
+    if tp.height:
+        tt = Table(title="Two-part summary: pass rate (difference with a problem-clustered CI), then speedup among passes")
+        for c in ("model", "arm", "direction", "pass solo", "pass arm", "pass diff [95% CI]", "gm speedup | passed, solo",
+                  "gm speedup | passed, arm"):
+            tt.add_column(c)
+        for r in tp.iter_rows(named=True):
+            tt.add_row(r["model"], r["arm_kind"], r["direction"], _pct(r["pass_solo"]).lstrip("+"), _pct(r["pass_arm"]).lstrip("+"),
+                       f"{_pct(r['pass_diff'])} [{_pct(r['pass_diff_lo'])}, {_pct(r['pass_diff_hi'])}]",
+                       _f(r["gm_speedup_solo_given_pass"], 2), _f(r["gm_speedup_arm_given_pass"], 2))
+        console.print(tt)
+        console.print("speedup columns are conditioned on passing (geometric mean among passed attempts); the pass-difference CI "
+                      "resamples problems (2,000 resamples), so it respects replicates clustered in problems, unlike McNemar.")
     fits_rows = []
     if not mixed:
-        _emit({"models": summ}, json_path=json_out, csv_path=csv, meta=_meta(t))
+        _emit({"models": summ, "two_part": tp if tp.height else None}, json_path=json_out, csv_path=csv, meta=_meta(t))
         return
     from mkb.analysis._mixed import fit_all
 
@@ -434,7 +449,8 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
                 console.print(f"  [yellow]warning:[/yellow] {w}")
             for fl in fit.flags:
                 console.print(f"  [yellow]{fl}[/yellow]")
-    _emit({"models": summ, "fits": pl.DataFrame(fits_rows) if fits_rows else None}, json_path=json_out, csv_path=csv, meta=_meta(t))
+    _emit({"models": summ, "two_part": tp if tp.height else None, "fits": pl.DataFrame(fits_rows) if fits_rows else None},
+          json_path=json_out, csv_path=csv, meta=_meta(t))
 
 
 @app.command()
