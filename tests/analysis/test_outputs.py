@@ -102,3 +102,16 @@ def test_regression_rate_beside_its_noise_floor_and_shrinkage(tmp_path):
         assert r["regression_rate_lo"] <= r["regression_noise_floor"] <= r["regression_rate_hi"]
         assert r["regression_true_share"] is None
     assert np.isfinite(lt["regression_noise_floor"].to_numpy()).all()
+
+
+def test_two_part_summary_pass_difference_is_problem_clustered(planted_lift):
+    from mkb.analysis import two_part_table
+
+    t = load_tables(planted_lift.store)
+    tp = two_part_table(t.pairs, spec=BootstrapSpec(resamples=1000))
+    tr = tp.filter(pl.col("arm_kind") == "transfer")
+    assert tr.height == 4
+    for r in tr.iter_rows(named=True):
+        assert r["pass_diff"] == pytest.approx(r["pass_arm"] - r["pass_solo"])
+        assert r["pass_diff_lo"] > 0  # planted: the transfer arm passes more often
+        assert r["gm_speedup_arm_given_pass"] > 0
