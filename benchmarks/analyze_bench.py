@@ -57,12 +57,15 @@ def main() -> None:
     cmd = [sys.executable, "-m", "mkb.cli.analyze", "lift", "--store", store, "--json", os.devnull]
     times, peaks = [], []
     for i in range(args.runs):
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        times.append(time.perf_counter() - t0)
-        peaks.append(usage.ru_maxrss / 1024)  # KiB -> MiB (Linux)
-        out, err = proc.stdout.read(), proc.stderr.read()
+        # output to files, not pipes: the tables outgrow a pipe's buffer and the child would block writing them
+        with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, env=env)
+            _, status, usage = os.wait4(proc.pid, 0)
+            times.append(time.perf_counter() - t0)
+            peaks.append(usage.ru_maxrss / 1024)  # KiB -> MiB (Linux)
+            fo.seek(0), fe.seek(0)
+            out, err = fo.read(), fe.read()
         if os.waitstatus_to_exitcode(status) != 0:
             print(out[-3000:], err[-3000:])
             raise SystemExit("mkb-analyze lift failed")
