@@ -183,8 +183,7 @@ def _dense(agg: pl.DataFrame, cell_cols: list[str], names: list[str]):
 
 
 def _rel(SA, SB, n):
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(SB > 0, (SA - SB) / np.where(SB > 0, SB, 1), np.nan)
+    return _ratio(SA - SB, SB)
 
 
 def _mean_lift(SA, SB, n):
@@ -193,8 +192,15 @@ def _mean_lift(SA, SB, n):
 
 
 def _ratio(num, den):
+    """num / den, NaN where den <= 0 (one division and one masked fill: these run on [resamples, cells] arrays)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+        out = np.divide(num, den)
+    bad = den <= 0
+    if np.ndim(out) and bad.any():
+        out[bad] = np.nan
+    elif not np.ndim(out) and bad:
+        out = np.nan
+    return out
 
 
 POWER_Z = 1.959963984540054 + 0.8416212335729143  # two-sided 5% test at 80% power: z_0.975 + z_0.80

@@ -242,9 +242,10 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
     spec = _spec(seed, resamples)
     lt = lift_table(t.pairs, spec=spec, pooled=True)
     print_lift(lt, spec=spec, max_rows=None if all_rows else 120)
-    print_rates(lt)
+    limit = None if all_rows else 120
+    print_rates(lt, max_rows=limit)
     ct = contrast_table(t.pairs, spec=spec)
-    print_contrast(ct)
+    print_contrast(ct, max_rows=limit)
     flagged = t.pairs.filter(pl.col("skill_flagged") & pl.col("arm_kind").is_in(["transfer", "same", "wrong"]))
     sens = None
     if flagged.height:
@@ -277,7 +278,10 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
           json_path=json_out, csv_path=csv, meta=_meta(t, spec))
 
 
-def print_rates(lt) -> None:
+def print_rates(lt, *, max_rows: int | None = 120) -> None:
+    """Printing is the slow part at scale (rich renders row by row): like the lift table, the first `max_rows` cells."""
+    full = lt
+    lt = lt.head(max_rows) if max_rows is not None else lt
     tbl = Table(title="Rates per cell (share of problems; 95% CIs), the regression rate's noise floor and its shrinkage estimate")
     for c in ("model", "arm", "direction", "probs", "regression [CI]", "noise floor", "true share (EB)", "improvement [CI]",
               "tie [CI]", "S_sol solo", "S_sol arm", "lift S_sol [CI]"):
@@ -290,15 +294,19 @@ def print_rates(lt) -> None:
                     ci(r, "improvement_rate"), ci(r, "tie_rate"), _f(r["S_sol_solo"]), _f(r["S_sol_arm"]),
                     f"{_f(r['lift_sol'], 2)} [{_f(r['lift_sol_lo'], 2)}, {_f(r['lift_sol_hi'], 2)}]" if r["lift_sol"] is not None else "n/a")
     console.print(tbl)
+    if full.height > lt.height:
+        console.print(f"[yellow]showing {lt.height} of {full.height} cells[/yellow]: --all prints every one, --json/--csv FILE writes them")
     console.print("noise floor: the regression rate if the arm were one more solo (same replicates); true share (EB): "
                   "empirical-Bayes share of problems whose true lift < 0, n/a where the between-problem variance is not above "
                   "the noise. S_sol: S on the fraction of speed of light (n/a: the store has no characterisation).")
 
 
-def print_contrast(ct) -> None:
+def print_contrast(ct, *, max_rows: int | None = 120) -> None:
     if ct.height == 0:
         console.print("time-matched contrast: no block has both a transfer arm and a placebo or wrong arm")
         return
+    full = ct
+    ct = ct.head(max_rows) if max_rows is not None else ct
     tbl = Table(title="Time-matched contrast (skill arms of a block run together, after its solos): the skill's content")
     for c in ("model", "contrast", "direction", "blocks", "probs", "S transfer", "S other", "diff [95% CI]", "rel. diff [95% CI]",
               "lift vs solo", "served model changed"):
@@ -309,6 +317,8 @@ def print_contrast(ct) -> None:
                     f"{_pct(r['rel_diff'])} [{_pct(r['rel_lo'])}, {_pct(r['rel_hi'])}]", _f(r["lift_vs_solo"], 2),
                     f"{r['served_changed']} of {r['served_recorded']}" if r["served_recorded"] else "not recorded")
     console.print(tbl)
+    if full.height > ct.height:
+        console.print(f"[yellow]showing {ct.height} of {full.height} contrasts[/yellow]: --all prints every one, --json/--csv FILE writes them")
 
 
 @app.command()
