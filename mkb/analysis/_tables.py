@@ -10,8 +10,8 @@ from mkb.events import ScanReport, Store, resolve_store, scan
 from mkb.scoring import R_COLS, SOL_THRESHOLDS, THRESHOLDS
 
 SCORED_STATUSES = ("finished", "budget_exhausted")
-NOISE_ARM = "solo_noise"
-SENSITIVE_FLAGS = ("code_block", "problem_identity")  # skill hygiene flags the sensitivity row leaves out  # the solo_r' vs solo_r pseudo-arm that measures the noise floor
+NOISE_ARM = "solo_noise"  # the solo-vs-solo pseudo-arm that measures the noise floor (see build_pairs)
+SENSITIVE_FLAGS = ("code_block", "problem_identity")  # skill hygiene flags the sensitivity row leaves out
 VERSION_KEYS = {  # what must not mix, and within what it must not mix
     "grader_version": (),
     "mkb_version": (),
