@@ -37,9 +37,10 @@ def _need_arms(t) -> None:
 
     if t.pairs.filter(pl.col("arm_kind") != "solo_noise").height == 0:
         kinds = sorted(t.included["arm_kind"].unique().to_list())
-        _fail(f"store {t.store} holds only {'solo attempts' if kinds == ['solo'] else 'attempts of ' + ', '.join(kinds)} "
-              "that pair with no solo of their target DSL: there is no arm to compare with a solo (only solo attempts "
-              "or unpaired arms)\nhint: `mkb-analyze attempts` lists what is there; skill arms run after the solos of their block",
+        what = ("holds only solo attempts: there is no arm to compare with a solo" if kinds == ["solo"] else
+                f"has no arm paired with a solo of its target DSL, same model, problem and replicate (arms: {', '.join(kinds)})")
+        _fail(f"store {t.store} {what}\nhint: `mkb-analyze attempts --store {t.store}` lists what is there; a block's skill "
+              "arms run after its solos",
               EXIT_NO_DATA)
 
 
