@@ -5,11 +5,12 @@ Imports neither torch, the DSLs nor litellm, so anyone can re-analyse anyone's d
 
 from mkb.analysis._export import export_dataset, problems_table, verdicts_table
 from mkb.analysis._stats import (
-    BootstrapSpec, DETECT_LIFT, cell_lift_simple, cluster_bootstrap, holm, lift_table, standing_table,
+    BootstrapSpec, DETECT_LIFT, cell_lift_simple, cluster_bootstrap, contrast_table, holm, lift_table, power_table,
+    problem_table, standing_table, two_part_table,
 )
 from mkb.analysis._tables import MixedVersionsError, NOISE_ARM, Tables, build_pairs, load_tables
 
 __all__ = [
     "BootstrapSpec", "DETECT_LIFT", "MixedVersionsError", "NOISE_ARM", "Tables", "build_pairs", "cell_lift_simple",
-    "cluster_bootstrap", "export_dataset", "holm", "lift_table", "load_tables", "problems_table", "standing_table", "verdicts_table",
+    "cluster_bootstrap", "contrast_table", "export_dataset", "power_table", "problem_table", "holm", "lift_table", "load_tables", "problems_table", "standing_table", "two_part_table", "verdicts_table",
 ]

@@ -38,7 +38,7 @@ def _frame(attempts: pl.DataFrame, target: str, *, passes_only: bool) -> "pd.Dat
     a = attempts.filter(pl.col("excluded").is_null() & (pl.col("target_dsl") == target))
     if passes_only:
         a = a.filter(pl.col("passed") & (pl.col("speedup") > 0))
-    a = a.select(pl.col("arm_kind").alias("arm"), "model", pl.col("problem").cast(pl.Utf8),
+    a = a.select(pl.col("arm_kind").alias("arm"), "model", pl.col("problem").cast(pl.Utf8), pl.col("replicate").cast(pl.Utf8),
                  pl.col("passed").cast(pl.Float64).alias("pass_"), pl.col("speedup").log().alias("log_speedup"))
     return a.to_pandas()
 
@@ -50,15 +50,17 @@ def fit_mixedlm(attempts: pl.DataFrame, target: str) -> FitResult | None:
     df = _frame(attempts, target, passes_only=True)
     if len(df) < 10 or df["arm"].nunique() < 2 or df["problem"].nunique() < 3:
         return None
-    model_term = " + C(model)" if df["model"].nunique() > 1 else ""
+    # model x arm interaction where there are several models: does the arm effect differ between models?
+    model_term = " + C(model) + C(arm, Treatment('solo')):C(model)" if df["model"].nunique() > 1 else ""
     formula = f"log_speedup ~ C(arm, Treatment('solo')){model_term}"
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # lbfgs (statsmodels' usual first choice) collapsed the problem variance to 0 with llf=inf on our
         # synthetic data; bfgs found the interior optimum. A boundary or non-finite fit is refit with powell.
-        mdl = smf.mixedlm(formula, df, groups=df["problem"])
-        res = mdl.fit(reml=True, method=["bfgs"])
+        # random effects: problem, and replicate within problem (a variance component inside each problem group)
+        mdl = smf.mixedlm(formula, df, groups=df["problem"], re_formula="1", vc_formula={"replicate": "0 + C(replicate)"})
+        res = mdl.fit(reml=True, method=["bfgs", "powell"])  # statsmodels tries them in turn until one converges
         refit = None
         if not np.isfinite(res.llf) or float(np.asarray(res.cov_re).ravel()[0]) == 0.0:
             alt = mdl.fit(reml=True, method=["powell"])
@@ -70,9 +72,12 @@ def fit_mixedlm(attempts: pl.DataFrame, target: str) -> FitResult | None:
     eff = pl.DataFrame({"term": terms, "estimate": [float(res.fe_params[t]) for t in terms],
                         "se": [float(res.bse_fe[t]) for t in terms], "lo": [float(ci.loc[t, 0]) for t in terms],
                         "hi": [float(ci.loc[t, 1]) for t in terms]})
-    var = {"problem": float(np.asarray(res.cov_re).ravel()[0]), "residual": float(res.scale)}
+    var = {"problem": float(np.asarray(res.cov_re).ravel()[0]), "replicate_in_problem": float(np.asarray(res.vcomp).ravel()[0]),
+           "residual": float(res.scale)}
     flags = _flags(var, eff) + ([refit] if refit else [])
-    return FitResult("MixedLM log-speedup | passed", target, formula + "  (groups: problem)", "REML (bfgs)", len(df),
+    flags.append("estimates are conditioned on passing (log-speedup among passed attempts); read them with the pass "
+                 "model and the two-part summary (pass rate, then speedup among passes)")
+    return FitResult("MixedLM log-speedup | passed", target, formula + "  (groups: problem; vc: replicate within problem)", "REML (bfgs)", len(df),
                      df["problem"].nunique(), eff, var, bool(res.converged), secs,
                      sorted({str(w.message).splitlines()[0] for w in caught}), flags)
 
@@ -84,7 +89,7 @@ def fit_binomial_vb(attempts: pl.DataFrame, target: str) -> FitResult | None:
     df = _frame(attempts, target, passes_only=False)
     if len(df) < 10 or df["arm"].nunique() < 2 or df["problem"].nunique() < 3:
         return None
-    model_term = " + C(model)" if df["model"].nunique() > 1 else ""
+    model_term = " + C(model) + C(arm, Treatment('solo')):C(model)" if df["model"].nunique() > 1 else ""
     formula = f"pass_ ~ C(arm, Treatment('solo')){model_term}"
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:

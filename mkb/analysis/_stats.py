@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +17,7 @@ DEFAULT_RESAMPLES = 10_000
 DETECT_LIFT = 0.10  # a cell whose relative-lift CI half-width exceeds this could not detect a 10% lift
 ARM_ORDER = ("transfer", "placebo", "same", "wrong", NOISE_ARM)
 _EPS = 1e-9
+BLOCK_BYTES = 48 * 2**20  # resampled sums held at once by the bootstrap (bounds its memory at any number of cells)
 
 
 @dataclass(frozen=True)
@@ -63,19 +66,55 @@ def _percentiles(x: np.ndarray, qs: list[float]) -> np.ndarray:
     return out
 
 
-def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np.ndarray], stats: dict, spec: BootstrapSpec):
+def _count_percentiles(counts: np.ndarray, n: int, qs: list[float]) -> np.ndarray:
+    """[len(qs), rows]: np.quantile(counts / n, qs, axis=1) of a [rows, resamples] array of integers in 0..n.
+
+    A share of problems resampled with replacement is a count over a fixed number n of drawn problems, so
+    its order statistics come from one histogram per row (a bincount) instead of a partition of every
+    resample: the same values as `_percentiles` (numpy's interpolation written out), several times faster.
+    """
+    rows, B = counts.shape
+    c = np.rint(counts).astype(np.int64)
+    hist = np.bincount((c + (np.arange(rows) * (n + 1))[:, None]).ravel(), minlength=rows * (n + 1)).reshape(rows, n + 1)
+    cum = hist.cumsum(1)
+    virtual = (B - 1) * np.asarray(qs, dtype=np.float64)
+    prev = np.floor(virtual)
+    top = virtual >= B - 1
+    prev[top] = -1.0
+    gamma = virtual - prev
+    pi = np.where(top, B - 1, prev.astype(np.intp))
+    ni = np.where(top, B - 1, pi + 1)
+    order = lambda j: (cum > j).argmax(1) / n  # noqa: E731  (the j-th smallest value of each row, as a share)
+    out = np.empty((len(qs), rows))
+    for i in range(len(qs)):
+        a, b, g = order(pi[i]), order(ni[i]), gamma[i]
+        diff = b - a
+        out[i] = b - diff * (1 - g) if g >= 0.5 else a + diff * g
+    return out
+
+
+def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np.ndarray], stats: dict, spec: BootstrapSpec,
+                           shares: dict | None = None):
     """Several statistics from the same resamples: {name: (estimate, lo, hi)}, each as `cluster_bootstrap` returns it.
 
     Every statistic sees exactly the resamples a separate `cluster_bootstrap` call with the same spec
     would draw (one generator per statistic, seeded alike), so sharing them changes no number. Cells whose
     present problems are the same share one resample matrix, applied to all their cells and sums in one
-    matrix product.
+    matrix product. `shares` are statistics that are shares of problems: `f(**sums)` gives the count of
+    drawn problems with the property (an integer), divided by the cell's number of present problems,
+    which every resample draws exactly; their percentiles are counted, not partitioned.
     """
+    shares = shares or {}
     C = len(cells)
     present = sums["n"] > 0
-    est = {name: stat(**{k: v.sum(1) for k, v in sums.items()}) for name, stat in stats.items()}
-    lo = {name: np.full(C, np.nan) for name in stats}
-    hi = {name: np.full(C, np.nan) for name in stats}
+    totals = {k: v.sum(1) for k, v in sums.items()}
+    n_present = present.sum(1)
+    est = {name: stat(**totals) for name, stat in stats.items()}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        est |= {name: np.where(n_present > 0, f(n_present=n_present, **totals) / np.maximum(n_present, 1), np.nan)
+                for name, f in shares.items()}
+    lo = {name: np.full(C, np.nan) for name in [*stats, *shares]}
+    hi = {name: np.full(C, np.nan) for name in [*stats, *shares]}
     groups: dict[bytes, list[int]] = {}
     for c in range(C):
         groups.setdefault(present[c].tobytes(), []).append(c)
@@ -88,19 +127,29 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
         if len(cols) < 2:
             continue
         w = _cluster_weights(len(cols), spec, rng)  # [resamples, problems]
-        v = np.concatenate([sums[k][np.ix_(cs, cols)] for k in names])  # [sums x cells, problems]
-        # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous
-        # for the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts),
-        # so every product is exact and equals the former per-sum `w @ v.T` bit for bit
-        summed = v @ w.T
-        k = len(cs)
-        parts = {name: summed[i * k:(i + 1) * k].T for i, name in enumerate(names)}  # [resamples, cells] views
-        for name, stat in stats.items():
-            boot = np.asarray(stat(**parts))  # [resamples, cells]
-            with np.errstate(invalid="ignore"):
-                q = _percentiles(boot.T, [a, 1 - a]) if not np.isnan(boot).any() else np.nanquantile(boot, [a, 1 - a], axis=0)
-            lo[name][cs], hi[name][cs] = q[0], q[1]
-    return {name: (est[name], lo[name], hi[name]) for name in stats}
+        # cells in blocks, so the resampled sums stay under ~BLOCK_BYTES however many cells share these problems
+        # (the draws are the group's, so blocking changes no number)
+        block = max(1, int(BLOCK_BYTES // (len(names) * spec.resamples * 8)))
+        for b0 in range(0, len(cs), block):
+            cb = cs[b0:b0 + block]
+            v = np.concatenate([sums[k][np.ix_(cb, cols)] for k in names])  # [sums x cells, problems]
+            # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous
+            # for the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts),
+            # so every product is exact and equals the former per-sum `w @ v.T` bit for bit
+            summed = v @ w.T
+            k = len(cb)
+            parts = {name: summed[i * k:(i + 1) * k].T for i, name in enumerate(names)}  # [resamples, cells] views
+            for name, stat in stats.items():
+                boot = np.asarray(stat(**parts))  # [resamples, cells]
+                with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # undefined in every resample: stays NaN (reported null)
+                    q = _percentiles(boot.T, [a, 1 - a]) if not np.isnan(boot).any() else np.nanquantile(boot, [a, 1 - a], axis=0)
+                lo[name][cb], hi[name][cb] = q[0], q[1]
+            for name, f in shares.items():
+                cnt = np.asarray(f(n_present=len(cols), **parts))  # [resamples, cells] integer counts
+                q = _count_percentiles(np.ascontiguousarray(cnt.T), len(cols), [a, 1 - a])
+                lo[name][cb], hi[name][cb] = q[0], q[1]
+    return {name: (est[name], lo[name], hi[name]) for name in [*stats, *shares]}
 
 
 def cluster_bootstrap(cells: list, problems: np.ndarray, sums: dict[str, np.ndarray], stat, spec: BootstrapSpec):
@@ -122,7 +171,7 @@ def _dense(agg: pl.DataFrame, cell_cols: list[str], names: list[str]):
     cells_df = agg.select(cell_cols).unique().sort(cell_cols)
     cells_df = cells_df.with_row_index("_cell")
     problems = np.sort(agg["problem"].unique().to_numpy())
-    agg = agg.join(cells_df, on=cell_cols, how="left")
+    agg = agg.join(cells_df, on=cell_cols, how="left", nulls_equal=True)
     ci = agg["_cell"].to_numpy()
     pi = np.searchsorted(problems, agg["problem"].to_numpy())
     out = {}
@@ -134,8 +183,7 @@ def _dense(agg: pl.DataFrame, cell_cols: list[str], names: list[str]):
 
 
 def _rel(SA, SB, n):
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(SB > 0, (SA - SB) / np.where(SB > 0, SB, 1), np.nan)
+    return _ratio(SA - SB, SB)
 
 
 def _mean_lift(SA, SB, n):
@@ -143,48 +191,178 @@ def _mean_lift(SA, SB, n):
         return (SA - SB) / n
 
 
+def _ratio(num, den):
+    """num / den, NaN where den <= 0 (one division and one masked fill: these run on [resamples, cells] arrays)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.divide(num, den)
+    bad = den <= 0
+    if np.ndim(out) and bad.any():
+        out[bad] = np.nan
+    elif not np.ndim(out) and bad:
+        out = np.nan
+    return out
+
+
+POWER_Z = 1.959963984540054 + 0.8416212335729143  # two-sided 5% test at 80% power: z_0.975 + z_0.80
+DETECT_HALFWIDTH = DETECT_LIFT * 1.959963984540054 / POWER_Z  # 95% CI half-width at which a 10% lift has 80% power
+
+
 def lift_table(pairs: pl.DataFrame, *, by: tuple[str, ...] = (), spec: BootstrapSpec = BootstrapSpec(),
-               tests: bool = True) -> pl.DataFrame:
+               tests: bool = True, pooled: bool = False) -> pl.DataFrame:
     """One row per cell (stratum x model x arm x direction [x by]): lift, relative lift with CIs, rates, tests.
 
     relative lift = (sum S_arm - sum S_solo) / sum S_solo; rates are shares of problems whose
-    replicate-mean lift is < 0 (regression), > 0 (improvement) or 0 (tie), pair-level shares beside.
+    replicate-mean lift is < 0 (regression), > 0 (improvement) or 0 (tie), each with its problem-clustered
+    CI, pair-level shares beside. The same lift in S_sol points (and S over torch.compile) where the store
+    characterises the problems. `pooled` adds a row per model and arm pooled over directions (direction
+    "pooled"; a problem's pairs from both directions form one cluster).
     """
-    cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
-    # the noise-floor pseudo-arm is a cyclic shift of the solos: its summed lift is 0 by construction
     pairs = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
+    if pairs.height == 0:  # solos alone (or arms without their solo): no cell to report
+        return pl.DataFrame()
+    out = _lift_cells(pairs, by=by, spec=spec, tests=tests)
+    if pooled:
+        pp = pairs.with_columns(direction=pl.lit("pooled"), source_dsl=pl.lit("*"), target_dsl=pl.lit("*"))
+        out = pl.concat([out, _lift_cells(pp, by=by, spec=spec, tests=tests)], how="diagonal_relaxed")
+    cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
+    order = {k: i for i, k in enumerate(ARM_ORDER)}
+    return out.with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99),
+                            _p=pl.col("direction") == "pooled").sort("_o", "_p", *cell).drop("_o", "_p")
+
+
+def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
+    cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
     # one pass over the pairs per grouping, both collected together (in-memory engine: see _tables.ENGINE)
     lp = pairs.lazy()
+    has_sol = pl.col("S_sol").is_not_null() & pl.col("S_sol_solo").is_not_null()
     per_problem_q = lp.group_by(*cell, "problem").agg(
         SA=pl.col("S").sum(), SB=pl.col("S_solo").sum(), n=pl.len(),
-        mean_lift=pl.col("lift").mean(), b=(pl.col("passed_solo") & ~pl.col("passed")).sum(),
-        c=(~pl.col("passed_solo") & pl.col("passed")).sum())
+        mean_lift=pl.col("lift").mean(), sq_lift=(pl.col("lift") ** 2).sum(),
+        b=(pl.col("passed_solo") & ~pl.col("passed")).sum(), c=(~pl.col("passed_solo") & pl.col("passed")).sum(),
+        SA_sol=pl.col("S_sol").filter(has_sol).sum(), SB_sol=pl.col("S_sol_solo").filter(has_sol).sum(),
+        n_sol=has_sol.sum(), pair_lifts=(pl.col("lift").abs() / 20.0).round().cast(pl.Int64).sort())
     pair_rates_q = lp.group_by(cell).agg(
         n_pairs=pl.len(), S_arm=pl.col("S").mean(), S_solo=pl.col("S_solo").mean(),
+        S_sol_arm=pl.col("S_sol").mean(), S_sol_solo=pl.col("S_sol_solo").mean(),
+        S_compile_arm=pl.col("S_compile").mean(), S_compile_solo=pl.col("S_compile_solo").mean(),
         pass_arm=pl.col("passed").mean(), pass_solo=pl.col("passed_solo").mean(),
         pair_regress=(pl.col("lift") < -_EPS).mean(), pair_improve=(pl.col("lift") > _EPS).mean(),
-        pair_tie=(pl.col("lift").abs() <= _EPS).mean())
+        pair_tie=(pl.col("lift").abs() <= _EPS).mean(), served_changed=pl.col("served_changed").sum(),
+        served_recorded=pl.col("served_changed").is_not_null().sum())
     per_problem, pair_rates = pl.collect_all([per_problem_q, pair_rates_q], engine=ENGINE)
-    cells, problems, m = _dense(per_problem, cell, ["SA", "SB", "n"])
-    boot = cluster_bootstrap_many(cells, problems, m, {"rel": _rel, "mean": _mean_lift}, spec)
-    (rel, rlo, rhi), (ml, mlo, mhi) = boot["rel"], boot["mean"]
-    rates = per_problem.group_by(cell).agg(
-        n_problems=pl.len(),
-        regression_rate=(pl.col("mean_lift") < -_EPS).mean(), improvement_rate=(pl.col("mean_lift") > _EPS).mean(),
-        tie_rate=(pl.col("mean_lift").abs() <= _EPS).mean(), problem_lifts=pl.col("mean_lift"),
-        mcnemar_b=pl.col("b").sum(), mcnemar_c=pl.col("c").sum())
-    out = cells.with_columns(
-        lift=pl.Series(ml), lift_lo=pl.Series(mlo), lift_hi=pl.Series(mhi),
-        rel_lift=pl.Series(rel), rel_lo=pl.Series(rlo), rel_hi=pl.Series(rhi),
-    ).join(pair_rates, on=cell, how="left").join(rates, on=cell, how="left")
+    per_problem = per_problem.with_columns(
+        reg=(pl.col("mean_lift") < -_EPS).cast(pl.Float64), imp=(pl.col("mean_lift") > _EPS).cast(pl.Float64),
+    )
+    names = ["SA", "SB", "n", "reg", "imp"]
+    sol = per_problem["n_sol"].sum() > 0
+    if sol:
+        names += ["SA_sol", "SB_sol", "n_sol"]
+    cells, problems, m = _dense(per_problem, cell, names)
+    stats = {"rel": lambda SA, SB, n, **_: _rel(SA, SB, n), "mean": lambda SA, SB, n, **_: _mean_lift(SA, SB, n)}
+    # shares of problems: counts of drawn problems (a problem's replicate-mean lift is < 0, > 0 or 0)
+    shares = {"reg": lambda reg, **_: reg, "imp": lambda imp, **_: imp, "tie": lambda reg, imp, n_present, **_: n_present - reg - imp}
+    if sol:
+        stats["rel_sol"] = lambda SA_sol, SB_sol, n_sol, **_: _rel(SA_sol, SB_sol, n_sol)
+        stats["mean_sol"] = lambda SA_sol, SB_sol, n_sol, **_: _ratio(SA_sol - SB_sol, n_sol)
+    boot = cluster_bootstrap_many(cells, problems, m, stats, spec, shares=shares)
+    cols = {}
+    for name, (lo_name) in (("mean", "lift"), ("rel", "rel_lift"), ("reg", "regression_rate"), ("imp", "improvement_rate"),
+                            ("tie", "tie_rate"), ("mean_sol", "lift_sol"), ("rel_sol", "rel_lift_sol")):
+        est, lo, hi = boot.get(name, (np.full(cells.height, np.nan),) * 3)
+        base = {"lift": "lift", "rel_lift": "rel"}.get(lo_name, lo_name)
+        cols[lo_name] = pl.Series(est, dtype=pl.Float64)
+        cols[f"{base}_lo"] = pl.Series(lo, dtype=pl.Float64)
+        cols[f"{base}_hi"] = pl.Series(hi, dtype=pl.Float64)
+    extra = per_problem.group_by(cell).agg(
+        n_problems=pl.len(), problem_lifts=pl.col("mean_lift"), mcnemar_b=pl.col("b").sum(), mcnemar_c=pl.col("c").sum(),
+        **_floor_aggs())
+    out = cells.with_columns(**cols).with_columns(pl.col(pl.Float64).fill_nan(None))
+    out = out.join(pair_rates, on=cell, how="left", nulls_equal=True).join(extra, on=cell, how="left", nulls_equal=True)
     out = out.with_columns(rel_halfwidth=(pl.col("rel_hi") - pl.col("rel_lo")) / 2)
-    out = out.with_columns(detects_10pct=pl.col("rel_halfwidth") <= DETECT_LIFT)
+    # 80% power for a 10% relative lift: 2.80 SE <= 10 points, i.e. a 95% half-width <= 7 points
+    out = out.with_columns(detects_10pct=pl.col("rel_halfwidth") <= DETECT_HALFWIDTH)
+    out = _add_shrinkage(out)
     if tests:
         out = add_tests(out, group=["stratum", "arm_kind", *by])
     else:
         out = out.drop("problem_lifts")
-    order = {k: i for i, k in enumerate(ARM_ORDER)}
-    return out.with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99)).sort("_o", *cell).drop("_o")
+    return out
+
+
+def _floor_aggs() -> dict:
+    """Per-cell inputs of the regression rate's noise floor and of the shrinkage estimate (see `_add_shrinkage`)."""
+    return {"_pair_lifts": pl.col("pair_lifts"), "_n": pl.col("n"), "_sq": pl.col("sq_lift")}
+
+
+def _zero_prob(lifts: list[float]) -> float:
+    """See `_zero_prob_steps`; lifts are multiples of 20 (S steps), so problems share a handful of step multisets."""
+    return _zero_prob_steps(tuple(sorted(int(round(abs(d) / 20.0)) for d in lifts)))
+
+
+@functools.lru_cache(maxsize=None)
+def _zero_prob_steps(steps: tuple[int, ...]) -> float:
+    """P(replicate-mean lift == 0) when each pair's arm and solo are exchangeable (no effect on this problem).
+
+    Conditional on the pairs' absolute lifts, each lift's sign is then a fair coin (the sign-flip null), so
+    the summed lift's distribution is exact by convolution (S is a multiple of 20); by symmetry
+    P(< 0) = (1 - P(0)) / 2. It uses the spread the pairs actually show, where resampling three solo values
+    would understate it.
+    """
+    dist = np.array([1.0])
+    for k in steps:
+        step = np.zeros(2 * k + 1)
+        step[0] += 0.5
+        step[-1] += 0.5
+        dist = np.convolve(dist, step)
+    return float(dist[(len(dist) - 1) // 2])
+
+
+def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
+    """The regression rate's noise floor and an empirical-Bayes estimate of the true share of negative lifts.
+
+    Noise floor: the regression rate expected if the arm were one more solo (arm and solo exchangeable in
+    each pair: the sign-flip null of `_zero_prob`), averaged over the cell's problems. A regression rate near
+    it is what noise alone produces at this number of replicates.
+    Shrinkage: problem mean lifts d_p with sampling variance s2/n_p (s2 pooled within problems) and a
+    between-problem variance tau2 = var(d_p) - mean(s2/n_p) (method of moments); each problem's true lift
+    is N(mu + (1 - B_p)(d_p - mu), (1 - B_p) s2/n_p) with B_p = (s2/n_p) / (s2/n_p + tau2), and the true
+    share is the mean of P(true lift < 0). Null unless tau2 exceeds three times the variance ratio's null SE
+    (the variance components do not allow it: with no real spread between problems the share is noise).
+    """
+    from math import erf, sqrt
+
+    floor, shrink, tau = [], [], []
+    for lifts, pair_lifts, ns, sq in zip(out["problem_lifts"].to_list(), out["_pair_lifts"].to_list(), out["_n"].to_list(),
+                                         out["_sq"].to_list()):
+        pair_lifts = [tuple(x) for x in pair_lifts]  # each problem's sorted lift sizes in S steps (see _zero_prob)
+        d = np.asarray(lifts, float)
+        n = np.asarray(ns, float)
+        floor.append(float(np.mean([(1 - _zero_prob_steps(v)) / 2 for v in pair_lifts])) if len(d) else None)
+        within = np.asarray(sq, float) - n * d**2  # sum of squared deviations per problem
+        dof = (n - 1).sum()
+        if len(d) < 3 or dof <= 0:
+            shrink.append(None), tau.append(None)
+            continue
+        s2 = within.sum() / dof
+        se2 = s2 / n
+        t2 = float(d.var(ddof=1) - se2.mean())
+        # only where the between-problem variance clearly exceeds the noise: the variance ratio var(d) / mean(se2)
+        # above 1 + 3 SE under no spread, SE^2 = 2 / (P - 1) + excess kurtosis / P (S lifts are discrete and
+        # heavy-tailed, which widens the ratio's null); with no real spread any share of "negative true lifts" is noise
+        c = d - d.mean()
+        kurt = max(0.0, float((c**4).mean() / max((c**2).mean() ** 2, 1e-300) - 3.0))
+        if t2 <= 3 * np.sqrt(2 / (len(d) - 1) + kurt / len(d)) * se2.mean():
+            shrink.append(None), tau.append(0.0)
+            continue
+        mu = float(d.mean())
+        B = se2 / (se2 + t2)
+        mean = mu + (1 - B) * (d - mu)
+        sd = np.sqrt((1 - B) * se2)
+        pneg = [0.5 * (1 + erf((0 - mm) / (ss * sqrt(2)))) if ss > 0 else float(mm < 0) for mm, ss in zip(mean, sd)]
+        shrink.append(float(np.mean(pneg))), tau.append(sqrt(t2))
+    return out.drop("_pair_lifts", "_n", "_sq").with_columns(
+        regression_noise_floor=pl.Series(floor, dtype=pl.Float64), regression_true_share=pl.Series(shrink, dtype=pl.Float64),
+        between_problem_sd=pl.Series(tau, dtype=pl.Float64))
 
 
 def wilcoxon_pratt(d: np.ndarray) -> float:
@@ -269,17 +447,31 @@ def _standing_stat(ia, ra, na, ib, rb, nb):
 
 
 def standing_table(pairs: pl.DataFrame, *, naive: bool = False, pooled: bool = True,
-                   spec: BootstrapSpec = BootstrapSpec()) -> pl.DataFrame:
+                   spec: BootstrapSpec = BootstrapSpec(), over_directions: bool = False) -> pl.DataFrame:
     """The standing table: per arm kind and direction (pooled over models, or per model), each class's
-    improve/regress/tie shares and the standing effect = (improve - regress | above) - (same | below), with its CI.
+    improve/regress/tie shares (with CIs) and the standing effect = (improve - regress | above) - (same | below),
+    with its CI, and the same effect in S points: (mean lift | above) - (mean lift | below).
 
-    `naive` classifies against the solo the lift subtracts (biased; shown for contrast only).
+    `naive` classifies against the solo the lift subtracts (biased; shown for contrast only);
+    `over_directions` adds a row per arm pooled over directions (direction "pooled").
     """
     col = "standing_naive" if naive else "standing"
-    cell = ["stratum", "arm_kind", "direction"] + ([] if pooled else ["model"])
     p = pairs.filter(pl.col(col).is_not_null())
     if p.height == 0:
         return pl.DataFrame()
+    out = _standing_cells(p, col=col, pooled=pooled, spec=spec)
+    if over_directions:
+        out = pl.concat([out, _standing_cells(p.with_columns(direction=pl.lit("pooled")), col=col, pooled=pooled, spec=spec)],
+                        how="diagonal_relaxed")
+    cell = ["stratum", "arm_kind", "direction"] + ([] if pooled else ["model"])
+    order = {k: i for i, k in enumerate(ARM_ORDER)}
+    out = out.with_columns(classified_against=pl.lit("solo the lift subtracts (naive)" if naive else "mean of other target solo replicates"))
+    return out.with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99),
+                            _p=pl.col("direction") == "pooled").sort("_o", "_p", *cell).drop("_o", "_p")
+
+
+def _standing_cells(p: pl.DataFrame, *, col: str, pooled: bool, spec: BootstrapSpec) -> pl.DataFrame:
+    cell = ["stratum", "arm_kind", "direction"] + ([] if pooled else ["model"])
     imp, reg = pl.col("outcome") == "improve", pl.col("outcome") == "regress"
     vals = {}
     for c in ("above", "tie", "below"):
@@ -287,11 +479,17 @@ def standing_table(pairs: pl.DataFrame, *, naive: bool = False, pooled: bool = T
         vals[f"n_{c}"] = inc.sum()
         vals[f"imp_{c}"] = (inc & imp).sum()
         vals[f"reg_{c}"] = (inc & reg).sum()
+        vals[f"lift_{c}"] = pl.col("lift").filter(inc).sum()
     vals["n"] = pl.len()
     cells, problems, m = _matrices(p, cell, vals)
-    sums = {"ia": m["imp_above"], "ra": m["reg_above"], "na": m["n_above"], "ib": m["imp_below"], "rb": m["reg_below"],
-            "nb": m["n_below"], "n": m["n"]}
-    est, lo, hi = cluster_bootstrap(cells, problems, sums, lambda n, **k: _standing_stat(**k), spec)
+    stats = {"effect": lambda imp_above, reg_above, n_above, imp_below, reg_below, n_below, **_:
+             _standing_stat(imp_above, reg_above, n_above, imp_below, reg_below, n_below),
+             "effect_S": lambda lift_above, n_above, lift_below, n_below, **_:
+             _ratio(lift_above, n_above) - _ratio(lift_below, n_below)}
+    for c in ("above", "tie", "below"):
+        stats[f"improve_{c}"] = (lambda c: lambda **k: _ratio(k[f"imp_{c}"], k[f"n_{c}"]))(c)
+        stats[f"regress_{c}"] = (lambda c: lambda **k: _ratio(k[f"reg_{c}"], k[f"n_{c}"]))(c)
+    boot = cluster_bootstrap_many(cells, problems, m, stats, spec)
     tot = {k: v.sum(1) for k, v in m.items()}
     out = cells.with_columns(n_pairs=pl.Series(tot["n"].astype(int)))
     for c in ("above", "tie", "below"):
@@ -301,10 +499,131 @@ def standing_table(pairs: pl.DataFrame, *, naive: bool = False, pooled: bool = T
                 f"n_{c}": pl.Series(n.astype(int)),
                 f"improve_{c}": pl.Series(tot[f"imp_{c}"] / n), f"regress_{c}": pl.Series(tot[f"reg_{c}"] / n),
                 f"tie_{c}": pl.Series((n - tot[f"imp_{c}"] - tot[f"reg_{c}"]) / n)})
-    out = out.with_columns(effect=pl.Series(est), effect_lo=pl.Series(lo), effect_hi=pl.Series(hi),
-                           classified_against=pl.lit("solo the lift subtracts (naive)" if naive else "mean of other target solo replicates"))
+        for k in ("improve", "regress"):
+            _, lo, hi = boot[f"{k}_{c}"]
+            out = out.with_columns(**{f"{k}_{c}_lo": pl.Series(lo, dtype=pl.Float64), f"{k}_{c}_hi": pl.Series(hi, dtype=pl.Float64)})
+    for name in ("effect", "effect_S"):
+        est, lo, hi = boot[name]
+        out = out.with_columns(**{name: pl.Series(est, dtype=pl.Float64), f"{name}_lo": pl.Series(lo, dtype=pl.Float64),
+                                  f"{name}_hi": pl.Series(hi, dtype=pl.Float64)})
+    return out.with_columns(pl.col(pl.Float64).fill_nan(None))
+
+
+def contrast_table(pairs: pl.DataFrame, *, against: tuple[str, ...] = ("placebo", "wrong"), spec: BootstrapSpec = BootstrapSpec(),
+                   pooled: bool = True) -> pl.DataFrame:
+    """The time-matched contrast: transfer - placebo (and transfer - wrong) within each block.
+
+    A block's skill arms run together, after its solos (DESIGN): transfer and placebo share the block's
+    time, served model and queue, so their difference isolates the skill's content, where lift vs solo
+    also carries whatever changed between the solo phase and the block. Per (model, direction): mean
+    difference in S, relative difference (sum S_transfer - sum S_other) / sum S_other, problem-clustered CIs,
+    and the blocks whose served model changed between the solo and the skill arms (null: not recorded).
+    """
+    key = ["stratum", "model", "problem", "replicate", "target_dsl"]
+    tr = pairs.filter(pl.col("arm_kind") == "transfer").select(*key, "direction", "source_dsl", S_tr="S", lift_tr="lift",
+                                                              changed="served_changed")
+    rows = []
+    for other in against:
+        ot = pairs.filter(pl.col("arm_kind") == other).select(*key, S_ot="S")
+        j = tr.join(ot, on=key, how="inner").with_columns(contrast=pl.lit(f"transfer - {other}"))
+        if j.height:
+            rows.append(j)
+            if pooled:
+                rows.append(j.with_columns(direction=pl.lit("pooled"), source_dsl=pl.lit("*"), target_dsl=pl.lit("*")))
+    if not rows:
+        return pl.DataFrame()
+    j = pl.concat(rows, how="vertical_relaxed")
+    cell = ["stratum", "model", "contrast", "direction", "source_dsl", "target_dsl"]
+    cells, problems, m = _matrices(j, cell, {"SA": pl.col("S_tr").sum(), "SB": pl.col("S_ot").sum(), "n": pl.len()})
+    boot = cluster_bootstrap_many(cells, problems, m, {"rel": lambda SA, SB, n: _rel(SA, SB, n),
+                                                       "mean": lambda SA, SB, n: _mean_lift(SA, SB, n)}, spec)
+    info = j.group_by(cell).agg(n_blocks=pl.len(), n_problems=pl.col("problem").n_unique(), S_transfer=pl.col("S_tr").mean(),
+                                S_other=pl.col("S_ot").mean(), lift_vs_solo=pl.col("lift_tr").mean(),
+                                served_changed=pl.col("changed").sum(), served_recorded=pl.col("changed").is_not_null().sum())
+    (rel, rlo, rhi), (ml, mlo, mhi) = boot["rel"], boot["mean"]
+    out = cells.with_columns(diff=pl.Series(ml), diff_lo=pl.Series(mlo), diff_hi=pl.Series(mhi), rel_diff=pl.Series(rel),
+                             rel_lo=pl.Series(rlo), rel_hi=pl.Series(rhi)).with_columns(pl.col(pl.Float64).fill_nan(None))
+    out = out.join(info, on=cell, how="left", nulls_equal=True)
+    return out.with_columns(_p=pl.col("direction") == "pooled").sort("contrast", "_p", *cell).drop("_p")
+
+
+def two_part_table(pairs: pl.DataFrame, *, spec: BootstrapSpec = BootstrapSpec()) -> pl.DataFrame:
+    """The two-part summary beside the mixed models: pass rate arm vs solo, then geometric-mean speedup among passes.
+
+    The pass difference gets a problem-clustered bootstrap CI: the complement to McNemar (which treats a
+    problem's replicates as independent pairs) that respects replicates clustered in problems. The speedup
+    part is conditioned on passing and labelled so: arms that pass more often may pass harder problems.
+    """
+    p = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
+    if p.height == 0:
+        return pl.DataFrame()
+    cell = ["stratum", "model", "arm_kind", "direction"]
+    cells, problems, m = _matrices(p, cell, {"PA": pl.col("passed").cast(pl.Int64).sum(), "PB": pl.col("passed_solo").cast(pl.Int64).sum(),
+                                             "n": pl.len()})
+    est, lo, hi = cluster_bootstrap(cells, problems, m, lambda PA, PB, n: _ratio(PA - PB, n), spec)
+    sp = p.group_by(cell).agg(
+        pass_arm=pl.col("passed").mean(), pass_solo=pl.col("passed_solo").mean(),
+        gm_speedup_arm_given_pass=pl.col("speedup").filter(pl.col("passed") & (pl.col("speedup") > 0)).log().mean().exp(),
+        gm_speedup_solo_given_pass=pl.col("speedup_solo").filter(pl.col("passed_solo") & (pl.col("speedup_solo") > 0)).log().mean().exp())
+    out = cells.with_columns(pass_diff=pl.Series(est), pass_diff_lo=pl.Series(lo), pass_diff_hi=pl.Series(hi)) \
+        .with_columns(pl.col(pl.Float64).fill_nan(None))
+    return out.join(sp, on=cell, how="left", nulls_equal=True)
+
+
+def problem_table(pairs: pl.DataFrame) -> pl.DataFrame:
+    """One row per (stratum, model, arm, direction, problem): pairs, mean S of arm and solo, mean lift (S and S_sol)."""
+    p = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
+    if p.height == 0:
+        return pl.DataFrame()
+    cell = ["stratum", "model", "arm_kind", "direction", "problem"]
+    out = p.group_by(cell).agg(family=pl.col("family").first(), n_pairs=pl.len(), S_solo=pl.col("S_solo").mean(),
+                               S_arm=pl.col("S").mean(), lift=pl.col("lift").mean(), lift_sol=pl.col("lift_sol").mean(),
+                               pass_solo=pl.col("passed_solo").mean(), pass_arm=pl.col("passed").mean())
     order = {k: i for i, k in enumerate(ARM_ORDER)}
     return out.with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99)).sort("_o", *cell).drop("_o")
+
+
+def power_table(lift: pl.DataFrame, pairs: pl.DataFrame, *, target: float = DETECT_LIFT, power: float = 0.80) -> pl.DataFrame:
+    """Problems or replicates needed to detect a relative lift of `target` at `power` (two-sided 5%), per cell.
+
+    From the observed variance components: a cell's relative-lift SE is its 95% CI half-width / 1.96; the
+    variance of a problem's replicate-mean lift is tau2 + sigma2 / R (between problems, within a problem), so
+    SE scales as sqrt((tau2 + sigma2/R') / (tau2 + sigma2/R) x P / P'). Needed: SE <= target / (z_0.975 + z_power).
+    Replicates alone cannot help past tau2: then `replicates_needed` is null ("not by replicates").
+    """
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(power)
+    need_se = target / z
+    cells = lift.filter(pl.col("direction") != "pooled") if "direction" in lift.columns else lift
+    # within-problem variance of pair lifts and the replicates per problem, per cell
+    cell = ["stratum", "model", "arm_kind", "direction"]
+    comp = pairs.filter(pl.col("arm_kind") != NOISE_ARM).group_by(*cell, "problem").agg(
+        v=pl.col("lift").var(ddof=1), n=pl.len(), d=pl.col("lift").mean()).group_by(cell).agg(
+        sigma2=pl.col("v").mean(), R=pl.col("n").median(), var_d=pl.col("d").var(ddof=1), P=pl.len())
+    out = cells.select(*cell, "n_problems", "rel_lift", "rel_halfwidth").join(comp, on=cell, how="left", nulls_equal=True)
+    rows = []
+    for r in out.iter_rows(named=True):
+        se = (r["rel_halfwidth"] or float("nan")) / 1.959963984540054
+        P, R, s2 = r["P"], r["R"], r["sigma2"] or 0.0
+        tau2 = max(0.0, (r["var_d"] or 0.0) - s2 / R) if R else 0.0
+        cur = tau2 + s2 / R if R else float("nan")
+        p_need = r_need = None
+        achieved = None
+        if se == se and se > 0 and cur > 0:
+            p_need = int(np.ceil(P * (se / need_se) ** 2))
+            # SE(R') = se * sqrt((tau2 + s2/R') / cur); solve for R' at fixed P
+            goal = (need_se / se) ** 2 * cur - tau2
+            if goal > 0 and s2 > 0:
+                r_need = int(np.ceil(s2 / goal))
+            elif s2 == 0 and tau2 <= (need_se / se) ** 2 * cur:
+                r_need = int(R)
+            from statistics import NormalDist as _N
+
+            achieved = float(_N().cdf(target / se - 1.959963984540054))
+        rows.append({**r, "se_rel": se if se == se else None, "tau2": tau2, "problems_needed": p_need,
+                     "replicates_needed": r_need, "power_at_target": achieved})
+    return pl.DataFrame(rows, infer_schema_length=None)
 
 
 def cell_lift_simple(S_arm: list[float], S_solo: list[float]) -> tuple[float, float]:

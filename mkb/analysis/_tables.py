@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from mkb.events import ScanReport, Store, resolve_store, scan
-from mkb.scoring import R_COLS, THRESHOLDS
+from mkb.scoring import R_COLS, SOL_THRESHOLDS, THRESHOLDS
 
 SCORED_STATUSES = ("finished", "budget_exhausted")
-NOISE_ARM = "solo_noise"  # the solo_r' vs solo_r pseudo-arm that measures the noise floor
+NOISE_ARM = "solo_noise"  # the solo-vs-solo pseudo-arm that measures the noise floor (see build_pairs)
+SENSITIVE_FLAGS = ("code_block", "problem_identity")  # skill hygiene flags the sensitivity row leaves out
 VERSION_KEYS = {  # what must not mix, and within what it must not mix
     "grader_version": (),
     "mkb_version": (),
@@ -79,7 +80,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
     store = store if isinstance(store, Store) else resolve_store(store)
     skipped: dict[str, str] = {}
     scans = {}
-    for kind in ("attempt_started", "attempt_finished", "verdict", "annotation"):
+    for kind in ("attempt_started", "attempt_finished", "verdict", "annotation", "characterisation", "skill"):
         r = ScanReport()
         # no event_id de-duplication here: every kind is reduced to one row per attempt (latest) below,
         # which a duplicated event cannot change, and it saves a hash pass over every row
@@ -95,10 +96,20 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
         "attempt_id", "ts", "status", "submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd",
         "wall_s", "final_kernel_sha256", "error")
     ver = scans["verdict"].filter(pl.col("scope").is_in(["attempt", "pair"])).select(
-        "attempt_id", "ts", "scope", "passed", "reason", "speedup", "s", "kernel_sha256")
+        "attempt_id", "ts", "scope", "passed", "reason", "speedup", "s", "kernel_sha256", "candidate_median_us")
     ann = scans["annotation"].select(pl.col("target_attempt_id").alias("attempt_id"), "ts", "label",
                                      pl.col("reason").alias("annotation_reason"))
-    started, fin, ver, ann = pl.collect_all([started, fin, ver, ann], engine=ENGINE)
+    fin_cols = scans["attempt_finished"].collect_schema().names()
+    served = pl.col("served_model") if "served_model" in fin_cols else pl.lit(None, pl.Utf8)
+    fin = fin.with_columns(served.alias("served_model"))
+    # skills whose hygiene checks raised a flag the sensitivity row leaves out
+    skill_flags = scans["skill"].select(skill_sha256="sha256", skill_flagged=pl.col("hygiene_flags").list.eval(
+        pl.element().is_in(list(SENSITIVE_FLAGS))).list.any().fill_null(False)).group_by("skill_sha256").agg(pl.col("skill_flagged").any())
+    char_cols = scans["characterisation"].collect_schema().names()
+    char = scans["characterisation"].filter((pl.col("size") == "full") & pl.col("ok").fill_null(False)).select(
+        "ts", "problem", "gpu", "flops", "bytes", "peak",
+        (pl.col("compile_median_us") if "compile_median_us" in char_cols else pl.lit(None, pl.Float64)).alias("compile_us"))
+    started, fin, ver, ann, char, skill_flags = pl.collect_all([started, fin, ver, ann, char, skill_flags], engine=ENGINE)
     counts = {"attempt_started": started.height, "attempt_finished": fin.height, "verdict": ver.height, "annotation": ann.height}
     started = _latest(started, keep="first").drop("ts").lazy()
     fin = _latest(fin, keep="last").drop("ts").lazy()
@@ -108,6 +119,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
         .rename(lambda c: c if c == "attempt_id" else f"pv_{c}")
     v_att = _latest(ver.filter(pl.col("scope") == "attempt"), keep="last").drop("ts", "scope").lazy() \
         .rename(lambda c: c if c == "attempt_id" else f"av_{c}")
+    started = started.join(skill_flags.lazy(), on="skill_sha256", how="left").with_columns(pl.col("skill_flagged").fill_null(False))
     a = (started.join(fin, on="attempt_id", how="left").join(v_pair, on="attempt_id", how="left")
          .join(v_att, on="attempt_id", how="left").join(ann, on="attempt_id", how="left"))
     has_pv = pl.col("pv_passed").is_not_null()
@@ -116,7 +128,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
     a = a.with_columns(
         verdict_source=pl.when(has_pv).then(pl.lit("pair")).when(has_av).then(pl.lit("attempt")).otherwise(pl.lit("none")),
         v_passed=pick("passed"), v_speedup=pick("speedup"), v_s=pick("s"), v_kernel=pick("kernel_sha256"),
-        v_reason=pick("reason"),
+        v_reason=pick("reason"), v_candidate_us=pick("candidate_median_us"),
     )
     has_kernel = pl.col("final_kernel_sha256").is_not_null() | pl.col("v_kernel").is_not_null()
     a = a.with_columns(
@@ -128,6 +140,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
     a = a.with_columns(speedup=pl.when(pl.col("passed")).then(pl.col("v_speedup")))
     r_exprs = [(pl.col("passed") & (pl.col("speedup") >= t).fill_null(False)).alias(c) for t, c in zip(THRESHOLDS, R_COLS)]
     a = a.with_columns(r_exprs).with_columns(S=20.0 * pl.sum_horizontal([pl.col(c).cast(pl.Int32) for c in R_COLS]))
+    a = _add_sol(a, char).with_columns(candidate_us=pl.col("v_candidate_us"))
     a = a.with_columns(
         s_mismatch=(pl.col("v_s").is_not_null() & ((pl.col("v_s") - pl.col("S")).abs() > 1e-6)),
         excluded=pl.when(pl.col("status") == "unfinished").then(pl.lit("unfinished"))
@@ -139,7 +152,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
         .otherwise(pl.col("v_reason").fill_null("failed")),
         budget_used=pl.col("submissions_used") / pl.col("budget_submissions"),
     )
-    attempts = a.drop([c for c in a.collect_schema().names() if c.startswith(("pv_", "av_"))] + ["v_passed", "v_speedup", "v_kernel"]).collect(engine=ENGINE)
+    attempts = a.drop([c for c in a.collect_schema().names() if c.startswith(("pv_", "av_"))] + ["v_passed", "v_speedup", "v_kernel", "v_candidate_us"]).collect(engine=ENGINE)
     mix = _version_mix(attempts)
     if mix and not stratify:
         lines = "\n".join(f"  {k}: {', '.join(v[:6])}{' ...' if len(v) > 6 else ''}" for k, v in mix.items())
@@ -150,6 +163,49 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
     attempts = _add_stratum(attempts, stratify=bool(mix))
     pairs = build_pairs(attempts)
     return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts)
+
+
+def _add_sol(a: pl.LazyFrame, char: pl.DataFrame) -> pl.LazyFrame:
+    """S_sol and S over torch.compile (mkb.scoring), from the characterisation's FLOPs, bytes and peak class.
+
+    The speed of light is recomputed for the GPU that timed each attempt (`mkb.peaks`), so a characterisation
+    measured on one GPU model serves attempts graded on another. Null where the store holds no characterisation
+    of the problem (S_sol) or no torch.compile time (S_compile): absent, never a fabricated zero.
+    """
+    from mkb.peaks import gpu_peaks
+
+    if char.height == 0:
+        return a.with_columns(sol_us=pl.lit(None, pl.Float64), sol_fraction=pl.lit(None, pl.Float64),
+                              S_sol=pl.lit(None, pl.Float64), speedup_compile=pl.lit(None, pl.Float64),
+                              S_compile=pl.lit(None, pl.Float64))
+    # one row per problem: its latest full-size characterisation (FLOPs and bytes do not depend on the GPU)
+    char = char.sort("ts").unique(subset="problem", keep="last").drop("ts", "gpu")
+    gpus = a.select("gpu").unique().collect(engine=ENGINE)["gpu"].to_list()
+    rows = []
+    for g in gpus:
+        try:
+            peaks = gpu_peaks(g or "")
+        except KeyError:
+            continue  # no peaks for this GPU model: its attempts get no S_sol
+        for r in char.iter_rows(named=True):
+            try:
+                sol = max(r["flops"] / peaks.compute(r["peak"]), r["bytes"] / peaks.hbm_bytes_per_s) * 1e6
+            except (TypeError, ValueError):
+                continue
+            rows.append({"gpu": g, "problem": r["problem"], "sol_us": sol, "compile_us": r["compile_us"]})
+    sol = pl.DataFrame(rows, schema={"gpu": pl.Utf8, "problem": pl.Int64, "sol_us": pl.Float64, "compile_us": pl.Float64})
+    a = a.join(sol.lazy().with_columns(pl.col("problem").cast(a.collect_schema()["problem"])), on=["gpu", "problem"], how="left")
+    cand = pl.when(pl.col("v_candidate_us") > 0).then(pl.col("v_candidate_us"))
+    frac = pl.when(pl.col("sol_us") > 0).then(pl.col("sol_us") / cand)
+    hits = [(pl.col("passed") & ((frac >= f).fill_null(False) if f > 0 else pl.lit(True))).cast(pl.Int32) for f in SOL_THRESHOLDS]
+    sc = pl.when(pl.col("compile_us") > 0).then(pl.col("compile_us") / cand)
+    hits_c = [(pl.col("passed") & (sc >= t).fill_null(False)).cast(pl.Int32) for t in THRESHOLDS]
+    return a.with_columns(
+        sol_fraction=pl.when(pl.col("passed")).then(frac),
+        S_sol=pl.when(pl.col("sol_us").is_not_null()).then(100.0 / len(SOL_THRESHOLDS) * pl.sum_horizontal(hits)),
+        speedup_compile=pl.when(pl.col("passed")).then(sc),
+        S_compile=pl.when(pl.col("compile_us").is_not_null()).then(100.0 / len(THRESHOLDS) * pl.sum_horizontal(hits_c)),
+    ).drop("compile_us")
 
 
 def _version_mix(a: pl.DataFrame) -> dict[str, list[str]]:
@@ -192,9 +248,17 @@ def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
     key = ["model", "problem", "replicate", "target_dsl", "stratum"]
     grp = ["model", "problem", "target_dsl", "stratum"]
     solos = inc.filter(pl.col("arm_kind") == "solo")
-    base = solos.select(*key, base_attempt=pl.col("attempt_id"), S_solo="S", passed_solo="passed", speedup_solo="speedup")
+    base = solos.select(*key, base_attempt=pl.col("attempt_id"), S_solo="S", passed_solo="passed", speedup_solo="speedup",
+                        S_sol_solo="S_sol", S_compile_solo="S_compile", served_solo="served_model")
     arms = inc.filter(pl.col("arm_kind") != "solo").select(
-        *key, "family", "arm_kind", "source_dsl", "attempt_id", "skill_source_attempt", "S", "passed", "speedup")
+        *key, "family", "arm_kind", "source_dsl", "attempt_id", "skill_source_attempt", "S", "passed", "speedup",
+        "S_sol", "S_compile", "skill_flagged", "served_model")
+    # a placebo may carry no source_dsl (the schema allows it: it has no source attempt); it belongs to the
+    # direction of its block's transfer arm, whose source it stands in for
+    block_src = arms.filter(pl.col("arm_kind") == "transfer").group_by(key).agg(block_src=pl.col("source_dsl").drop_nulls().first())
+    arms = arms.join(block_src, on=key, how="left").with_columns(
+        source_dsl=pl.when(pl.col("arm_kind") == "placebo").then(pl.coalesce("source_dsl", "block_src"))
+        .otherwise(pl.col("source_dsl"))).drop("block_src")
     # placebo carries no source attempt: its standing is that of the transfer arm's source (the other DSL's solo, same replicate)
     solo_ids = solos.select("model", "problem", "replicate", "stratum", src_dsl="target_dsl", solo_id="attempt_id")
     arms = arms.join(solo_ids, left_on=["model", "problem", "replicate", "stratum", "source_dsl"],
@@ -202,13 +266,24 @@ def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
     arms = arms.with_columns(source_attempt=pl.coalesce("skill_source_attempt",
                                                         pl.when(pl.col("arm_kind") == "placebo").then(pl.col("solo_id"))))
     arms = arms.drop("solo_id", "skill_source_attempt")
-    # the noise floor: solo at r' = (r+1) mod R as a pseudo-arm; its source is the transfer arm's source at r
+    # the noise floor, built with the dependence of the arms it is read against (DESIGN, Definitions): in block
+    # (model, problem, r, target) the pseudo-arm is the target's solo at r+1, the subtracted solo is the target's
+    # solo at r, and the source is the source DSL's solo at r+2, classified against the mean of the target's solos
+    # other than r and r+1 (so it includes r+2). A shock shared by every attempt of a replicate then enters the
+    # pseudo-arm's lift (r+1 vs r) and its standing (r+2 vs a mean holding r+2) independently, as it enters a
+    # transfer arm's lift (arm and solo both at r) and standing independently. Needs R >= 3.
     nrep = solos.group_by(grp).agg(R=pl.col("replicate").max() + 1)
-    nxt = solos.join(nrep, on=grp).with_columns(prev=(pl.col("replicate") - 1) % pl.col("R")).filter(pl.col("prev") != pl.col("replicate"))
+    nxt = solos.join(nrep, on=grp).filter(pl.col("R") >= 3).with_columns(prev=(pl.col("replicate") - 1) % pl.col("R"))
     noise = nxt.select(pl.col("model"), pl.col("problem"), pl.col("prev").alias("replicate"), "target_dsl", "stratum", "family",
-                       pl.lit(NOISE_ARM).alias("arm_kind"), "attempt_id", "S", "passed", "speedup")
-    tsrc = arms.filter(pl.col("arm_kind") == "transfer").select(*key, "source_dsl", "source_attempt")
+                       pl.lit(NOISE_ARM).alias("arm_kind"), "attempt_id", "S", "passed", "speedup", "S_sol", "S_compile",
+                       "skill_flagged", "served_model", "R")
+    # the source DSL of a block: its transfer arm's (any DSL other than the target when there is none)
+    tsrc = arms.filter(pl.col("arm_kind") == "transfer").group_by(key).agg(source_dsl=pl.col("source_dsl").drop_nulls().first())
     noise = noise.join(tsrc, on=key, how="left")
+    noise = noise.with_columns(src_rep=(pl.col("replicate") + 2) % pl.col("R")).join(
+        solo_ids, left_on=["model", "problem", "src_rep", "stratum", "source_dsl"],
+        right_on=["model", "problem", "replicate", "stratum", "src_dsl"], how="left")
+    noise = noise.rename({"solo_id": "source_attempt"}).drop("R", "src_rep")
     noise = noise.select(arms.collect_schema().names())
     pairs = pl.concat([arms, noise], how="vertical_relaxed").join(base, on=key, how="inner")
     # source S and whether the source is itself one of the target's solo replicates (same arm, noise floor)
@@ -236,5 +311,8 @@ def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
     pairs = pairs.with_columns(standing=cls(pl.col("ref_mean")), standing_naive=cls(pl.col("S_solo")),
                                outcome=pl.when(pl.col("lift") > 1e-9).then(pl.lit("improve"))
                                .when(pl.col("lift") < -1e-9).then(pl.lit("regress")).otherwise(pl.lit("tie")),
-                               direction=pl.format("{}->{}", pl.col("source_dsl").fill_null("-"), pl.col("target_dsl")))
+                               direction=pl.format("{}->{}", pl.col("source_dsl").fill_null("-"), pl.col("target_dsl")),
+                               lift_sol=pl.col("S_sol") - pl.col("S_sol_solo"),
+                               # the served model changed between the block's solo and its skill arm (null: not recorded)
+                               served_changed=pl.col("served_model") != pl.col("served_solo"))
     return pairs.drop("src_model", "src_problem", "src_tgt", "src_kind", "src_rep", "sum_S", "n_solo", "source_excluded").collect(engine=ENGINE)

@@ -28,6 +28,11 @@ _FAMILY_RANGES = (("attention", 1, 18), ("kv_cache", 19, 26), ("mlp_norm", 27, 4
                   ("quantization", 52, 61), ("linear_attention", 62, 74))
 
 
+def sol_ratio_of(spec: "SynthSpec", problem: int) -> float:
+    """A problem's speed-of-light time as a share of its eager time (0.08 to 0.58, fixed by seed and problem)."""
+    return 0.08 + 0.5 * int(_sha("sol", spec.seed, problem)[:8], 16) / 2**32
+
+
 def family_of(problem: int) -> str:
     """The catalog family of a problem number; numbers past 74 wrap around the catalog."""
     n = (problem - 1) % 74 + 1
@@ -50,6 +55,13 @@ class SynthSpec:
     effects: dict[str, float] = field(default_factory=lambda: {"transfer": 0.35, "placebo": 0.0, "same": 0.2, "wrong": 0.0})
     harmed_share: float = 0.0  # share of problems on which every non-zero effect is reversed in sign
     standing_slope: float = 0.0  # transfer z += slope x (source solo's noise)
+    # the experiment's scheduler: per (model, problem, replicate) the solos of each DSL run first, the skill arms of
+    # a block (model, problem, replicate, target DSL) later and together. `replicate_shock` is shared by every
+    # attempt of a replicate (solos and the skill arms of its blocks); `block_shock` by the skill arms of one block.
+    replicate_shock: float = 0.0
+    block_shock: float = 0.0
+    p_skill_flagged: float = 0.0  # share of skills whose hygiene check flags a code block (the sensitivity row)
+    characterise: bool = True  # write one characterisation per problem (speed of light: S_sol)
     p_no_kernel: float = 0.3  # share of failing attempts that end with no kernel at all
     p_budget_exhausted: float = 0.2  # share of no-kernel attempts that ran out of budget
     p_infra: float = 0.0
@@ -116,6 +128,10 @@ def simulate(spec: SynthSpec, *, replicates: int | None = None, rng: np.random.G
         sign[harmed] = -1.0
     eps = rng.normal(0, spec.noise, (M, P, D, R, len(ARM_KINDS)))
     z = base[:, :, :, None, None] + eps
+    if spec.replicate_shock:
+        z += rng.normal(0, spec.replicate_shock, (M, P, 1, R, 1))
+    if spec.block_shock:
+        z[..., 1:] += rng.normal(0, spec.block_shock, (M, P, D, R, 1))
     for k, kind in enumerate(ARM_KINDS):
         z[..., k] += _arm_effect(spec, kind) * sign[None, :, None, None]
     if spec.standing_slope and D > 1:
@@ -143,8 +159,10 @@ def true_relative_lift(sim: Simulation, *, kind: str = "transfer") -> dict[tuple
     spec = sim.spec
     out = {}
     eff = _arm_effect(spec, kind) * sim.sign[None, :, None]
-    sd_arm = spec.noise * math.sqrt(1 + spec.standing_slope**2) if kind == "transfer" else spec.noise
-    es_solo = expected_s(sim.base, spec.noise)  # [M, P, D]
+    sd_solo = math.sqrt(spec.noise**2 + spec.replicate_shock**2)
+    sd_arm = math.sqrt(spec.noise**2 * (1 + (spec.standing_slope**2 if kind == "transfer" else 0.0))
+                       + spec.replicate_shock**2 + spec.block_shock**2)
+    es_solo = expected_s(sim.base, sd_solo)  # [M, P, D]
     es_arm = expected_s(sim.base + eff, sd_arm)
     for m, model in enumerate(spec.models):
         for d, tgt in enumerate(spec.dsls):
@@ -175,6 +193,36 @@ def true_regression_share(sim: Simulation, *, kind: str = "transfer", n_mc: int 
         acc += (lift < -1e-9).mean(-1)
     acc /= max(1, n_mc // 50)
     return {(model, tgt): float(acc[m, :, d].mean()) for m, model in enumerate(spec.models) for d, tgt in enumerate(spec.dsls)}
+
+
+def true_rates(sim: Simulation, *, kind: str = "transfer", n_mc: int = 400) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """Population (regression, improvement, tie) rates per (model, target_dsl), as `true_regression_share`."""
+    spec = sim.spec
+    rng = np.random.default_rng(spec.seed + 1_000_003)
+    k = ARM_KINDS.index(kind)
+    acc = np.zeros((3, len(spec.models), spec.n_problems, len(spec.dsls)))
+    batches = max(1, n_mc // 50)
+    for _ in range(batches):
+        mc = simulate(spec, replicates=spec.replicates * 50, rng=rng, base=sim.base, sign=sim.sign)
+        s = s_of_z(mc.z)
+        lift = (s[..., k] - s[..., 0]).reshape(*s.shape[:3], 50, spec.replicates).mean(-1)
+        acc[0] += (lift < -1e-9).mean(-1)
+        acc[1] += (lift > 1e-9).mean(-1)
+        acc[2] += (np.abs(lift) <= 1e-9).mean(-1)
+    acc /= batches
+    return {(model, tgt): tuple(float(acc[i, m, :, d].mean()) for i in range(3))
+            for m, model in enumerate(spec.models) for d, tgt in enumerate(spec.dsls)}
+
+
+def true_contrast(sim: Simulation, *, other: str = "placebo") -> dict[tuple[str, str], float]:
+    """Planted relative difference transfer vs `other` per (model, target_dsl): sum E[S_transfer] / sum E[S_other] - 1."""
+    spec = sim.spec
+    sd_t = math.sqrt(spec.noise**2 * (1 + spec.standing_slope**2) + spec.replicate_shock**2 + spec.block_shock**2)
+    sd_o = math.sqrt(spec.noise**2 + spec.replicate_shock**2 + spec.block_shock**2)
+    es_t = expected_s(sim.base + _arm_effect(spec, "transfer") * sim.sign[None, :, None], sd_t)
+    es_o = expected_s(sim.base + _arm_effect(spec, other) * sim.sign[None, :, None], sd_o)
+    return {(model, tgt): float(es_t[m, :, d].sum() / es_o[m, :, d].sum() - 1)
+            for m, model in enumerate(spec.models) for d, tgt in enumerate(spec.dsls)}
 
 
 def standing_effect_numpy(s: np.ndarray, *, kind: str = "transfer", naive: bool = False) -> float:
@@ -352,8 +400,10 @@ def write_synthetic(spec: SynthSpec, store: str, *, via_emit: bool = False, chun
                         passed = bool(zval > 0)
                         has_kernel = passed or u[1] >= spec.p_no_kernel
                         sha = _sha("kernel", aid) if has_kernel else None
+                        flagged = int(_sha("flag", aid)[:8], 16) / 2**32 < spec.p_skill_flagged
                         sink.emit("skill", aid, text=f"# SKILL.md of {aid}\nsynthetic notes.", sha256=_sha("skill", aid),
-                                  token_length=int(400 + 100 * u[2]), tokenizer="synthetic", hygiene_flags=[],
+                                  token_length=int(400 + 100 * u[2]), tokenizer="synthetic",
+                                  hygiene_flags=["code_block"] if flagged else [],
                                   source_attempt=aid)
                         if u[1] < spec.p_infra and not passed:
                             infra.append(aid)
@@ -381,6 +431,14 @@ def write_synthetic(spec: SynthSpec, store: str, *, via_emit: bool = False, chun
                                       r_at_0=rat[0], r_at_0_5=rat[1], r_at_1=rat[2], r_at_2=rat[3], r_at_4=rat[4],
                                       s=20.0 * sum(rat) if scope == "attempt" else s_val, gpu="NVIDIA H200",
                                       pair_id=pair_id if scope == "pair" else None)
+    if spec.characterise:
+        for p in sim.problems:
+            # a memory-bound problem whose speed of light on the H200 is rho x the eager time (100 us in the verdicts)
+            sol = 100.0 * sol_ratio_of(spec, p)
+            sink.emit("characterisation", None, problem=p, problem_name=f"{p:02d}_synthetic_{family_of(p)}", family=family_of(p),
+                      problem_hash=_sha("problem", p, "char", spec.problem_hash_salt), size="full", gpu="NVIDIA H200",
+                      ok=True, eager_median_us=100.0, flops=0.0, bytes=sol * 1e-6 * 4.8e12, peak="memory", sol_us=sol,
+                      sol_ratio=sol / 100.0, within_band=True)
     order = rng.permutation(len(ids))
     keys = list(ids)
     for i in order[: spec.n_annotated]:

@@ -22,9 +22,26 @@ SEED = typer.Option(20261129, "--seed", help="Bootstrap seed (recorded in the ou
 RESAMPLES = typer.Option(10_000, "--resamples", help="Bootstrap resamples.")
 
 
-def _fail(msg: str) -> None:
+# exit codes (until the CLIs share one table, mkb/cli/_exit.py): 0 ok, 1 error, 2 bad input, 3 no data
+EXIT_ERROR, EXIT_BAD_INPUT, EXIT_NO_DATA = 1, 2, 3
+
+
+def _fail(msg: str, code: int = EXIT_BAD_INPUT) -> None:
     console.print(f"[red]error:[/red] {msg}")
-    raise typer.Exit(2)
+    raise typer.Exit(code)
+
+
+def _need_arms(t) -> None:
+    """Lift, standing and reports compare arms with solos: a store of solos alone has nothing to compare."""
+    import polars as pl
+
+    if t.pairs.filter(pl.col("arm_kind") != "solo_noise").height == 0:
+        kinds = sorted(t.included["arm_kind"].unique().to_list())
+        what = ("holds only solo attempts: there is no arm to compare with a solo" if kinds == ["solo"] else
+                f"has no arm paired with a solo of its target DSL, same model, problem and replicate (arms: {', '.join(kinds)})")
+        _fail(f"store {t.store} {what}\nhint: `mkb-analyze attempts --store {t.store}` lists what is there; a block's skill "
+              "arms run after its solos",
+              EXIT_NO_DATA)
 
 
 def _counts(store) -> dict[str, int]:
@@ -85,6 +102,54 @@ def _header(t) -> None:
         console.print(f"[yellow]skipped file[/yellow] {path}: {why}")
 
 
+JSON = typer.Option(None, "--json", help="Write every table of this command as JSON to this file ('-': stdout, nothing else printed).")
+CSV = typer.Option(None, "--csv", help="Write the main table as CSV to this file (other tables beside it as <stem>.<table>.csv).")
+
+
+def _quiet(json_path: str | None) -> None:
+    """`--json -` owns stdout: the human tables are not printed."""
+    console.quiet = json_path == "-"
+
+
+def _emit(tables: dict, *, json_path: str | None, csv_path: str | None, meta: dict | None = None) -> None:
+    """The machine-readable output every command offers: all its tables as JSON, and as CSV (the first is the main one)."""
+    import json
+    import math
+    from pathlib import Path
+
+    import polars as pl
+
+    tables = {k: v for k, v in tables.items() if v is not None}
+    if json_path:
+        def clean(v):
+            if isinstance(v, float) and not math.isfinite(v):
+                return None
+            if isinstance(v, list):
+                return [clean(x) for x in v]
+            return v
+
+        doc = {**(meta or {}), "tables": {k: [{c: clean(x) for c, x in row.items()} for row in df.to_dicts()] for k, df in tables.items()}}
+        text = json.dumps(doc, default=str, indent=1)
+        if json_path == "-":
+            console.quiet = False
+            sys.stdout.write(text + "\n")
+        else:
+            Path(json_path).write_text(text)
+    if csv_path:
+        base = Path(csv_path)
+        for i, (name, df) in enumerate(tables.items()):
+            flat = df.select([c for c, ty in df.schema.items() if not isinstance(ty, (pl.List, pl.Struct, pl.Object))])
+            path = base if i == 0 else base.with_name(f"{base.stem}.{name}{base.suffix or '.csv'}")
+            flat.write_csv(path)
+
+
+def _meta(t, spec=None) -> dict:
+    out = {"store": t.store, "stratified": t.stratified, "summary": t.summary()}
+    if spec is not None:
+        out["bootstrap"] = {"seed": spec.seed, "resamples": spec.resamples, "level": spec.level, "method": spec.describe()}
+    return out
+
+
 def _pct(v) -> str:
     return "" if v is None else f"{100 * v:+.1f}%"
 
@@ -97,7 +162,7 @@ def _p(v) -> str:
     return "" if v is None else (f"{v:.3f}" if v >= 0.001 else f"{v:.1e}")
 
 
-def print_lift(lift, *, spec, title="Lift", max_rows: int | None = 120) -> None:
+def print_lift(lift, *, spec, title="Lift", max_rows: int | None = 120, notes: bool = True) -> None:
     full = lift
     if max_rows is not None and lift.height > max_rows:
         lift = lift.head(max_rows)
@@ -114,6 +179,8 @@ def print_lift(lift, *, spec, title="Lift", max_rows: int | None = 120) -> None:
                     f"{_f(100 * r['pair_regress'], 0)}/{_f(100 * r['pair_improve'], 0)}/{_f(100 * r['pair_tie'], 0)}%",
                     _p(r.get("p_wilcoxon_holm")), _p(r.get("p_mcnemar_holm")), "yes" if r["detects_10pct"] else "[red]no[/red]")
     console.print(tbl)
+    if not notes:
+        return
     if full.height > lift.height:
         console.print(f"[yellow]showing {lift.height} of {full.height} cells[/yellow] (ordered by arm, then model): "
                       "--all prints every one, --csv FILE writes them")
@@ -123,7 +190,8 @@ def print_lift(lift, *, spec, title="Lift", max_rows: int | None = 120) -> None:
                   f"(range {100 * hw.min():.1f}-{100 * hw.max():.1f})." if hw.len() else spec.describe())
     under = lift.filter(~lift["detects_10pct"].fill_null(False))
     if under.height:
-        console.print(f"[yellow]{under.height} of {lift.height} cells could not detect a 10% lift[/yellow] (CI half-width > 10 points): "
+        console.print(f"[yellow]{under.height} of {lift.height} cells could not detect a 10% lift[/yellow] at 80% power "
+                      "(95% CI half-width > 7 points; `mkb-analyze power` says what would): "
                       + ", ".join(f"{r['model']} {r['arm_kind']} {r['direction']}" for r in under.head(20).iter_rows(named=True))
                       + (" ..." if under.height > 20 else ""))
     console.print("Wilcoxon: signed-rank, zero_method='pratt', normal approximation, on problem replicate-mean lift; McNemar: exact, pass vs pass "
@@ -156,17 +224,38 @@ def _spec(seed, resamples):
 @app.command()
 def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SEED, resamples: int = RESAMPLES,
          by_family: bool = typer.Option(False, "--by-family", help="Also per problem family."),
+         by_problem: bool = typer.Option(False, "--by-problem", help="Also one row per problem (model x arm x direction x problem)."),
          all_rows: bool = typer.Option(False, "--all", help="Print every cell (default: the first 120)."),
-         csv: Optional[str] = typer.Option(None, "--csv", help="Write the lift table to this CSV too.")) -> None:
-    """Lift and relative lift per model x arm x direction, with problem-clustered CIs, rates and tests."""
+         json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
+    """Lift and relative lift per model x arm x direction (and pooled), with problem-clustered CIs on lift and rates,
+    the regression rate's noise floor, S_sol, the time-matched contrast (transfer - placebo, transfer - wrong) and a
+    sensitivity row without flagged skills."""
+    _quiet(json_out)
     t = _load(store, stratify)
     if t is None:
         return
-    from mkb.analysis import lift_table
+    _need_arms(t)
+    import polars as pl
+
+    from mkb.analysis import contrast_table, lift_table, problem_table
+    from mkb.analysis._tables import SENSITIVE_FLAGS
 
     spec = _spec(seed, resamples)
-    lt = lift_table(t.pairs, spec=spec)
+    lt = lift_table(t.pairs, spec=spec, pooled=True)
     print_lift(lt, spec=spec, max_rows=None if all_rows else 120)
+    limit = None if all_rows else 120
+    print_rates(lt, max_rows=limit)
+    ct = contrast_table(t.pairs, spec=spec)
+    print_contrast(ct, max_rows=limit)
+    flagged = t.pairs.filter(pl.col("skill_flagged") & pl.col("arm_kind").is_in(["transfer", "same", "wrong"]))
+    sens = None
+    if flagged.height:
+        sens = lift_table(t.pairs.filter(~pl.col("skill_flagged")), spec=spec, tests=False).filter(pl.col("arm_kind") == "transfer")
+        print_lift(sens, spec=spec, title=f"Sensitivity: transfer without the {flagged.height} arms given a skill flagged "
+                   f"{' or '.join(SENSITIVE_FLAGS)}", max_rows=None, notes=False)
+    else:
+        console.print(f"sensitivity: no arm received a skill flagged {' or '.join(SENSITIVE_FLAGS)} (the row would equal the table)")
+    fam = None
     if by_family:
         fam = lift_table(t.pairs, by=("family",), spec=spec, tests=False)
         tbl = Table(title="Relative lift by family")
@@ -176,31 +265,89 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
             tbl.add_row(r["model"], r["arm_kind"], r["direction"], r["family"], str(r["n_pairs"]),
                         f"{_pct(r['rel_lift'])} [{_pct(r['rel_lo'])}, {_pct(r['rel_hi'])}]", "yes" if r["detects_10pct"] else "no")
         console.print(tbl)
-    if csv:
-        lt.write_csv(csv)
+    prob = None
+    if by_problem:
+        prob = problem_table(t.pairs)
+        tbl = Table(title=f"Per problem ({prob.height} rows)")
+        for c in ("model", "arm", "direction", "problem", "family", "pairs", "S solo", "S arm", "lift", "lift S_sol"):
+            tbl.add_column(c)
+        for r in prob.head(None if all_rows else 200).iter_rows(named=True):
+            tbl.add_row(r["model"], r["arm_kind"], r["direction"], str(r["problem"]), r["family"], str(r["n_pairs"]), _f(r["S_solo"]),
+                        _f(r["S_arm"]), _f(r["lift"]), _f(r["lift_sol"]))
+        console.print(tbl)
+    _emit({"lift": lt, "contrast": ct if ct.height else None, "sensitivity": sens, "family": fam, "problems": prob},
+          json_path=json_out, csv_path=csv, meta=_meta(t, spec))
+
+
+def print_rates(lt, *, max_rows: int | None = 120) -> None:
+    """Printing is the slow part at scale (rich renders row by row): like the lift table, the first `max_rows` cells."""
+    full = lt
+    lt = lt.head(max_rows) if max_rows is not None else lt
+    tbl = Table(title="Rates per cell (share of problems; 95% CIs), the regression rate's noise floor and its shrinkage estimate")
+    for c in ("model", "arm", "direction", "probs", "regression [CI]", "noise floor", "true share (EB)", "improvement [CI]",
+              "tie [CI]", "S_sol solo", "S_sol arm", "lift S_sol [CI]"):
+        tbl.add_column(c, justify="left" if c in ("model", "arm", "direction") else "right")
+    ci = lambda r, k: f"{_f(100 * r[k], 0)}% [{_f(100 * r[k + '_lo'], 0) if r[k + '_lo'] is not None else ''}, {_f(100 * r[k + '_hi'], 0) if r[k + '_hi'] is not None else ''}]"  # noqa: E731
+    for r in lt.iter_rows(named=True):
+        tbl.add_row(r["model"], r["arm_kind"], r["direction"], str(r["n_problems"]), ci(r, "regression_rate"),
+                    _f(100 * r["regression_noise_floor"], 0) + "%" if r["regression_noise_floor"] is not None else "",
+                    _f(100 * r["regression_true_share"], 0) + "%" if r["regression_true_share"] is not None else "n/a",
+                    ci(r, "improvement_rate"), ci(r, "tie_rate"), _f(r["S_sol_solo"]), _f(r["S_sol_arm"]),
+                    f"{_f(r['lift_sol'], 2)} [{_f(r['lift_sol_lo'], 2)}, {_f(r['lift_sol_hi'], 2)}]" if r["lift_sol"] is not None else "n/a")
+    console.print(tbl)
+    if full.height > lt.height:
+        console.print(f"[yellow]showing {lt.height} of {full.height} cells[/yellow]: --all prints every one, --json/--csv FILE writes them")
+    console.print("noise floor: the regression rate if the arm were one more solo (same replicates); true share (EB): "
+                  "empirical-Bayes share of problems whose true lift < 0, n/a where the between-problem variance is not above "
+                  "the noise. S_sol: S on the fraction of speed of light (n/a: the store has no characterisation).")
+
+
+def print_contrast(ct, *, max_rows: int | None = 120) -> None:
+    if ct.height == 0:
+        console.print("time-matched contrast: no block has both a transfer arm and a placebo or wrong arm")
+        return
+    full = ct
+    ct = ct.head(max_rows) if max_rows is not None else ct
+    tbl = Table(title="Time-matched contrast (skill arms of a block run together, after its solos): the skill's content")
+    for c in ("model", "contrast", "direction", "blocks", "probs", "S transfer", "S other", "diff [95% CI]", "rel. diff [95% CI]",
+              "lift vs solo", "served model changed"):
+        tbl.add_column(c)
+    for r in ct.iter_rows(named=True):
+        tbl.add_row(r["model"], r["contrast"], r["direction"], str(r["n_blocks"]), str(r["n_problems"]), _f(r["S_transfer"]),
+                    _f(r["S_other"]), f"{_f(r['diff'], 2)} [{_f(r['diff_lo'], 2)}, {_f(r['diff_hi'], 2)}]",
+                    f"{_pct(r['rel_diff'])} [{_pct(r['rel_lo'])}, {_pct(r['rel_hi'])}]", _f(r["lift_vs_solo"], 2),
+                    f"{r['served_changed']} of {r['served_recorded']}" if r["served_recorded"] else "not recorded")
+    console.print(tbl)
+    if full.height > ct.height:
+        console.print(f"[yellow]showing {ct.height} of {full.height} contrasts[/yellow]: --all prints every one, --json/--csv FILE writes them")
 
 
 @app.command()
 def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SEED, resamples: int = RESAMPLES,
              per_model: bool = typer.Option(False, "--per-model"),
-             naive: bool = typer.Option(False, "--naive", help="Also show the biased table (standing vs the solo the lift subtracts).")) -> None:
+             naive: bool = typer.Option(False, "--naive", help="Also show the biased table (standing vs the solo the lift subtracts)."),
+             json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """Lift by the source's standing (above/tie/below the target's other solo replicates), with the standing effect."""
+    _quiet(json_out)
     t = _load(store, stratify)
     if t is None:
         return
+    _need_arms(t)
     from mkb.analysis import standing_table
 
     spec = _spec(seed, resamples)
+    out = {}
     for is_naive in ((False, True) if naive else (False,)):
-        st = standing_table(t.pairs, spec=spec, pooled=not per_model, naive=is_naive)
+        st = standing_table(t.pairs, spec=spec, pooled=not per_model, naive=is_naive, over_directions=True)
         if st.height == 0:
-            console.print("no standing classes: needs R >= 2 solo replicates and source attempts")
-            return
+            _fail("no standing classes: needs R >= 2 solo replicates and source attempts", EXIT_NO_DATA)
+        out["naive" if is_naive else "standing"] = st
         title = ("NAIVE standing (vs the solo the lift subtracts: builds in regression to the mean)" if is_naive
                  else "Standing: source solo S vs mean S of the target DSL's other solo replicates")
         tbl = Table(title=title)
         cols = ["arm", "direction"] + (["model"] if per_model else []) + [
-            "above n", "above imp/reg/tie", "tie n", "tie imp/reg/tie", "below n", "below imp/reg/tie", "effect [95% CI]"]
+            "above n", "above imp/reg/tie", "tie n", "tie imp/reg/tie", "below n", "below imp/reg/tie", "effect [95% CI]",
+            "effect in S points [95% CI]"]
         for c in cols:
             tbl.add_column(c)
         for r in st.iter_rows(named=True):
@@ -208,16 +355,54 @@ def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int 
             for c in ("above", "tie", "below"):
                 row += [str(r[f"n_{c}"]), "/".join(_f(100 * r[f"{k}_{c}"], 0) if r[f"{k}_{c}"] is not None else "-" for k in ("improve", "regress", "tie"))]
             row.append(f"{_f(r['effect'], 3)} [{_f(r['effect_lo'], 3)}, {_f(r['effect_hi'], 3)}]")
+            row.append(f"{_f(r['effect_S'], 2)} [{_f(r['effect_S_lo'], 2)}, {_f(r['effect_S_hi'], 2)}]")
             tbl.add_row(*row)
         console.print(tbl)
-    console.print(f"standing effect = (improve - regress share | above) - (same | below); solo_noise = solo_r' vs solo_r "
-                  f"(the noise floor). With no effect each class shows improve ~ regress. {spec.describe()}.")
+    console.print("standing effect = (improve - regress share | above) - (same | below); in S points: (mean lift | above) - "
+                  "(mean lift | below). solo_noise = the target's solo at r+1 vs its solo at r, source the source DSL's solo "
+                  f"at r+2 (the noise floor, with the arms' dependence; needs R >= 3). With no effect each class shows "
+                  f"improve ~ regress. CIs on every class share are in --json/--csv. {spec.describe()}.")
+    _emit(out, json_path=json_out, csv_path=csv, meta=_meta(t, spec))
+
+
+@app.command()
+def power(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SEED, resamples: int = RESAMPLES,
+          target: float = typer.Option(0.10, "--lift", help="Relative lift to detect (0.10 = 10%)."),
+          power_: float = typer.Option(0.80, "--power", help="Power of a two-sided 5% test."),
+          json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
+    """Problems or replicates needed to detect a relative lift at a given power, from the observed variance components."""
+    _quiet(json_out)
+    if not 0 < target < 10 or not 0.5 <= power_ < 1:
+        _fail(f"--lift {target} / --power {power_} out of range\nhint: --lift 0.10 --power 0.80")
+    t = _load(store, stratify)
+    if t is None:
+        return
+    _need_arms(t)
+    from mkb.analysis import lift_table, power_table
+
+    spec = _spec(seed, resamples)
+    pt = power_table(lift_table(t.pairs, spec=spec, tests=False), t.pairs, target=target, power=power_)
+    tbl = Table(title=f"Power to detect a {100 * target:.0f}% relative lift at {100 * power_:.0f}% power (two-sided 5%)")
+    for c in ("model", "arm", "direction", "problems", "replicates", "rel. lift ±", "power now", "between-problem var", "within var",
+              "problems needed", "replicates needed"):
+        tbl.add_column(c)
+    for r in pt.iter_rows(named=True):
+        tbl.add_row(r["model"], r["arm_kind"], r["direction"], str(r["n_problems"]), _f(r["R"], 0),
+                    _f(100 * r["rel_halfwidth"]) if r["rel_halfwidth"] is not None else "", _pct(r["power_at_target"]).lstrip("+"),
+                    _f(r["tau2"]), _f(r["sigma2"]), str(r["problems_needed"] or ""),
+                    str(r["replicates_needed"]) if r["replicates_needed"] is not None else "not by replicates")
+    console.print(tbl)
+    console.print("SE of relative lift scales as sqrt((tau2 + sigma2/R) / P) (problem-clustered); needed: SE <= lift / (z_0.975 + z_power). "
+                  "Problems needed keep R; replicates needed keep the problems.")
+    _emit({"power": pt}, json_path=json_out, csv_path=csv, meta=_meta(t, spec))
 
 
 @app.command()
 def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
-           mixed: bool = typer.Option(True, "--mixed/--no-mixed", help="Fit the mixed models (secondary estimates).")) -> None:
+           mixed: bool = typer.Option(True, "--mixed/--no-mixed", help="Fit the mixed models (secondary estimates)."),
+           json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """Per-model summary (pass rate, mean S per arm, tokens, cost) and the mixed-model fits with diagnostics."""
+    _quiet(json_out)
     t = _load(store, stratify)
     if t is None:
         return
@@ -225,6 +410,7 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
 
     inc = t.included
     summ = inc.group_by("model", "arm_kind").agg(n=pl.len(), pass_rate=pl.col("passed").mean(), S=pl.col("S").mean(),
+                                                 S_sol=pl.col("S_sol").mean(), S_compile=pl.col("S_compile").mean(),
                                                  out_tokens=pl.col("output_tokens").mean(), cost=pl.col("cost_usd").sum(),
                                                  budget_used=pl.col("budget_used").mean()).sort("model", "arm_kind")
     tbl = Table(title="Models")
@@ -234,12 +420,33 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
         tbl.add_row(r["model"], r["arm_kind"], str(r["n"]), _pct(r["pass_rate"]).lstrip("+"), _f(r["S"]),
                     _f(r["out_tokens"], 0), _f(r["cost"], 2), _pct(r["budget_used"]).lstrip("+"))
     console.print(tbl)
+    from mkb.analysis import BootstrapSpec, two_part_table
+
+    tp = two_part_table(t.pairs, spec=BootstrapSpec(resamples=2000)) if t.pairs.height else pl.DataFrame()
+    if tp.height:
+        tt = Table(title="Two-part summary: pass rate (difference with a problem-clustered CI), then speedup among passes")
+        for c in ("model", "arm", "direction", "pass solo", "pass arm", "pass diff [95% CI]", "gm speedup | passed, solo",
+                  "gm speedup | passed, arm"):
+            tt.add_column(c)
+        for r in tp.iter_rows(named=True):
+            tt.add_row(r["model"], r["arm_kind"], r["direction"], _pct(r["pass_solo"]).lstrip("+"), _pct(r["pass_arm"]).lstrip("+"),
+                       f"{_pct(r['pass_diff'])} [{_pct(r['pass_diff_lo'])}, {_pct(r['pass_diff_hi'])}]",
+                       _f(r["gm_speedup_solo_given_pass"], 2), _f(r["gm_speedup_arm_given_pass"], 2))
+        console.print(tt)
+        console.print("speedup columns are conditioned on passing (geometric mean among passed attempts); the pass-difference CI "
+                      "resamples problems (2,000 resamples), so it respects replicates clustered in problems, unlike McNemar.")
+    fits_rows = []
     if not mixed:
+        _emit({"models": summ, "two_part": tp if tp.height else None}, json_path=json_out, csv_path=csv, meta=_meta(t))
         return
     from mkb.analysis._mixed import fit_all
 
     for stratum in sorted(t.attempts["stratum"].unique().to_list()):
         for fit in fit_all(t.attempts.filter(pl.col("stratum") == stratum)):
+            fits_rows += [{"stratum": stratum, "fit": fit.name, "target_dsl": fit.target_dsl, "formula": fit.formula,
+                           "estimator": fit.estimator, "converged": fit.converged, **r,
+                           "variance": "; ".join(f"{k}={v:.6g}" for k, v in fit.variance.items()),
+                           "flags": " | ".join(fit.flags + fit.warnings)} for r in fit.effects.iter_rows(named=True)]
             ft = Table(title=f"{fit.name}, target {fit.target_dsl}" + (f", stratum {stratum}" if t.stratified else ""))
             for c in ("term", "estimate", "SE / post. SD", "95% interval"):
                 ft.add_column(c)
@@ -253,13 +460,17 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
                 console.print(f"  [yellow]warning:[/yellow] {w}")
             for fl in fit.flags:
                 console.print(f"  [yellow]{fl}[/yellow]")
+    _emit({"models": summ, "two_part": tp if tp.height else None, "fits": pl.DataFrame(fits_rows) if fits_rows else None},
+          json_path=json_out, csv_path=csv, meta=_meta(t))
 
 
 @app.command()
 def attempts(store: Optional[str] = STORE, stratify: bool = STRATIFY,
              excluded: bool = typer.Option(False, "--excluded", help="List the excluded attempts and why."),
-             limit: int = typer.Option(30, "--limit"), csv: Optional[str] = typer.Option(None, "--csv")) -> None:
+             limit: int = typer.Option(30, "--limit"), json_out: Optional[str] = JSON,
+             csv: Optional[str] = typer.Option(None, "--csv", help="Write every attempt (all columns) as CSV to this file.")) -> None:
     """The attempts table: counts by arm, status and verdict; or the excluded attempts."""
+    _quiet(json_out)
     t = _load(store, stratify)
     if t is None:
         return
@@ -283,8 +494,8 @@ def attempts(store: Optional[str] = STORE, stratify: bool = STRATIFY,
         for r in g.iter_rows():
             tbl.add_row(*[str(v) for v in r])
         console.print(tbl)
-    if csv:
-        a.select([c for c, ty in a.schema.items() if not isinstance(ty, pl.List)]).write_csv(csv)
+    flat = a.select([c for c, ty in a.schema.items() if not isinstance(ty, pl.List)])
+    _emit({"attempts": flat}, json_path=json_out, csv_path=csv, meta=_meta(t))
 
 
 @app.command()
@@ -295,6 +506,7 @@ def report(store: Optional[str] = STORE, out: str = typer.Option("mkb-report", "
     t = _load(store, stratify)
     if t is None:
         return
+    _need_arms(t)
     from mkb.analysis._report import write_report
 
     bad = set(fmt) - {"png", "svg", "pdf"}
@@ -375,15 +587,23 @@ def _print_verdicts(store) -> None:
 
 
 @app.command("verdicts")
-def verdicts_cmd(store: Optional[str] = STORE) -> None:
+def verdicts_cmd(store: Optional[str] = STORE, json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """Every verdict in the store (stand-alone gradings, red-team and benchmark runs), oldest first."""
+    from mkb.analysis import verdicts_table
+
+    _quiet(json_out)
     _print_verdicts(store)
+    _emit({"verdicts": verdicts_table(store)}, json_path=json_out, csv_path=csv)
 
 
 @app.command("problems")
-def problems_cmd(store: Optional[str] = STORE) -> None:
+def problems_cmd(store: Optional[str] = STORE, json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """The characterisation table: eager time, peak memory, fp64 gap, speed-of-light ratio per problem."""
+    from mkb.analysis import problems_table
+
+    _quiet(json_out)
     _print_problems(store)
+    _emit({"problems": problems_table(store)}, json_path=json_out, csv_path=csv)
 
 
 def main() -> None:
