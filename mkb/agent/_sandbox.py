@@ -216,6 +216,7 @@ class Sandbox:
         m = _Mounts()
         m.add("--proc", None, "/proc")
         m.add("--dev", None, "/dev")
+        m.args += ["--perms", "1777"]
         m.add("--tmpfs", None, "/tmp")
         for p in _SYSTEM_RO:
             if Path(p).exists():
