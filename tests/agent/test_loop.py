@@ -230,3 +230,25 @@ def test_turn_events_rebuild_the_conversation(runner):
     last = runner.server.requests[-1]["body"]["messages"]
     assert [m["role"] for m in msgs[: len(last)]] == [m["role"] for m in last]
     assert msgs[0]["role"] == "system" and msgs[1]["role"] == "user"
+
+
+@pytest.mark.dsl
+@pytest.mark.slow
+@pytest.mark.parametrize("dsl", ["cute", "tirx"])
+def test_check_compiles_the_baseline_in_the_sandbox(runner, dsl):
+    """The free check really compiles (CPU, compile-only) inside the sandbox, whose runtime holds no baselines."""
+    pytest.importorskip("cutlass" if dsl == "cute" else "tvm")
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    good = next(root.glob(f"problems/mlp_norm/28_*/{dsl}.py")).read_text()
+    broken = good.replace("def solve(", "def solve_(", 1)
+    steps = [{"tool_calls": [write("kernel.py", good), {"name": "check", "arguments": {}}, write("kernel.py", broken), {"name": "check", "arguments": {}},
+                             write("kernel.py", "import subprocess\n" + good), {"name": "check", "arguments": {}}]},
+             {"tool_calls": [FINISH]}, CLOSING]
+    runner.run(steps, dsl=dsl)
+    calls = runner.events("tool_call").filter(runner.events("tool_call")["name"] == "check").to_dicts()
+    assert calls[0]["ok"] and calls[0]["sandboxed"] and "compiled" in calls[0]["result"], calls[0]["result"]
+    assert not calls[1]["ok"] and "solve" in calls[1]["result"]
+    assert not calls[2]["ok"] and "static rules" in calls[2]["result"]
+    assert not calls[0]["counted"] and runner.grader.jobs == []
