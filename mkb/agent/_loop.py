@@ -57,7 +57,10 @@ class BuiltinAgent:
     """mkb's own agent. One instance can run many attempts (it keeps no per-attempt state)."""
 
     def __init__(self, *, progress: Callable[[Counters, Any], None] | None = None, gpu_arch: str = "sm_90a",
-                 limits: Limits = Limits(), clock: Callable[[], float] = time.monotonic) -> None:
+                 limits: Limits = Limits(), clock: Callable[[], float] = time.monotonic, attempt_kind: str = "builtin",
+                 replay_of: str | None = None) -> None:
+        self.attempt_kind = attempt_kind
+        self.replay_of = replay_of
         self.progress = progress
         self.gpu_arch = gpu_arch
         self.limits = limits
@@ -137,10 +140,10 @@ class _Run:
         sandbox_desc = "unsafe-no-sandbox" if spec.unsafe_no_sandbox else _bwrap_version()
         self.w.emit("attempt_started", attempt_id=self.attempt_id, **started_payload(
             spec, problem_name=prep.problem_name, family=get_problem(spec.problem).family, problem_hash=prep.problem_hash,
-            dsl_version=prep.dsl_version, doc_pack_version=prep.doc_pack_version, grader_version=grader_version(), attempt_kind="builtin",
+            dsl_version=prep.dsl_version, doc_pack_version=prep.doc_pack_version, grader_version=grader_version(), attempt_kind=self.a.attempt_kind,
             extra={"litellm_version": _llm.litellm_version(), "price_map": _llm.price_map_revision(), "system_prompt_sha256": sha256(system),
                    "task_prompt_sha256": sha256(task), "toolset_sha256": toolset_sha256(MAIN_TOOLS), "tokenizer": tokenizer_id(),
-                   "sandbox": sandbox_desc}))
+                   "sandbox": sandbox_desc, "replay_of": self.a.replay_of}))
         stop, error = "infra_error", None
         closing, closing_skipped = False, None
         final: Path | None = None

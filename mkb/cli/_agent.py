@@ -131,6 +131,37 @@ def _make_grader(kind: str, writer):
     return LocalGrader(writer=writer)
 
 
+def replay_cmd(
+    attempt_id: str = typer.Argument(..., help="The recorded attempt to replay."),
+    source: str = typer.Option(..., "--from", help="Store holding the recorded attempt (and its skill's source attempt)."),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    workspace: Optional[Path] = typer.Option(None, "--workspace"),
+) -> None:
+    """Replay a recorded attempt: its model replies from the events, tools, sandbox and grader run again for real."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from mkb.agent._replay import ReplayError, replay_attempt
+    from mkb.agent._sandbox import SandboxUnavailable
+    from mkb.events import EventWriter, uuid7
+
+    ws = workspace or Path("runs") / f"replay-{uuid7()}" / "workspace"
+    writer = EventWriter(store)
+    g = _make_grader("local", writer)
+    try:
+        with Live(console=Console(stderr=True), refresh_per_second=4) as live:
+            res = replay_attempt(source, attempt_id, workspace=ws, grader=g, writer=writer, progress=lambda c, b: live.update(c.line(b)))
+    except (ReplayError, SandboxUnavailable, FileExistsError) as exc:
+        _fail(str(exc))
+    finally:
+        writer.close()
+        close = getattr(g, "close", None)
+        if close:
+            close()
+    print(json.dumps({"attempt_id": res.attempt_id, "replay_of": attempt_id, "stop_reason": res.stop_reason, "submissions": res.submissions,
+                      "final_kernel_sha256": res.final_kernel_sha256}, indent=1))
+
+
 def submit_cmd() -> None:
     """Inside an external harness's workspace: grade kernel.py through the adapter that started the harness (uses one submission)."""
     from mkb.agent._external import client_submit
@@ -165,6 +196,7 @@ def docpack_cmd(
 def register(app: typer.Typer) -> None:
     app.command("attempt")(attempt_cmd)
     app.command("submit")(submit_cmd)
+    app.command("replay")(replay_cmd)
     app.command("docpack")(docpack_cmd)
 
 

@@ -52,3 +52,28 @@ def test_export_redact_cli(runner, tmp_path):
     turn = pl.read_parquet(out / "data" / "turn" / "events.parquet")
     assert not any("WRONG" in (v or "") for v in turn["request_messages"].to_list() + turn["reply"].to_list())
     assert res.attempt_id in turn["attempt_id"].to_list()
+
+
+def test_replay_reproduces_the_recorded_attempt(runner, tmp_path):
+    from mkb.agent._replay import ReplayError, replay_attempt, replay_script
+    from mkb.events import EventWriter
+
+    from agent_helpers import FakeGrader
+
+    res = runner.run(demo_steps(), arm="transfer")
+    # the source skill must be in the store for a non-solo replay: record one for the slot's source attempt
+    with EventWriter(runner.store) as w:
+        w.emit("skill", attempt_id="src-1", text="Tile rows across blocks; fuse the add.", sha256=runner.events("attempt_started")["skill_sha256"][0],
+               source_attempt="src-1")
+    assert len(replay_script(runner.store, res.attempt_id)) == 5
+    grader = FakeGrader()
+    with EventWriter(runner.store) as w:
+        again = replay_attempt(runner.store, res.attempt_id, workspace=tmp_path / "replay" / "workspace", grader=grader, writer=w)
+    assert again.attempt_id != res.attempt_id
+    assert (again.stop_reason, again.submissions, again.turns, again.final_kernel_sha256, again.skill_sha256) == (
+        res.stop_reason, res.submissions, res.turns, res.final_kernel_sha256, res.skill_sha256)
+    assert grader.sources == runner.grader.sources
+    started = runner.events("attempt_started", again.attempt_id).to_dicts()[0]
+    assert started["attempt_kind"] == "replay" and started["replay_of"] == res.attempt_id and started["arm_kind"] == "transfer"
+    with pytest.raises(ReplayError):
+        replay_script(runner.store, "missing")
