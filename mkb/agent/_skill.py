@@ -65,19 +65,31 @@ _INSTRUCTION = re.compile(r"\b(you must|you should|ignore (?:the|all|any|previou
                           r"do not (?:check|verify|test)|submit (?:immediately|right away|at once)|always submit|system prompt|as an ai)\b", re.I)
 
 
-def _api_pattern(dsl: str) -> re.Pattern | None:
-    """`<module>.<name>` for the DSL's own import modules (from its backend: no DSL is named here)."""
-    try:
-        from mkb.dsl import dsl_names, get_backend
+_GENERIC = frozenset({"torch", "cuda", "runtime", "driver", "script", "testing", "ir", "math", "np", "numpy"})
 
-        mine = set(get_backend(dsl).import_modules)
-        shared = set.intersection(*(set(get_backend(d).import_modules) for d in dsl_names())) if len(dsl_names()) > 1 else set()
+
+def _api_pattern(dsl: str) -> re.Pattern | None:
+    """`<name>.<attr>` for the DSL's own package roots, its own name, and the aliases its primer imports it under
+    (`import cutlass.cute as cute`, `from tvm.script import tirx as Tx`); all read from the backend, so no DSL is named here."""
+    try:
+        from mkb.dsl import get_backend
+
+        backend = get_backend(dsl)
+        mods = set(backend.import_modules)
+        docs = backend.doc_pack()
     except Exception:  # noqa: BLE001 - an unknown DSL just has no API flag
         return None
-    leaves = sorted({m.split(".")[-1] for m in mine - shared} | {m.split(".")[0] for m in mine - shared} - {"torch"})
-    if not leaves:
+    names = {m.split(".")[0] for m in mods} | {m.split(".")[-1] for m in mods if m.split(".")[-1] == dsl} | {dsl}
+    if docs is not None:
+        for f in Path(docs).glob("*.md"):
+            if f.name == "API.md":
+                continue
+            names |= set(re.findall(r"\bimport\s+[\w.]+\s+as\s+(\w+)", f.read_text()))
+            names |= set(re.findall(r"\bfrom\s+[\w.]+\s+import\s+\w+\s+as\s+(\w+)", f.read_text()))
+    names -= _GENERIC
+    if not names:
         return None
-    return re.compile(r"\b(" + "|".join(map(re.escape, leaves)) + r")\.[A-Za-z_]\w*")
+    return re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\.[A-Za-z_]\w*")
 
 
 def _shingles(text: str, n: int = 8) -> set[tuple[str, ...]]:

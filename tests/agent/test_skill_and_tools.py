@@ -35,6 +35,14 @@ def test_each_flag(text, flag):
     assert flag in flags(text)
 
 
+def test_target_dsl_api_follows_the_writer_dsl():
+    def f(text, dsl):
+        return "target_dsl_api" in check_skill(text, dsl=dsl, problem_number=28, problem_name=NAME).flags
+
+    assert f("Wrap the loop in Tx.grid over rows.", "tirx") and not f("Wrap the loop in Tx.grid over rows.", "cute")
+    assert not f("torch.cuda.synchronize showed nothing; the runtime.was fine", "cute")
+
+
 def test_source_kernel_overlap():
     kernel = "def solve(x, residual, weight):\n    out = torch.empty_like(x)\n    launch the fused kernel over rows with one block per row and vectorised loads\n"
     assert "source_kernel_overlap" in flags("Notes: launch the fused kernel over rows with one block per row and vectorised loads works.", kernel)
