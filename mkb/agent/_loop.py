@@ -263,7 +263,7 @@ class _Run:
         for m in live[: max(1, len(live) // 2)]:
             m["content"] = ELIDED.format(n=len(str(m.get("content", "")).encode()))
             self.elided += 1
-        self.sent = min(self.sent, 0)  # the prefix changed: the next turn event records the whole conversation again
+        self.sent = 0  # the prefix changed: the next turn event records the whole conversation again
         return True
 
     def _run_tools(self, comp: _llm.Completion, phase: str, allowed: tuple[str, ...]) -> None:

@@ -64,15 +64,24 @@ def probe() -> str | None:
     exe = bwrap_path()
     if exe is None:
         return "bubblewrap (bwrap) is not installed\nhint: apt-get install -y bubblewrap, or pass --unsafe-no-sandbox (recorded)"
-    try:
-        proc = subprocess.run([exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr", *_symlink_args(),
-                               "--proc", "/proc", "--dev", "/dev", "/bin/true"], capture_output=True, timeout=30)
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        return "running as root, the sandbox drops to an unprivileged uid with setpriv (util-linux), which is missing"
+    try:  # the same namespaces Sandbox.argv uses, and the uid drop when root
+        drop = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "/bin/true"] if os.geteuid() == 0 else ["/bin/true"]
+        proc = subprocess.run([exe, *_namespaces(os.geteuid() == 0), "--die-with-parent", "--ro-bind", "/usr", "/usr", *_symlink_args(),
+                               "--proc", "/proc", "--dev", "/dev", *drop], capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap does not run here: {exc}"
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace").strip().splitlines()
         return f"bubblewrap cannot create a sandbox here: {err[-1] if err else proc.returncode}\nhint: user namespaces may be disabled; pass --unsafe-no-sandbox (recorded)"
     return None
+
+
+def _namespaces(as_root: bool) -> list[str]:
+    # root: bwrap mounts with its own privileges (no user namespace), the command drops to SANDBOX_UID;
+    # otherwise an unprivileged user namespace (which some distributions restrict: see .ci/run)
+    return ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"] if as_root else ["--unshare-all"]
 
 
 def _symlink_args() -> list[str]:
@@ -224,8 +233,7 @@ class Sandbox:
             return command
         exe = bwrap_path()
         assert exe is not None
-        ns = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"] if self.as_root else ["--unshare-all"]
-        a = [exe, *ns, "--die-with-parent", "--new-session", "--clearenv", "--hostname", "mkb-sandbox"]
+        a = [exe, *_namespaces(self.as_root), "--die-with-parent", "--new-session", "--clearenv", "--hostname", "mkb-sandbox"]
         m = _Mounts()
         m.add("--proc", None, "/proc")
         m.add("--dev", None, "/dev")
