@@ -215,14 +215,13 @@ class Sandbox:
         return env
 
     def merged_env(self, env: dict[str, str] | None) -> dict[str, str]:
-        """The sandbox environment plus `env`; a PATH in `env` contributes only the entries it adds to the host's PATH
-        (a backend prepends its toolkit's bin/ to the host PATH, which must not replace the sandbox's)."""
+        """The sandbox environment plus `env` (a backend's). A PATH in `env` goes first, then the sandbox's: a backend
+        puts its toolkit's bin/ ahead of the host PATH, and entries that do not exist in the sandbox are skipped by exec."""
         out = self.environment()
         for k, v in (env or {}).items():
             if k == "PATH":
-                host = set(os.environ.get("PATH", "").split(os.pathsep))
-                added = [p for p in v.split(os.pathsep) if p and p not in host]
-                out["PATH"] = os.pathsep.join([*added, out["PATH"]])
+                entries = [p for p in v.split(os.pathsep) + out["PATH"].split(os.pathsep) if p]
+                out["PATH"] = os.pathsep.join(dict.fromkeys(entries))
             else:
                 out[k] = v
         return out
@@ -318,7 +317,9 @@ class Sandbox:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 timed_out = True
+        inits = _children(proc.pid)  # bwrap's child: the init of the sandbox's PID namespace
         _kill_group(proc)
+        _wait_gone(inits, 20.0)  # it dies of --die-with-parent; the kernel then kills everything in its namespace
         code = None if timed_out else proc.returncode
         out = b"".join(chunks).decode(errors="replace")
         if timed_out:
@@ -338,6 +339,33 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait()
     if proc.stdout:
         proc.stdout.close()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+def _wait_gone(pids: list[int], limit_s: float) -> None:
+    """Until each pid has exited (a zombie has an empty cmdline) or `limit_s` passed; SIGKILL again on the way."""
+    end = time.monotonic() + limit_s
+    for pid in pids:
+        while time.monotonic() < end:
+            try:
+                if not Path(f"/proc/{pid}/cmdline").read_bytes():
+                    break
+                os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                break
+            time.sleep(0.05)
 
 
 def _processes_of_uid(uid: int) -> int:
