@@ -35,8 +35,11 @@ def _card(kinds: dict[str, int], store_url: str) -> str:
     return "\n".join(yaml + lines)
 
 
-def export_dataset(store: str, out: str, *, tables=None) -> dict[str, int]:
-    """Write `out/data/<kind>/events.parquet` per kind, `out/README.md` and `out/derived/*.csv`; returns rows per kind."""
+def export_dataset(store: str, out: str, *, tables=None, redact: bool = False) -> dict[str, int]:
+    """Write `out/data/<kind>/events.parquet` per kind, `out/README.md` and `out/derived/*.csv`; returns rows per kind.
+
+    `redact` replaces message and code text by its byte count (mkb.analysis._transcript.redact_frame).
+    """
     fs, root = fsspec.core.url_to_fs(out)
     kinds: dict[str, int] = {}
     for kind in sorted(schemas()):
@@ -44,6 +47,10 @@ def export_dataset(store: str, out: str, *, tables=None) -> dict[str, int]:
         if df.height == 0:
             continue
         kinds[kind] = df.height
+        if redact:
+            from mkb.analysis._transcript import redact_frame
+
+            df = redact_frame(kind, df)
         fs.makedirs(f"{root}/data/{kind}", exist_ok=True)
         with fs.open(f"{root}/data/{kind}/events.parquet", "wb") as f:
             df.sort("ts").write_parquet(f, compression="zstd")

@@ -518,7 +518,8 @@ def report(store: Optional[str] = STORE, out: str = typer.Option("mkb-report", "
 
 @app.command()
 def export(store: Optional[str] = STORE, out: str = typer.Option(..., "--out", help="Folder or fsspec URL to write."),
-           stratify: bool = STRATIFY) -> None:
+           stratify: bool = STRATIFY,
+           redact: bool = typer.Option(False, "--redact", help="Drop message and code text (turns, tool calls, kernels, skills); keep counts.")) -> None:
     """A Hugging Face dataset layout (data/<kind>/, README card with the schema) plus derived CSVs."""
     from mkb.analysis import MixedVersionsError, export_dataset, load_tables
 
@@ -526,7 +527,7 @@ def export(store: Optional[str] = STORE, out: str = typer.Option(..., "--out", h
         t = load_tables(store, stratify=stratify)
     except MixedVersionsError as exc:
         _fail(str(exc))
-    kinds = export_dataset(t.store, out, tables=t if t.attempts.height else None)
+    kinds = export_dataset(t.store, out, tables=t if t.attempts.height else None, redact=redact)
     console.print(f"wrote {out}: " + ", ".join(f"{k} {n}" for k, n in kinds.items()))
 
 
@@ -604,6 +605,24 @@ def problems_cmd(store: Optional[str] = STORE, json_out: Optional[str] = JSON, c
     _quiet(json_out)
     _print_problems(store)
     _emit({"problems": problems_table(store)}, json_path=json_out, csv_path=csv)
+
+
+@app.command("transcript")
+def transcript_cmd(attempt_id: str = typer.Argument(..., help="The attempt to show."), store: Optional[str] = STORE,
+                   html: Optional[str] = typer.Option(None, "--html", help="Also write a self-contained HTML page here.")) -> None:
+    """One attempt rebuilt from its events: turns, tool calls, verdicts, kernel.py diffs between submissions, SKILL.md."""
+    from mkb.analysis._transcript import TranscriptError, load_transcript, render_html, render_text
+
+    try:
+        t = load_transcript(store, attempt_id)
+    except TranscriptError as exc:
+        _fail(str(exc))
+    console.print(render_text(t), markup=False, highlight=False)
+    if html:
+        from pathlib import Path
+
+        Path(html).write_text(render_html(t))
+        console.print(f"wrote {html}")
 
 
 def main() -> None:
