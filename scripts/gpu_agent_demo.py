@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.fake_grader:
         grader = FakeGrader()
     else:
-        from mkb.agent._grading import LocalGrader
+        from mkb.grader import GradingQueue
 
-        grader = LocalGrader(writer=writer)
+        grader = GradingQueue(writer=writer)
     summary: dict = {"gpu": gpu, "attempts": []}
     results = {}
     plan = [("solo", "cute", None), ("solo", "tirx", None), ("transfer", "tirx", "cute"), ("transfer", "cute", "tirx")]

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from mkb.grader._queue import GradeJob  # the grading queue's job: the agent submits exactly what the queue takes
+
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
@@ -137,18 +139,6 @@ class AttemptResult:
     @property
     def status(self) -> str:
         return status_of(self.stop_reason)
-
-
-@dataclass(frozen=True)
-class GradeJob:
-    """One kernel to grade. Mirrors mkb.grader's GradeJob (helper "core"); swap to that class when it lands."""
-
-    problem: int
-    dsl: str
-    kernel_path: Path
-    experiment: str = "default"
-    attempt_id: str | None = None
-    scope: str = "submission"
 
 
 @runtime_checkable

@@ -118,17 +118,12 @@ def _gpu_name() -> str:
 
 
 def _make_grader(kind: str, writer):
-    from mkb.agent._grading import LocalGrader, queue_class
+    from mkb.grader import GradingQueue
 
     if kind != "local":
-        _fail(f"unknown --grader {kind!r}\nhint: local")
-    q = queue_class()
-    if q is not None:
-        try:
-            return q(writer=writer)
-        except TypeError:
-            pass
-    return LocalGrader(writer=writer)
+        _fail(f"unknown --grader {kind!r}
+hint: local")
+    return GradingQueue(writer=writer)
 
 
 def replay_cmd(
