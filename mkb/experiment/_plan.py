@@ -173,7 +173,7 @@ class Plan:
         return {
             "experiment": cfg.name, "plan_sha256": self.sha256, "config": json.dumps(cfg.as_dict(), sort_keys=True, default=str),
             "seed": cfg.seed, "replicates": cfg.replicates, "dsls": list(cfg.dsls), "arms": list(cfg.arms),
-            "models": [m.name for m in cfg.models], "problems": [p for p in sorted(self.problems)],
+            "models": [m.name for m in cfg.models], "problems": [str(p) for p in sorted(self.problems)],
             "problem_hashes": [self.problems[p].hash for p in sorted(self.problems)],
             "derangement": json.dumps({str(p): q for p, q in sorted(self.derangement.items())}),
             "tokenizer": TOKENIZER, "placebo_notes_sha256": notes_sha256(), "header": cfg.header,
