@@ -98,3 +98,41 @@ class FakeGrader:
         out = [self.submit(j) for j in jobs]
         self.writer.flush()
         return out
+
+
+def demo_config(name: str = "fake", *, problems: tuple[int, ...] = (28, 72), replicates: int = 2, concurrency: int = 4,
+                arms: tuple[str, ...] | None = None, **experiment: Any):
+    """A small all-arms config over `problems` with one scripted model (tests, benchmarks)."""
+    from mkb.experiment import parse_config
+
+    exp = {"name": name, "problems": list(problems), "replicates": replicates, **experiment}
+    if arms is not None:
+        exp["arms"] = list(arms)
+    return parse_config({"experiment": exp, "models": [{"name": "scripted/fake", "concurrency": concurrency, "scripted": True}]})
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """One executor process over the demo plan with the fake runner: what the kill-and-resume tests start and SIGKILL."""
+    import argparse
+
+    from mkb.experiment import build_plan
+    from mkb.experiment._executor import Executor
+
+    ap = argparse.ArgumentParser(prog="python -m mkb.experiment._fake")
+    ap.add_argument("store")
+    ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--ttl", type=float, default=1.0)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--problems", default="28,72")
+    ap.add_argument("--replicates", type=int, default=2)
+    a = ap.parse_args(argv)
+    cfg = demo_config(problems=tuple(int(p) for p in a.problems.split(",")), replicates=a.replicates, concurrency=a.concurrency)
+    ex = Executor(build_plan(cfg), store=a.store, runner=FakeRunner(sleep_s=a.sleep), versions={"fake": 1}, ttl_s=a.ttl,
+                  poll_s=min(0.5, a.ttl / 2), pair_regrade=False)
+    rep = ex.run()
+    print("\n".join(rep.lines()), flush=True)
+    return 0 if rep.complete else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

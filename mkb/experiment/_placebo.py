@@ -1,7 +1,7 @@
 """Chooses the placebo note of a block: generic kernel-writing text whose token length matches the transfer skill's.
 
 The notes live in `placebo/*.md` (who wrote them and how: `placebo/README.md`). A placebo is a run of whole
-sentences taken in file order from one note onward (possibly across notes), so no sentence is ever cut.
+sentences taken in file order from the start of a paragraph onward (possibly across notes), so no sentence is ever cut.
 """
 
 from __future__ import annotations
@@ -76,31 +76,28 @@ def _describe(units) -> str:
 def choose_placebo(target_tokens: int) -> Placebo:
     """The run of whole sentences whose token length is closest to `target_tokens` (ties: earliest, shortest).
 
-    A note starts every candidate run at a note's first sentence, so a placebo always reads from a heading.
+    A run starts at the beginning of a paragraph (a note's heading included), so it opens with a whole thought.
     An empty target (the transfer source wrote no skill) gives an empty, flagged placebo, as the transfer arm gets.
     """
     if target_tokens <= 0:
         return Placebo("", hashlib.sha256(b"").hexdigest(), 0, 0, "", ("empty",))
     units = _units()
     lens = [count_tokens(s) + (1 if sep else 0) for (_, _, sep, s) in units]
-    starts = [k for k, u in enumerate(units) if u[1] == 0]
-    best = None
+    starts = [k for k, u in enumerate(units) if u[1] == 0 or u[2] == "\n\n"]
+    est = []
     for st in starts:
         total = 0
         for end in range(st, len(units)):
             total += lens[end]
-            err = abs(total - target_tokens)
-            if best is None or err < best[0]:
-                best = (err, st, end)
+            est.append((abs(total - target_tokens), end - st, st, end))
             if total > target_tokens * (1 + WINDOW) + 50:
                 break
-    _, st, end = best
-    # exact length of the chosen run and its neighbours (token counts of a join are not exactly additive)
-    cands = []
-    for e in range(max(st, end - 2), min(len(units), end + 3)):
-        text = _text(units[st:e + 1])
-        cands.append((abs(count_tokens(text) - target_tokens), e, text))
-    err, e, text = min(cands)
+    # token counts of a join are not exactly additive: count the 40 best estimates exactly
+    exact = []
+    for _, _, st, end in sorted(est)[:40]:
+        text = _text(units[st:end + 1])
+        exact.append((abs(count_tokens(text) - target_tokens), end - st, st, end, text))
+    _, _, st, e, text = min(exact)
     tokens = count_tokens(text)
     flags = () if abs(tokens - target_tokens) <= WINDOW * target_tokens else ("placebo_length_mismatch",)
     return Placebo(text, hashlib.sha256(text.encode()).hexdigest(), tokens, target_tokens, _describe(units[st:e + 1]), flags)
