@@ -136,6 +136,7 @@ class Executor:
         self.max_workers = max_workers or sum(m.concurrency for m in self.cfg.models)
         self.writer = EventWriter(self.store)
         self._paused_logged: set[str] = set()
+        self.launched: list[str] = []  # coordinate keys in the order they were handed to a worker thread
         self.report = RunReport(total=len(plan.coordinates))
 
     # ---- events -------------------------------------------------------------------------------------------
@@ -374,6 +375,7 @@ class Executor:
                     if free <= 0 or (len(g) > free and free < m.concurrency):
                         continue
                     for c in g:
+                        self.launched.append(c.key)
                         running[c.key] = pool.submit(self.run_coordinate, c)
                         per_model[m.name] += 1
                         launched += 1
