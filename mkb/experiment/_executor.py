@@ -452,8 +452,29 @@ class Executor:
             self.log(f"  {out.error}")
 
     # ---- pair re-grade --------------------------------------------------------------------------------------
-    def regrade_pairs(self, st: StoreState) -> int:
-        """Re-grade the final kernels of every complete (model, problem, replicate) together: one batch, one eager timing."""
+    def grader_version(self) -> str:
+        v = getattr(self.grader, "version", None)
+        if v:
+            return str(v)
+        try:
+            from mkb.grader import GRADER_VERSION
+
+            return GRADER_VERSION
+        except Exception:
+            return "unknown"
+
+    def regrade_pairs(self, st: StoreState, *, fresh_grader: bool = False) -> int:
+        """Re-grade the final kernels of every complete (model, problem, replicate) together: one batch, one eager timing.
+
+        A group counts as re-graded when each of its final kernels has a scope=pair verdict; with `fresh_grader`, only
+        verdicts of this grader's version count, so `mkb-run regrade` under a newer grader adds a new set beside the old.
+        """
+        gv = self.grader_version()
+
+        def graded(aid: str, s: StoreState) -> bool:
+            vs = s.pair_graded.get(aid, set())
+            return gv in vs if fresh_grader else bool(vs)
+
         groups: dict[tuple[str, int, int], list[Coordinate]] = {}
         for c in self.plan.coordinates:
             groups.setdefault((c.model, c.problem, c.replicate), []).append(c)
@@ -462,16 +483,16 @@ class Executor:
             scored = [st.coord(c.key).scored for c in cs]
             if any(a is None for a in scored) or any(st.coord(c.key).excluded for c in cs):
                 continue
-            need = [(c, a) for c, a in zip(cs, scored) if a.final_kernel_sha256 and a.attempt_id not in st.pair_graded]
+            need = [(c, a) for c, a in zip(cs, scored) if a.final_kernel_sha256 and not graded(a.attempt_id, st)]
             if not need:
                 continue
-            key = f"pair|{self.cfg.name}|{g}"
+            key = f"pair|{self.cfg.name}|{g}|{gv}"
             lease = Lease.acquire(self.store, lease_name(key, what="pair"), holder=self.holder, ttl_s=max(self.ttl_s, 600.0))
             if lease is None:
                 continue
             try:
                 fresh = read_state(self.store, self.cfg.name)
-                need = [(c, a) for c, a in need if a.attempt_id not in fresh.pair_graded]
+                need = [(c, a) for c, a in need if not graded(a.attempt_id, fresh)]
                 if not need:
                     continue
                 jobs = self._pair_jobs(need)

@@ -8,6 +8,7 @@ retries), not the agent: it spends no tokens, writes `attempt_started`, one `sub
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from concurrent.futures import Future
@@ -78,6 +79,7 @@ class FakeGrader:
     """Grades nothing: every kernel fails with reason `fake`, and each verdict is written as the real queue writes it."""
 
     writer: Any
+    version: str = "fake-1"
     batches: list[list[Any]] = field(default_factory=list)
 
     def _verdict(self, job: Any) -> Any:
@@ -85,7 +87,8 @@ class FakeGrader:
 
         sha = hashlib.sha256(Path(job.kernel_path).read_bytes()).hexdigest()
         self.writer.emit("verdict", attempt_id=job.attempt_id, scope=job.scope if job.scope == "pair" else "attempt",
-                         problem=job.problem, dsl=job.dsl, kernel_sha256=sha, passed=False, reason="fake", s=0.0, gpu="fake")
+                         problem=job.problem, dsl=job.dsl, kernel_sha256=sha, passed=False, reason="fake", s=0.0, gpu="fake",
+                         details=json.dumps({"grader_version": self.version}))
         return SimpleNamespace(passed=False, reason="fake", speedup=None, kernel_sha256=sha)
 
     def submit(self, job: Any) -> Future:

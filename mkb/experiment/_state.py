@@ -75,7 +75,7 @@ class StoreState:
     coords: dict[str, CoordState]
     skills: dict[str, tuple[str, str]]  # attempt_id -> (text, sha256) of its last skill event
     plans: dict[str, str]  # plan_sha256 -> experiment of each plan event of this experiment
-    pair_graded: set[str]  # attempt_ids with a scope=pair verdict
+    pair_graded: dict[str, set[str]]  # attempt_id -> grader versions of its scope=pair verdicts
     annotated_excluded: set[str]  # attempt_ids with an annotation label=excluded
     turn_cost: dict[str, tuple[float, int]]  # attempt_id -> (cost_usd, output tokens) from turn events
 
@@ -137,7 +137,7 @@ def read_state(store: str | Store | None, experiment: str) -> StoreState:
             by_attempt[aid].superseded = True
     skills: dict[str, tuple[str, str]] = {}
     turn_cost: dict[str, tuple[float, int]] = {}
-    pair: set[str] = set()
+    pair: dict[str, set[str]] = {}
     annotated: set[str] = set()
     if ids:
         sk = scan("skill", store).filter(pl.col("attempt_id").is_in(ids)).select("attempt_id", "text", "sha256", "ts", "seq").collect()
@@ -147,8 +147,10 @@ def read_state(store: str | Store | None, experiment: str) -> StoreState:
             tc = scan("turn", store).filter(pl.col("attempt_id").is_in(ids)).group_by("attempt_id").agg(
                 pl.col("cost_usd").sum(), pl.col("completion_tokens").sum()).collect()
             turn_cost = {r["attempt_id"]: (r["cost_usd"] or 0.0, r["completion_tokens"] or 0) for r in tc.iter_rows(named=True)}
-        v = scan("verdict", store).filter((pl.col("scope") == "pair") & pl.col("attempt_id").is_in(ids)).select("attempt_id").collect()
-        pair = set(v["attempt_id"].to_list())
+        v = scan("verdict", store).filter((pl.col("scope") == "pair") & pl.col("attempt_id").is_in(ids)).select(
+            "attempt_id", pl.col("details").str.json_path_match("$.grader_version").fill_null("unknown").alias("gv")).collect()
+        for aid, gv in v.iter_rows():
+            pair.setdefault(aid, set()).add(gv)
         an = scan("annotation", store).filter((pl.col("label") == "excluded") & pl.col("target_attempt_id").is_in(ids)).select(
             "target_attempt_id").collect()
         annotated = set(an["target_attempt_id"].to_list())

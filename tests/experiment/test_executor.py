@@ -188,3 +188,17 @@ def test_subset_runs_only_its_closure(tmp_path):
     assert rep.total == len(plan.closure([only[0].key]))
     # the closure's arms also need other solos (not in the subset): they wait, reported
     assert rep.done >= 1 and rep.done + rep.waiting == rep.total
+
+
+def test_regrade_under_a_newer_grader_adds_a_set(tmp_path):
+    store = str(tmp_path / "s")
+    plan, ex, rep, _, _ = _run(store, demo_config(arms=("solo", "transfer")))
+    assert rep.pair_batches == 4
+    ex2 = Executor(plan, store=store, runner=FakeRunner(), versions={"v": 1}, sleep=lambda s: None)
+    ex2.grader = FakeGrader(ex2.writer, version="fake-2")
+    assert ex2.regrade_pairs(read_state(store, plan.config.name), fresh_grader=True) == 4
+    ex2.writer.flush()
+    v = read("verdict", store).filter(pl.col("scope") == "pair")
+    assert v.height == 32 and read("attempt_started", store).height == 16  # attempts untouched
+    assert ex2.regrade_pairs(read_state(store, plan.config.name), fresh_grader=True) == 0
+    assert ex2.regrade_pairs(read_state(store, plan.config.name)) == 0
