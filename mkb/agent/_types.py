@@ -63,6 +63,8 @@ class ModelConfig:
     scripted: bool = False  # the scripted test/demo model (a local OpenAI-compatible server)
     request_timeout_s: float = 900.0  # hard total timeout of one completion (litellm's default is 6000 s)
     max_retries: int = 6  # mkb's own retries on 429/5xx/timeouts, with exponential backoff; not charged to the budget
+    retry_base_s: float = 2.0  # first backoff; doubles per retry (with jitter) up to retry_cap_s
+    retry_cap_s: float = 120.0
 
 
 @dataclass(frozen=True)
