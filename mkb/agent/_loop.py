@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -301,7 +302,7 @@ class _Run:
             lines = [f"kernel.py:{f.line or 0}: [{f.rule}] {f.message}" for f in findings]
             return ToolOutcome("check failed (static rules):\n" + "\n".join(lines), ok=False, exit_code=1)
         env = self.backend.environment(self.a.gpu_arch)
-        r = self.sandbox.run(["python", "-m", "mkb.dsl._check", self.spec.target_dsl, f"{self.sandbox.workspace_view}/{KERNEL}", str(self.spec.problem)],
+        r = self.sandbox.run([sys.executable, "-m", "mkb.dsl._check", self.spec.target_dsl, f"{self.sandbox.workspace_view}/{KERNEL}", str(self.spec.problem)],
                              timeout_s=CHECK_TIMEOUT_S, env=env)
         verdict = None
         for line in reversed(r.output.splitlines()):

@@ -205,6 +205,19 @@ class Sandbox:
         env.update(self.extra_env)
         return env
 
+    def merged_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        """The sandbox environment plus `env`; a PATH in `env` contributes only the entries it adds to the host's PATH
+        (a backend prepends its toolkit's bin/ to the host PATH, which must not replace the sandbox's)."""
+        out = self.environment()
+        for k, v in (env or {}).items():
+            if k == "PATH":
+                host = set(os.environ.get("PATH", "").split(os.pathsep))
+                added = [p for p in v.split(os.pathsep) if p and p not in host]
+                out["PATH"] = os.pathsep.join([*added, out["PATH"]])
+            else:
+                out[k] = v
+        return out
+
     def argv(self, command: list[str], env: dict[str, str] | None = None) -> list[str]:
         """The full bwrap command line for `command` (the command itself when unsafe)."""
         if self.unsafe:
@@ -236,7 +249,7 @@ class Sandbox:
                 m.add("--ro-bind", str(self.workspace / ro), f"{WORKSPACE}/{ro}")
         m.add("--bind", str(self.home), HOME)
         a += m.args + ["--chdir", WORKSPACE]
-        for k, v in {**self.environment(), **(env or {})}.items():
+        for k, v in self.merged_env(env).items():
             a += ["--setenv", k, v]
         if self.as_root:
             a += ["--", "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
@@ -267,7 +280,7 @@ class Sandbox:
         argv = ["/bin/bash", "-c", command] if isinstance(command, str) else list(command)
         t0 = time.monotonic()
         proc = subprocess.Popen(self.argv(argv, env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                cwd=str(self.workspace), env={**self.environment(), **(env or {})} if self.unsafe else {"PATH": "/usr/bin:/bin"},
+                                cwd=str(self.workspace), env=self.merged_env(env) if self.unsafe else {"PATH": "/usr/bin:/bin"},
                                 start_new_session=True, preexec_fn=self._preexec)
         chunks: list[bytes] = []
         kept = total = 0

@@ -14,7 +14,7 @@ app = typer.Typer(
 )
 
 # Sub-command modules register themselves here (one module per command group, to keep this file thin).
-_COMMAND_MODULES = ("mkb.cli._store", "mkb.cli._problems", "mkb.cli._grade", "mkb.cli._experiment")
+_COMMAND_MODULES = ("mkb.cli._store", "mkb.cli._problems", "mkb.cli._grade", "mkb.cli._agent", "mkb.cli._experiment")
 
 
 def _register() -> None:
