@@ -35,11 +35,11 @@ class LocalGrader:
     """Grades jobs in submission order on one warm WorkerPool; `submit` returns at once with a Future."""
 
     def __init__(self, *, writer: Any = None, config: Any = None, dsls: tuple[str, ...] = ("cute", "tirx"), device: str = "cuda") -> None:
-        from mkb.grader import WorkerPool
-
         self.writer = writer
         self.config = config
-        self.pool = WorkerPool(dsls, device=device)
+        self.dsls = dsls
+        self.device = device
+        self.pool = None  # started at the first submission: an attempt that never submits never starts GPU workers
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mkb-grade")
 
     def submit(self, job: GradeJob) -> "Future[Verdict]":
@@ -52,6 +52,10 @@ class LocalGrader:
         from mkb.grader import StageResult, grade
 
         wait = time.monotonic() - queued
+        if self.pool is None:
+            from mkb.grader import WorkerPool
+
+            self.pool = WorkerPool(self.dsls, device=self.device)
         v = grade(job.problem, job.dsl, job.kernel_path, writer=self.writer, config=self.config, pool=self.pool, scope=job.scope,
                   attempt_id=job.attempt_id)
         d = {k: getattr(v, k) for k in Verdict.__dataclass_fields__}
@@ -60,4 +64,5 @@ class LocalGrader:
 
     def close(self) -> None:
         self._exec.shutdown(wait=True)
-        self.pool.close()
+        if self.pool is not None:
+            self.pool.close()

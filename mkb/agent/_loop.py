@@ -178,7 +178,7 @@ class _Run:
             attempt_id=self.attempt_id, stop_reason=stop, final_kernel_sha256=final_sha, final_kernel_path=final, skill_text=chk.text,
             skill_sha256=chk.sha256, submissions=self.c.submissions, turns=self.c.turns, output_tokens=self.c.output_tokens,
             cost_usd=self.c.cost_usd, closing_turn=closing, skill_flags=chk.flags,
-            best_verdict={"passed": self.c.best_passed, "speedup": self.c.best_speedup})
+            best_verdict={"passed": self.c.best_passed, "speedup": self.c.best_speedup}, error=error)
 
     def _restore_kernel(self, final: Path | None) -> None:
         """kernel.py in the workspace is the frozen one, whatever happened after the freeze."""

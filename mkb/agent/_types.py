@@ -132,6 +132,7 @@ class AttemptResult:
     closing_turn: bool = False
     skill_flags: tuple[str, ...] = ()
     best_verdict: dict[str, Any] | None = field(default=None, compare=False)
+    error: str | None = None  # why it stopped, for infra_error and context_exhausted
 
     @property
     def status(self) -> str:

@@ -74,6 +74,10 @@ def attempt_cmd(
     else:
         if model == "scripted":
             _fail("--model scripted needs --script FILE\nhint: or pass a litellm model string and --api-key-env")
+        import os
+
+        if api_key_env and not os.environ.get(api_key_env):
+            _fail(f"environment variable {api_key_env} is not set (it should hold the API key)\nhint: export {api_key_env}=...")
         model_cfg = ModelConfig(name=model, api_base=api_base, api_key_env=api_key_env, temperature=temperature, reasoning_effort=reasoning_effort)
     try:
         spec = AttemptSpec(experiment=experiment, problem=problem, target_dsl=dsl, arm_kind=arm, replicate=replicate,
@@ -98,7 +102,9 @@ def attempt_cmd(
                 close()
     print(json.dumps({"attempt_id": res.attempt_id, "stop_reason": res.stop_reason, "submissions": res.submissions, "turns": res.turns,
                       "output_tokens": res.output_tokens, "cost_usd": res.cost_usd, "final_kernel_sha256": res.final_kernel_sha256,
-                      "skill_flags": list(res.skill_flags), "workspace": str(ws)}, indent=1))
+                      "skill_flags": list(res.skill_flags), "workspace": str(ws), "error": res.error}, indent=1))
+    if res.error:
+        typer.echo(f"error: attempt {res.attempt_id} stopped ({res.stop_reason}): {res.error}", err=True)
     raise typer.Exit(1 if res.stop_reason == "infra_error" else 0)
 
 
