@@ -71,7 +71,12 @@ def _grader(spec: str, store: Optional[str]):
     if spec.startswith("replay:"):
         from mkb.experiment._replay import ReplayGrader
 
-        return ReplayGrader.load(spec.split(":", 1)[1], store=store)
+        from mkb.experiment._replay import ReplayError
+
+        try:
+            return ReplayGrader.load(spec.split(":", 1)[1], store=store)
+        except ReplayError as exc:
+            _fail(str(exc))
     try:
         from mkb.grader import GradingQueue
     except ImportError:

@@ -32,9 +32,30 @@ class Runner(Protocol):
 
 
 def default_runner(spec: AttemptSpec, *, workspace: Path, grader: Any, writer: Any) -> AttemptResult:
+    """The agent's litellm loop; a model marked `scripted` in the config is the demo's scripted model."""
+    if spec.model.scripted:
+        from mkb.experiment._scripted import ScriptedRunner
+
+        return ScriptedRunner()(spec, workspace=workspace, grader=grader, writer=writer)
     from mkb.agent import run_attempt
 
     return run_attempt(spec, workspace=workspace, grader=grader, writer=writer)
+
+
+class _StampingWriter:
+    """The writer an attempt gets when the grader is not the installed one (the replay grader): its attempt_started
+    says which grader version its verdicts come from, so such attempts form their own stratum."""
+
+    def __init__(self, writer: Any, grader_version: str) -> None:
+        self._w, self._gv = writer, grader_version
+
+    def emit(self, kind: str, *, attempt_id: str | None = None, **payload: Any) -> str:
+        if kind == "attempt_started":
+            payload["grader_version"] = self._gv
+        return self._w.emit(kind, attempt_id=attempt_id, **payload)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._w, name)
 
 
 def lease_name(key: str, *, what: str = "claim") -> str:
@@ -317,7 +338,9 @@ class Executor:
             r0 = time.perf_counter()
             err = ""
             try:
-                result = self.runner(spec, workspace=ws, grader=self.grader, writer=self.writer)
+                gv = getattr(self.grader, "version", None)
+                writer = _StampingWriter(self.writer, str(gv)) if gv and str(gv).startswith("replay") else self.writer
+                result = self.runner(spec, workspace=ws, grader=self.grader, writer=writer)
             except Exception as exc:  # the runner itself failed: an infra_error of this attempt, retried like one
                 msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
                 self.writer.emit("attempt_finished", attempt_id=attempt_id, status="infra_error", error=f"runner raised {msg}")
