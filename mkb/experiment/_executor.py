@@ -399,7 +399,7 @@ class Executor:
                         continue
                     for c in g:
                         self.launched.append(c.key)
-                        running[c.key] = pool.submit(self.run_coordinate, c)
+                        running[c.key] = self._submit(pool, c)
                         per_model[m.name] += 1
                         launched += 1
                 if not running:
@@ -435,6 +435,10 @@ class Executor:
         self.report.wall_s = time.perf_counter() - t_start
         self.writer.close()
         return self.report
+
+    def _submit(self, pool: ThreadPoolExecutor, c: Coordinate) -> Future:
+        """Start `run_coordinate(c)` somewhere; here a thread of this process (the Ray executor sends it to a task)."""
+        return pool.submit(self.run_coordinate, c)
 
     def _others_hold(self, coords: list[Coordinate]) -> bool:
         return any(Lease.peek(self.store, lease_name(c.key)) is not None for c in coords[:200])

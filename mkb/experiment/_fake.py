@@ -31,9 +31,19 @@ class FakeRunner:
     cost_usd: float = 0.01
     infra: Callable[[AttemptSpec, int], bool] | None = None
     no_skill: Callable[[AttemptSpec], bool] | None = None
+    baseline: bool = False  # write the problem's baseline kernel and grade it through `grader` (the replay tests)
     log: list[tuple[float, str, str]] = field(default_factory=list)  # (start time, attempt_id, label) of every call
     _tries: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __getstate__(self) -> dict:  # sent to Ray tasks: the lock stays behind, each process gets its own
+        d = dict(self.__dict__)
+        d.pop("_lock", None)
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        self._lock = threading.Lock()
 
     def __call__(self, spec: AttemptSpec, *, workspace: Path, grader: Any, writer: Any) -> AttemptResult:
         label = f"{spec.problem}|{spec.target_dsl}|{spec.arm_kind}|{spec.source_dsl}|{spec.replicate}"
@@ -59,11 +69,27 @@ class FakeRunner:
                         error="fake infra_error")
             writer.flush()
             return AttemptResult(spec.attempt_id, "infra_error", None, None, "", _sha(""), 0, 1, 10, self.cost_usd)
-        kernel = f"# fake kernel for {label} ({spec.attempt_id})\ndef solve(*inputs):\n    raise NotImplementedError\n"
+        if self.baseline:
+            from mkb.experiment._scripted import baseline_path
+
+            kernel = baseline_path(spec.problem, spec.target_dsl).read_text()
+        else:
+            kernel = f"# fake kernel for {label} ({spec.attempt_id})\ndef solve(*inputs):\n    raise NotImplementedError\n"
         ksha = _sha(kernel)
         (workspace / "kernel.py").write_text(kernel)
+        eid = f"fake-{ksha[:16]}"
+        if self.baseline:
+            from mkb.agent import GradeJob
+
+            try:
+                eid = grader.submit(GradeJob(problem=spec.problem, dsl=spec.target_dsl, kernel_path=workspace / "kernel.py",
+                                             experiment=spec.experiment, attempt_id=spec.attempt_id)).result().evaluation_id
+            except Exception as exc:  # noqa: BLE001 - as the agent does: a grader failure is an infra_error
+                writer.emit("attempt_finished", attempt_id=spec.attempt_id, status="infra_error", error=f"grader failed: {exc}")
+                writer.flush()
+                return AttemptResult(spec.attempt_id, "infra_error", None, None, "", _sha(""), 0, 1, 10, self.cost_usd)
         writer.emit("submission", attempt_id=spec.attempt_id, submission_index=0, kernel_source=kernel, kernel_sha256=ksha,
-                    kernel_bytes=len(kernel), evaluation_id=f"fake-{ksha[:16]}")
+                    kernel_bytes=len(kernel), evaluation_id=eid)
         text = "" if self.no_skill is not None and self.no_skill(spec) else (
             f"# SKILL\nWhat attempt {label} learned. " + ("Seen: " + skill.sha256[:12] + "." if skill else "") + " Tile rows." * 20)
         if text:
