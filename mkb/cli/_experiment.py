@@ -77,11 +77,16 @@ def _grader(spec: str, store: Optional[str]):
             return ReplayGrader.load(spec.split(":", 1)[1], store=store)
         except ReplayError as exc:
             _fail(str(exc))
+    if spec != "gpu":
+        _fail(f"--grader {spec!r}: expected gpu, replay:DATASET or none")
     try:
-        from mkb.grader import GradingQueue
-    except ImportError:
-        _fail("this mkb has no grading queue (mkb.grader.GradingQueue)\nhint: use --grader replay:DATASET or --grader none")
-    return GradingQueue(store=store)
+        from mkb.experiment._graders import LocalGpuGrader
+
+        return LocalGpuGrader(store=store)
+    except ImportError as exc:
+        _fail(f"cannot grade on this host: {exc}\nhint: install the problems and dsl extras, or use --grader replay:DATASET")
+    except RuntimeError as exc:
+        _fail(str(exc))
 
 
 def run_cmd(

@@ -357,9 +357,14 @@ class Executor:
             lease.release()
 
     # ---- the loop -------------------------------------------------------------------------------------------
-    def run(self, *, rerun: Iterable[Coordinate] = (), rerun_stale: bool = False, only: Iterable[Coordinate] | None = None) -> RunReport:
-        """Run until every coordinate (or every one of `only`) is done or excluded, or every model left is paused."""
+    def run(self, *, rerun: Iterable[Coordinate] = (), rerun_stale: bool = False, only: Iterable[Coordinate] | None = None,
+            stop_launching_after_s: float | None = None) -> RunReport:
+        """Run until every coordinate (or every one of `only`) is done or excluded, or every model left is paused.
+
+        `stop_launching_after_s`: start no attempt after that many seconds (running ones finish; a later run resumes).
+        """
         t_start = time.perf_counter()
+        stop_at = None if stop_launching_after_s is None else time.monotonic() + stop_launching_after_s
         self.publish_plan()
         st = read_state(self.store, self.cfg.name)
         rr = list(rerun)
@@ -388,6 +393,11 @@ class Executor:
                     groups = [[c for c in g if c.key in scope] for g in groups]
                     groups = [g for g in groups if g]
                 paused = self._paused(spent, todo)
+                if stop_at is not None and time.monotonic() > stop_at:
+                    groups = []
+                    if not running:
+                        self.log(f"stopped launching after {stop_launching_after_s:.0f} s; {len(todo)} coordinate(s) left for a later run")
+                        break
                 launched = 0
                 for g in groups:
                     m = self.cfg.model(g[0].model)

@@ -33,9 +33,9 @@ def make_grader(spec: str, store: str | None) -> Any:
         from mkb.experiment._replay import ReplayGrader
 
         return ReplayGrader.load(spec.split(":", 1)[1], store=store)
-    from mkb.grader import GradingQueue  # the GPU's queue: one per actor, CUDA_VISIBLE_DEVICES set by Ray
+    from mkb.experiment._graders import LocalGpuGrader  # in an actor: the one GPU Ray gave it (CUDA_VISIBLE_DEVICES)
 
-    return GradingQueue(store=store)
+    return LocalGpuGrader(store=store)
 
 
 class GraderActorImpl:
