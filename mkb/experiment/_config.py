@@ -72,8 +72,17 @@ class ExperimentConfig:
         d.pop("source")
         return d
 
+    def identity(self) -> dict[str, Any]:
+        """What makes the experiment: coordinates and how each attempt runs. Operational settings (concurrency, rate
+        limits, USD caps, prices, retries, estimate assumptions) are left out, so raising a cap resumes the same plan."""
+        d = self.as_dict()
+        for k in ("assumptions", "max_infra_retries", "infra_backoff_s"):
+            d.pop(k)
+        d["models"] = [m["config"] for m in d["models"]]
+        return d
+
     def sha256(self) -> str:
-        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True, default=str).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(self.identity(), sort_keys=True, default=str).encode()).hexdigest()
 
     def model(self, name: str) -> ModelSpec:
         for m in self.models:

@@ -460,7 +460,7 @@ class Executor:
                 out.add(m.name)
                 n = sum(1 for c in todo if c.model == m.name)
                 msg = (f"model {m.name} paused: spent ${spent[m.name]:,.2f} of its ${m.usd_cap:,.2f} cap; {n} attempt(s) wait"
-                       f"\nhint: raise usd_cap for {m.name} in {self.cfg.source or 'the config'} (a new plan) or accept the partial run")
+                       f"\nhint: raise usd_cap for {m.name} in {self.cfg.source or 'the config'} and run again (the same plan resumes)")
                 self.report.paused[m.name] = msg
                 if m.name not in self._paused_logged:
                     self._paused_logged.add(m.name)

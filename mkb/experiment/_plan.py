@@ -103,7 +103,7 @@ class Plan:
 
     @cached_property
     def sha256(self) -> str:
-        body = {"config": self.config.as_dict(), "problems": {p: r.hash for p, r in sorted(self.problems.items())},
+        body = {"config": self.config.identity(), "problems": {p: r.hash for p, r in sorted(self.problems.items())},
                 "derangement": sorted(self.derangement.items()), "placebo_notes": notes_sha256(), "tokenizer": TOKENIZER}
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -125,3 +125,13 @@ def test_plan_event_round_trips(tmp_path):
     assert df["plan_sha256"].to_list() == [plan.sha256]
     assert df["coordinates"].to_list()[0] == [c.key for c in plan.coordinates]
     assert df["derangement"].to_list()[0] == '{"28": 72, "72": 28}'
+
+
+def test_operational_settings_are_not_the_plan():
+    from dataclasses import replace
+
+    a = demo_config()
+    b = replace(a, models=(replace(a.models[0], usd_cap=5.0, concurrency=9, rpm=10),), max_infra_retries=7)
+    assert build_plan(a).sha256 == build_plan(b).sha256
+    c = replace(a, budget=replace(a.budget, submissions=4))
+    assert build_plan(c).sha256 != build_plan(a).sha256
