@@ -173,7 +173,80 @@ def regrade_cmd(config: Path = typer.Argument(..., help="The experiment's config
     typer.echo(f"{n} pair batch(es) re-graded")
 
 
+def reproduce_cmd(
+    dataset: str = typer.Argument(..., help="A dataset (store URL) holding an experiment's plan event."),
+    store: Optional[str] = typer.Option(None, "--store", help="Where the re-run writes; " + STORE_HELP),
+    experiment: Optional[str] = typer.Option(None, "--experiment", help="Which experiment of DATASET (default: its only one)."),
+    grader: str = typer.Option("gpu", "--grader", help="gpu, replay:DATASET or none."),
+    subset: List[str] = typer.Option([], "--subset", help="KEY=VALUE (model, problem, dsl, arm, replicate); repeatable."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and its estimate only."),
+) -> None:
+    """Re-run the experiment recorded in DATASET from its plan event (same config, seeds, derangement, placebo notes)."""
+    import json
+
+    import polars as pl
+
+    from mkb.events import read
+    from mkb.experiment import ConfigError, build_plan
+    from mkb.experiment._config import config_from_dict
+    from mkb.experiment._executor import Executor, PlanMismatch
+
+    try:
+        plans = read("plan", dataset)
+    except Exception as exc:  # noqa: BLE001 - a wrong path or an unreadable store: one line, named
+        _fail(f"{dataset}: cannot read its plan events: {str(exc).splitlines()[0]}")
+    if experiment:
+        plans = plans.filter(pl.col("experiment") == experiment)
+    names = sorted(set(plans["experiment"]))
+    if len(names) != 1:
+        _fail(f"{dataset}: {'no experiment plan' if not names else 'experiments ' + ', '.join(names)}"
+              + ("" if not names else "\nhint: pick one with --experiment"))
+    row = plans.sort("ts").row(0, named=True)
+    try:
+        plan = build_plan(config_from_dict(json.loads(row["config"])))
+    except (ConfigError, TypeError, KeyError) as exc:
+        _fail(f"{dataset}: its plan cannot be rebuilt here: {exc}")
+    if plan.sha256 != row["plan_sha256"]:
+        then = dict(zip(row["problems"], row["problem_hashes"]))
+        changed = [p for p, h in then.items() if plan.problems[int(p)].hash != h]
+        typer.echo(f"note: this re-run's plan is {plan.sha256[:12]}, the dataset's {row['plan_sha256'][:12]}"
+                   + (f": problem(s) {', '.join(changed)} changed since (the analysis stratifies by problem hash)" if changed else
+                      " (the plan definition, placebo notes, tokenizer or derangement differ)"))
+    print_estimate(plan)
+    if dry_run:
+        return
+    only = _subset(plan, subset) if subset else None
+    g = _grader(grader, store)
+    try:
+        rep = Executor(plan, store=store, grader=g, log=typer.echo).run(only=only)
+    except PlanMismatch as exc:
+        _fail(str(exc))
+    finally:
+        if g is not None and hasattr(g, "close"):
+            g.close()
+    for line in rep.lines():
+        typer.echo(line)
+    raise typer.Exit(0 if rep.complete else 1)
+
+
+def import_upstream_cmd(
+    results: Path = typer.Argument(..., help="Upstream's results.json (YIGE24/MetaKernelBench `metakernelbench results`)."),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    experiment: Optional[str] = typer.Option(None, "--experiment", help="Experiment name for the imported attempts."),
+) -> None:
+    """Import upstream MetaKernelBench's results.json as mkb events, so its numbers can be analysed beside mkb's."""
+    from mkb.experiment._upstream import UpstreamFormatError, import_results
+
+    try:
+        rep = import_results(results, store, experiment=experiment)
+    except UpstreamFormatError as exc:
+        _fail(str(exc))
+    typer.echo(rep.line())
+
+
 def register(app: typer.Typer) -> None:
+    app.command("reproduce")(reproduce_cmd)
+    app.command("import-upstream")(import_upstream_cmd)
     app.command("plan")(plan_cmd)
     app.command("run")(run_cmd)
     app.command("status")(status_cmd)

@@ -91,6 +91,18 @@ class ExperimentConfig:
         raise KeyError(name)
 
 
+def config_from_dict(d: dict[str, Any], *, source: str = "<plan event>") -> ExperimentConfig:
+    """The inverse of `ExperimentConfig.as_dict` (a plan event's `config`), validated like a TOML file."""
+    d = dict(d)
+    models = tuple(ModelSpec(config=ModelConfig(**m["config"]), **{k: v for k, v in m.items() if k != "config"})
+                   for m in d.pop("models"))
+    cfg = ExperimentConfig(models=models, budget=Budget(**d.pop("budget")), assumptions=Assumptions(**d.pop("assumptions", {})),
+                           problems=tuple(d.pop("problems")), dsls=tuple(d.pop("dsls")), arms=tuple(d.pop("arms")),
+                           source=source, **d)
+    validate(cfg)
+    return cfg
+
+
 def _take(table: dict, cls, where: str, *, rename: dict[str, str] | None = None) -> dict:
     known = {f.name for f in fields(cls)} | set(rename or {})
     unknown = sorted(set(table) - known)
