@@ -114,8 +114,9 @@ def run_cmd(
 
             rep = run_on_ray(plan, store=store, grader_spec=grader, only=only, rerun=only if rerun else (), rerun_stale=rerun_stale)
         elif executor == "local":
-            ex = Executor(plan, store=store, grader=g, ttl_s=ttl_s, workdir=workdir, log=typer.echo)
-            rep = ex.run(only=only, rerun=only if rerun else (), rerun_stale=rerun_stale)
+            with _live() as (log, progress):
+                ex = Executor(plan, store=store, grader=g, ttl_s=ttl_s, workdir=workdir, log=log, progress=progress)
+                rep = ex.run(only=only, rerun=only if rerun else (), rerun_stale=rerun_stale)
         else:
             _fail(f"--executor must be local or ray, not {executor!r}")
     except PlanMismatch as exc:
@@ -126,6 +127,22 @@ def run_cmd(
     for line in rep.lines():
         typer.echo(line)
     raise typer.Exit(0 if rep.complete else 1)
+
+
+class _live:
+    """A rich status line (done / running / waiting, gradings queued, tokens, cost, ETA) above the log lines."""
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console(stderr=True)
+        self.live = Live("", console=self.console, transient=True, refresh_per_second=2)
+        self.live.start()
+        return (lambda s: self.live.console.print(s, markup=False, highlight=False)), (lambda p: self.live.update(p.line()))
+
+    def __exit__(self, *exc):
+        self.live.stop()
 
 
 def _subset(plan, items: list[str]):

@@ -119,6 +119,27 @@ class RunReport:
         return out
 
 
+@dataclass(frozen=True)
+class Progress:
+    """One look at a running experiment, for a progress display (the CLI's rich line)."""
+
+    total: int
+    done: int
+    running: int
+    waiting: int
+    excluded: int
+    gradings_queued: int | None
+    output_tokens: int
+    cost_usd: float
+    eta_s: float | None
+
+    def line(self) -> str:
+        eta = "" if self.eta_s is None else f", ETA {self.eta_s / 60:.0f} min"
+        q = "" if self.gradings_queued is None else f", {self.gradings_queued} grading(s) queued"
+        return (f"{self.done}/{self.total} done, {self.running} running, {self.waiting} waiting, {self.excluded} excluded{q}; "
+                f"{self.output_tokens:,} output tokens, ${self.cost_usd:,.2f}{eta}")
+
+
 @dataclass
 class _Outcome:
     coord: Coordinate
@@ -127,6 +148,7 @@ class _Outcome:
     overhead_s: float = 0.0
     message: str = ""
     error: str = ""
+    run_s: float = 0.0
 
 
 class PlanMismatch(RuntimeError):
@@ -145,7 +167,7 @@ class Executor:
                  holder: str | None = None, ttl_s: float = 60.0, workdir: str | Path | None = None,
                  versions: dict[str, Any] | None = None, poll_s: float = 2.0, pair_regrade: bool = True,
                  sleep: Callable[[float], None] = time.sleep, log: Callable[[str], None] | None = None,
-                 max_workers: int | None = None) -> None:
+                 max_workers: int | None = None, progress: Callable[[Progress], None] | None = None) -> None:
         self.plan, self.cfg = plan, plan.config
         self.store = resolve_store(store, for_writing=True)
         self.grader, self.runner = grader, runner or default_runner
@@ -158,6 +180,9 @@ class Executor:
         self.writer = EventWriter(self.store)
         self._paused_logged: set[str] = set()
         self.launched: list[str] = []  # coordinate keys in the order they were handed to a worker thread
+        self.progress = progress
+        self._t0 = time.monotonic()
+        self._ran_s: list[float] = []
         self.report = RunReport(total=len(plan.coordinates))
 
     # ---- events -------------------------------------------------------------------------------------------
@@ -255,7 +280,8 @@ class Executor:
                 out[c.model] += st.cost_of(a)
         return out
 
-    def ready(self, st: StoreState, *, running: set[str], not_before: dict[str, float]) -> list[list[Coordinate]]:
+    def ready(self, st: StoreState, *, running: set[str], not_before: dict[str, float],
+              scope: set[str] | None = None) -> list[list[Coordinate]]:
         """Groups to start, in order: each pending solo alone (solos first), then each released block's arms together.
 
         A block is released once every solo any of its arms needs has a scored attempt; its arms come in the
@@ -267,9 +293,11 @@ class Executor:
             cs = st.coord(c.key)
             return (c.key not in running and cs.scored is None and not cs.excluded and not_before.get(c.key, 0) <= now)
 
-        groups: list[list[Coordinate]] = [[c] for c in self.plan.coordinates if c.arm_kind == "solo" and pending(c)]
+        inside = (lambda c: True) if scope is None else (lambda c: c.key in scope)
+        groups: list[list[Coordinate]] = [[c] for c in self.plan.coordinates if c.arm_kind == "solo" and pending(c) and inside(c)]
         for block, arms in self.plan.blocks.items():
-            if all(self._done(st, s) for s in self.plan.block_sources(block)):
+            arms = [c for c in arms if inside(c)]  # a subset re-runs the arms it names; their done block mates stay
+            if arms and all(self._done(st, s) for c in arms for s in self.plan.sources(c)):
                 g = [c for c in arms if pending(c)]
                 if g:
                     groups.append(g)
@@ -349,7 +377,7 @@ class Executor:
             run_s = time.perf_counter() - r0
             self.writer.flush()
             msg = f"lease lost while running: {lost[0]}" if lost else ""
-            return _Outcome(c, "ran", result, overhead_s=time.perf_counter() - t0 - run_s, message=msg, error=err)
+            return _Outcome(c, "ran", result, overhead_s=time.perf_counter() - t0 - run_s, message=msg, error=err, run_s=run_s)
         finally:
             stop.set()
             if hb.is_alive():
@@ -374,7 +402,10 @@ class Executor:
             closure = self.plan.closure(c.key for c in rr)
             n = self.request_rerun(closure, reason="rerun" if not rerun_stale else "rerun-stale")
             self.log(f"re-running {n} coordinate(s): {len(rr)} asked for and the arms that consumed their skills")
-        scope = None if only is None else {c.key for c in self.plan.closure(c.key for c in only)}
+        scope = None
+        if only is not None:  # the subset, every arm that consumed its skills, and every solo those need
+            down = self.plan.closure(c.key for c in only)
+            scope = {c.key for c in down} | {s.key for c in down for s in self.plan.sources(c)}
         running: dict[str, Future] = {}
         not_before: dict[str, float] = {}
         busy_until: dict[str, float] = {}
@@ -388,11 +419,10 @@ class Executor:
                 now = time.time()
                 todo = [c for c in self.plan.coordinates if (scope is None or c.key in scope)
                         and st.coord(c.key).scored is None and not st.coord(c.key).excluded]
-                groups = self.ready(st, running=set(running), not_before={**not_before, **busy_until})
-                if scope is not None:
-                    groups = [[c for c in g if c.key in scope] for g in groups]
-                    groups = [g for g in groups if g]
+                groups = self.ready(st, running=set(running), not_before={**not_before, **busy_until}, scope=scope)
                 paused = self._paused(spent, todo)
+                if self.progress is not None:
+                    self.progress(self._progress(st, scope, len(running), spent))
                 if stop_at is not None and time.monotonic() > stop_at:
                     groups = []
                     if not running:
@@ -432,6 +462,7 @@ class Executor:
                         busy_until[c.key] = time.time() + self.poll_s
                     elif out.what == "ran":
                         self.report.ran += 1
+                        self._ran_s.append(out.run_s)
                         busy_until.pop(c.key, None)
                         self._after(c, out, not_before)
         finally:
@@ -449,6 +480,20 @@ class Executor:
     def _submit(self, pool: ThreadPoolExecutor, c: Coordinate) -> Future:
         """Start `run_coordinate(c)` somewhere; here a thread of this process (the Ray executor sends it to a task)."""
         return pool.submit(self.run_coordinate, c)
+
+    def _progress(self, st: StoreState, scope: set[str] | None, running: int, spent: dict[str, float]) -> Progress:
+        coords = [c for c in self.plan.coordinates if scope is None or c.key in scope]
+        done = sum(1 for c in coords if st.coord(c.key).scored is not None)
+        excl = sum(1 for c in coords if st.coord(c.key).excluded)
+        toks = sum(a.output_tokens for c in coords for a in st.coord(c.key).attempts)
+        q = getattr(self.grader, "queued", None)
+        left = len(coords) - done - excl
+        eta = None
+        if self._ran_s and left:
+            conc = max(1, sum(m.concurrency for m in self.cfg.models))
+            eta = sum(self._ran_s) / len(self._ran_s) * left / min(conc, left)
+        return Progress(len(coords), done, running, left - running, excl, q() if callable(q) else q, toks,
+                        sum(spent.values()), eta)
 
     def _others_hold(self, coords: list[Coordinate]) -> bool:
         return any(Lease.peek(self.store, lease_name(c.key)) is not None for c in coords[:200])

@@ -185,9 +185,15 @@ def test_subset_runs_only_its_closure(tmp_path):
     only = plan.select(problems=[28], dsls=["cute"], arms=["solo"], replicates=[0])
     rep = Executor(plan, store=store, runner=r, versions={"v": 1}, poll_s=0.05, sleep=lambda s: None,
                    pair_regrade=False).run(only=only)
-    assert rep.total == len(plan.closure([only[0].key]))
-    # the closure's arms also need other solos (not in the subset): they wait, reported
-    assert rep.done >= 1 and rep.done + rep.waiting == rep.total
+    # the solo, the arms that consume its skill, and the solos those arms also need (none here)
+    assert rep.total == len(plan.closure([only[0].key])) == 5 and rep.complete
+    assert "28|cute|solo|None|0" in {l for _, _, l in r.log} and len(r.log) == 5
+    # a transfer arm alone brings the solo it needs
+    r2 = FakeRunner()
+    t = plan.select(problems=[72], dsls=["cute"], arms=["transfer"], replicates=[1])
+    rep = Executor(plan, store=str(tmp_path / "s2"), runner=r2, versions={"v": 1}, poll_s=0.05, sleep=lambda s: None,
+                   pair_regrade=False).run(only=t)
+    assert rep.complete and sorted(l for _, _, l in r2.log) == ["72|cute|transfer|tirx|1", "72|tirx|solo|None|1"]
 
 
 def test_regrade_under_a_newer_grader_adds_a_set(tmp_path):
@@ -202,3 +208,13 @@ def test_regrade_under_a_newer_grader_adds_a_set(tmp_path):
     assert v.height == 32 and read("attempt_started", store).height == 16  # attempts untouched
     assert ex2.regrade_pairs(read_state(store, plan.config.name), fresh_grader=True) == 0
     assert ex2.regrade_pairs(read_state(store, plan.config.name)) == 0
+
+
+def test_progress_reports(tmp_path):
+    seen = []
+    plan = build_plan(demo_config(arms=("solo", "transfer")))
+    Executor(plan, store=str(tmp_path / "s"), runner=FakeRunner(), versions={"v": 1}, poll_s=0.05, sleep=lambda s: None,
+             pair_regrade=False, progress=seen.append).run()
+    assert seen[0].total == 16 and seen[0].done == 0
+    assert max(p.done for p in seen) >= 8 and all(p.done + p.running + p.waiting + p.excluded == 16 for p in seen)
+    assert seen[0].line().startswith("0/16 done") and "output tokens" in seen[-1].line()
