@@ -15,6 +15,8 @@ Commit: unpack events.tar.gz as events/h200-experiment-demo/ with logs/ (log, su
 replay.json to events/replay-demo/replay.json (its `source` is events/h200-experiment-demo). Then, anywhere:
     mkb-analyze lift --store events/h200-experiment-demo
 `--grader replay:events/replay-demo` runs the same flow on a CPU (the CPU test of this script).
+On a host with two GPUs, `--executor ray --dataset-name h200x2-experiment-ray` records the Ray run (one grader actor
+per GPU; ship a `ray` wheel too); commit it the same way (its replay.json is not needed).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grader", default="gpu", help="gpu (every GPU of this host) or replay:DATASET (the CPU test)")
     ap.add_argument("--launch-budget-s", type=float, default=360.0, help="start no attempt after this many seconds")
     ap.add_argument("--dataset-name", default="h200-experiment-demo", help="where the store will be committed under events/")
+    ap.add_argument("--executor", default="local", choices=("local", "ray"),
+                    help="local (one process, a grading queue per GPU) or ray (a local Ray: attempt tasks, one grader actor per GPU)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     out: Path = args.out
@@ -54,7 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     from mkb.experiment._scripted import ScriptedRunner, baseline_path
 
     plan = build_plan(load_config(args.config))
-    if args.grader == "gpu":
+    if args.executor == "ray":
+        from mkb.experiment._ray import RayExecutor
+
+        if args.grader == "gpu":
+            import torch
+
+            gpu = torch.cuda.get_device_name(0)
+        else:
+            gpu = f"none ({args.grader})"
+        grader = None
+        devices = []
+    elif args.grader == "gpu":
         import torch
 
         from mkb.experiment._graders import LocalGpuGrader
@@ -70,12 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     runner = ScriptedRunner()
     print(f"plan {plan.sha256[:12]}: {len(plan.coordinates)} attempts; grader {args.grader} on {gpu} {devices}; "
           f"sandbox {'none (--unsafe-no-sandbox, recorded)' if runner.unsafe else 'bubblewrap'}", flush=True)
-    ex = Executor(plan, store=store, grader=grader, runner=runner, workdir=scratch / "runs",
-                  log=lambda s: print(f"[{time.monotonic() - t0:6.1f}s] {s}", flush=True))
+    log = lambda s: print(f"[{time.monotonic() - t0:6.1f}s] {s}", flush=True)  # noqa: E731
+    if args.executor == "ray":
+        ex = RayExecutor(plan, store=store, grader_spec=args.grader, runner=runner, workdir=scratch / "runs", log=log,
+                         n_graders=None if args.grader == "gpu" else 1, gpus_per_grader=1.0 if args.grader == "gpu" else 0.0)
+        devices = [f"ray grader actor {i}" for i in range(len(ex.actors))]
+        print(f"ray: {len(ex.actors)} grader actor(s)", flush=True)
+    else:
+        ex = Executor(plan, store=store, grader=grader, runner=runner, workdir=scratch / "runs", log=log)
     try:
         rep = ex.run(stop_launching_after_s=args.launch_budget_s)
     finally:
-        grader.close()
+        (ex.close if args.executor == "ray" else grader.close)()
     for line in rep.lines():
         print(line, flush=True)
 

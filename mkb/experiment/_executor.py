@@ -434,9 +434,12 @@ class Executor:
                     if m.name in paused:
                         continue
                     free = m.concurrency - per_model[m.name]
-                    # a block starts whole, so its arms meet the provider at the same time (unless it outsizes the model)
-                    if free <= 0 or (len(g) > free and free < m.concurrency):
-                        continue
+                    # a block starts whole, so its arms meet the provider at the same time; a block larger than the
+                    # model's concurrency starts when every slot is free, as many arms as fit (the rest next, in order)
+                    if len(g) > free:
+                        if free < m.concurrency:
+                            continue
+                        g = g[:free]
                     for c in g:
                         self.launched.append(c.key)
                         running[c.key] = self._submit(pool, c)

@@ -34,6 +34,8 @@ class FakeRunner:
     baseline: bool = False  # write the problem's baseline kernel and grade it through `grader` (the replay tests)
     log: list[tuple[float, str, str]] = field(default_factory=list)  # (start time, attempt_id, label) of every call
     _tries: dict[str, int] = field(default_factory=dict)
+    active: int = 0
+    max_active: int = 0  # most attempts running at once (the concurrency tests)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __getstate__(self) -> dict:  # sent to Ray tasks: the lock stays behind, each process gets its own
@@ -51,6 +53,15 @@ class FakeRunner:
             n = self._tries.get(label, 0)
             self._tries[label] = n + 1
             self.log.append((time.time(), spec.attempt_id, label))
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            return self._run(spec, n, label, workspace=workspace, grader=grader, writer=writer)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+    def _run(self, spec: AttemptSpec, n: int, label: str, *, workspace: Path, grader: Any, writer: Any) -> AttemptResult:
         skill = spec.skill
         writer.emit("attempt_started", attempt_id=spec.attempt_id, experiment=spec.experiment, model=spec.model.name,
                     problem=spec.problem, problem_hash="fake", target_dsl=spec.target_dsl, source_dsl=spec.source_dsl,

@@ -147,6 +147,8 @@ def run_on_ray(plan: Plan, *, store: str | None, grader_spec: str, only=None, re
     from mkb.events import resolve_store
 
     url = resolve_store(store, for_writing=True).url
+    if not grader_spec.startswith("gpu") and "n_graders" not in kw:  # a replay grader needs no GPU: one actor
+        kw.update(n_graders=1, gpus_per_grader=0.0)
     ex = RayExecutor(plan, store=url, grader_spec=grader_spec, **kw)
     try:
         return ex.run(only=only, rerun=rerun, rerun_stale=rerun_stale)

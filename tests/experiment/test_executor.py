@@ -218,3 +218,17 @@ def test_progress_reports(tmp_path):
     assert seen[0].total == 16 and seen[0].done == 0
     assert max(p.done for p in seen) >= 8 and all(p.done + p.running + p.waiting + p.excluded == 16 for p in seen)
     assert seen[0].line().startswith("0/16 done") and "output tokens" in seen[-1].line()
+
+
+def test_concurrency_limit_holds_with_blocks_larger_than_it(tmp_path):
+    from dataclasses import replace
+
+    cfg = demo_config()
+    cfg = replace(cfg, models=(replace(cfg.models[0], concurrency=2),))
+    runner = FakeRunner(sleep_s=0.05)
+    plan, ex, rep, _, _ = _run(str(tmp_path / "s"), cfg, runner=runner, pair_regrade=False)
+    assert rep.complete and runner.max_active == 2
+    # each block's arms still start in the plan's seeded order
+    for block, cs in plan.blocks.items():
+        idx = [ex.launched.index(c.key) for c in cs]
+        assert idx == sorted(idx)
