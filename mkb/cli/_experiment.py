@@ -15,6 +15,26 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
+class _errors:
+    """Known failures (a bad store URL, a changed plan, a replay miss) as one named line and exit 2, never a traceback."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, tp, exc, tb):
+        if exc is None:
+            return False
+        from mkb.events import StoreError
+        from mkb.experiment import ConfigError
+        from mkb.experiment._executor import PlanMismatch
+        from mkb.experiment._replay import ReplayError
+        from mkb.experiment._upstream import UpstreamFormatError
+
+        if isinstance(exc, (StoreError, ConfigError, PlanMismatch, ReplayError, UpstreamFormatError, FileNotFoundError)):
+            _fail(str(exc))
+        return False
+
+
 def _load(config: Path):
     from mkb.experiment import ConfigError, build_plan, load_config
 
@@ -261,10 +281,18 @@ def import_upstream_cmd(
     typer.echo(rep.line())
 
 
+def _guarded(fn):
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        with _errors():
+            return fn(*a, **kw)
+
+    return wrapper
+
+
 def register(app: typer.Typer) -> None:
-    app.command("reproduce")(reproduce_cmd)
-    app.command("import-upstream")(import_upstream_cmd)
-    app.command("plan")(plan_cmd)
-    app.command("run")(run_cmd)
-    app.command("status")(status_cmd)
-    app.command("regrade")(regrade_cmd)
+    for name, fn in (("plan", plan_cmd), ("run", run_cmd), ("status", status_cmd), ("regrade", regrade_cmd),
+                     ("reproduce", reproduce_cmd), ("import-upstream", import_upstream_cmd)):
+        app.command(name)(_guarded(fn))
