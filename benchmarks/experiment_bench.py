@@ -11,6 +11,7 @@ Run: `python benchmarks/experiment_bench.py [--cycles 50] [--compare STORE CONFI
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -64,14 +65,18 @@ def compare(store: str, config: str) -> None:
     plan = build_plan(load_config(config))
     print(f"== dry-run estimate vs measured ({store})")
     started = read("attempt_started", store).filter(pl.col("experiment") == plan.config.name)
-    ids = started["attempt_id"]
+    ids = started["attempt_id"].to_list()
     fin = read("attempt_finished", store).filter(pl.col("attempt_id").is_in(ids))
     ver = read("verdict", store)
-    measured = {"attempts": started.height, "gradings": ver.height,
-                "output tokens": fin["output_tokens"].fill_null(0).sum(), "cost USD": fin["cost_usd"].fill_null(0).sum()}
+    walls = [w for d in ver["details"].drop_nulls() if (w := json.loads(d).get("wall_s")) is not None]  # real gradings only
+    gpu_s = sum(walls)
+    span = (fin["ts"].max() - started["ts"].min()).total_seconds() if fin.height else None
+    measured = {"attempts": started.height, "gradings": ver.height, "output tokens": fin["output_tokens"].fill_null(0).sum(),
+                "input tokens": fin["input_tokens"].fill_null(0).sum(), "cost USD": fin["cost_usd"].fill_null(0).sum(),
+                "GPU-hours": gpu_s / 3600 if walls else None, "wall-clock hours": span / 3600 if span else None}
     for e in estimate(plan):
         key = next((k for k in measured if e.name.startswith(k)), None)
-        got = f"{measured[key]:,.2f}" if key else "n/a (not in the events)"
+        got = f"{measured[key]:,.2f}" if key and measured[key] is not None else "n/a (not in the events)"
         print(f"  {e.name:28s} estimate {e.value:>14,.2f}   measured {got}")
 
 

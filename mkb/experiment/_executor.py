@@ -170,6 +170,8 @@ class Executor:
                  max_workers: int | None = None, progress: Callable[[Progress], None] | None = None) -> None:
         self.plan, self.cfg = plan, plan.config
         self.store = resolve_store(store, for_writing=True)
+        if self.store.is_local:  # a new experiment's store: the reader takes a missing local path for a typo
+            os.makedirs(self.store.root, exist_ok=True)
         self.grader, self.runner = grader, runner or default_runner
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-8:]}"
         self.ttl_s, self.poll_s, self.pair_regrade = ttl_s, poll_s, pair_regrade
