@@ -57,6 +57,35 @@ def cycles(tmp: Path, n: int) -> None:
           f"-> {'OK: nothing lost or duplicated' if c.ok else 'FAILED'}  ({time.perf_counter() - t:.0f} s)")
 
 
+def state_read(tmp: Path, n: int) -> None:
+    """What one look at the store costs as it grows: n attempts written as a live run writes them (a file per kind per flush)."""
+    from mkb.events import EventWriter
+    from mkb.experiment._state import read_state
+
+    print(f"== reading the experiment's state from a store of {n} attempts (4 small files each, as flushed live)")
+    store = str(tmp / "big")
+    w = EventWriter(store)
+    for i in range(n):
+        aid = f"a{i:06d}"
+        w.emit("claim", attempt_id=aid, coordinate=f"big|m|{i}", experiment="big", plan_sha256="x", model="m", problem=1,
+               problem_hash="h", target_dsl="cute", arm_kind="solo", replicate=0, action="claimed", token=1, holder="h", try_index=0)
+        w.emit("attempt_started", attempt_id=aid, experiment="big", model="m", problem=1, problem_hash="h", target_dsl="cute",
+               arm_kind="solo", replicate=0, gpu="g", budget_submissions=1, budget_turns=1, budget_output_tokens=1, budget_wall_s=1.0,
+               grader_version="g", dsl_version="d", doc_pack_version="p")
+        w.emit("skill", attempt_id=aid, text="t", sha256="s", source_attempt=aid)
+        w.emit("attempt_finished", attempt_id=aid, status="finished", cost_usd=0.0, output_tokens=1)
+        w.flush()
+    w.close()
+    ts = []
+    for _ in range(3):
+        t = time.perf_counter()
+        st = read_state(store, "big")
+        ts.append(time.perf_counter() - t)
+    assert sum(1 for c in st.coords.values() if c.scored) == n
+    print(f"  {len(w.files_written)} files: read_state median {statistics.median(ts):.2f} s (the executor reads it once per "
+          "loop turn and once per claim); `mkb-run compact` merges the files")
+
+
 def compare(store: str, config: str) -> None:
     import polars as pl
 
@@ -85,12 +114,15 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compare", nargs=2, metavar=("STORE", "CONFIG"))
+    ap.add_argument("--state-attempts", type=int, default=1000, help="attempts in the store-size section (0: skip)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="mkb-exp-bench-") as d:
         if a.compare:
             compare(*a.compare)
             return
         overhead(Path(d), a.repeats)
+        if a.state_attempts:
+            state_read(Path(d), a.state_attempts)
         if a.cycles:
             cycles(Path(d), a.cycles)
 

@@ -77,7 +77,7 @@ class StoreState:
     plans: dict[str, str]  # plan_sha256 -> experiment of each plan event of this experiment
     pair_graded: dict[str, set[str]]  # attempt_id -> grader versions of its scope=pair verdicts
     annotated_excluded: set[str]  # attempt_ids with an annotation label=excluded
-    turn_cost: dict[str, tuple[float, int]]  # attempt_id -> (cost_usd, output tokens) from turn events
+    turn_cost: dict[str, tuple[float, int]]  # unfinished attempt_id -> (cost_usd, output tokens) from its turn events
 
     def coord(self, key: str) -> CoordState:
         return self.coords.get(key) or CoordState(key)
@@ -143,8 +143,9 @@ def read_state(store: str | Store | None, experiment: str) -> StoreState:
         sk = scan("skill", store).filter(pl.col("attempt_id").is_in(ids)).select("attempt_id", "text", "sha256", "ts", "seq").collect()
         for r in sk.sort("ts", "seq").iter_rows(named=True):
             skills[r["attempt_id"]] = (r["text"], r["sha256"])
-        if "turn" in known:
-            tc = scan("turn", store).filter(pl.col("attempt_id").is_in(ids)).group_by("attempt_id").agg(
+        open_ids = [a for a, info in by_attempt.items() if info.status is None]  # spend of unfinished attempts only
+        if "turn" in known and open_ids:
+            tc = scan("turn", store).filter(pl.col("attempt_id").is_in(open_ids)).group_by("attempt_id").agg(
                 pl.col("cost_usd").sum(), pl.col("completion_tokens").sum()).collect()
             turn_cost = {r["attempt_id"]: (r["cost_usd"] or 0.0, r["completion_tokens"] or 0) for r in tc.iter_rows(named=True)}
         v = scan("verdict", store).filter((pl.col("scope") == "pair") & pl.col("attempt_id").is_in(ids)).select(
