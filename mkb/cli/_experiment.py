@@ -78,7 +78,7 @@ def plan_cmd(
         from mkb.experiment._executor import Executor, PlanMismatch
 
         try:
-            Executor(plan, store=store, versions={}).publish_plan()
+            Executor(plan, store=store).publish_plan()
         except PlanMismatch as exc:
             _fail(str(exc))
         typer.echo(f"plan {plan.sha256[:12]} recorded in {store or 'the default store'}")

@@ -232,3 +232,28 @@ def test_concurrency_limit_holds_with_blocks_larger_than_it(tmp_path):
     for block, cs in plan.blocks.items():
         idx = [ex.launched.index(c.key) for c in cs]
         assert idx == sorted(idx)
+
+
+def test_killed_attempt_is_abandoned_with_its_spend(tmp_path):
+    """An attempt claimed by an executor that died: kept as attempt_abandoned, its turns' cost counted against the cap."""
+    from dataclasses import replace
+
+    from mkb.events import EventWriter
+
+    store = str(tmp_path / "s")
+    cfg = demo_config(arms=("solo", "transfer"))
+    cfg = replace(cfg, models=(replace(cfg.models[0], usd_cap=100.0),))
+    plan = build_plan(cfg)
+    c = plan.coordinates[0]
+    dead = Executor(plan, store=store, runner=FakeRunner(), versions={"v": 1})
+    dead.publish_plan()
+    with EventWriter(store) as w:  # what a killed executor left: its claim and two turns, no attempt_finished
+        w.emit("claim", attempt_id="dead-1", **dead._claim_row(c, "claimed", token=1, try_index=0, versions='{"v": 1}'))
+        for t in (1, 2):
+            w.emit("turn", attempt_id="dead-1", turn=t, phase="main", model=c.model, prefix_sha256="p", request_messages="[]",
+                   n_tool_calls=0, max_tokens=100, latency_s=1.0, retries=0, backoff_s=0.0, cost_usd=1.25, completion_tokens=40)
+    _, _, rep, runner, _ = _run(store, cfg, pair_regrade=False)
+    ab = read("attempt_abandoned", store)
+    assert ab.height == 1 and ab["attempt_id"][0] == "dead-1" and ab["cost_usd"][0] == 2.5 and ab["output_tokens"][0] == 80
+    assert ab["reason"][0] == "lease_expired" and rep.abandoned == 1 and rep.complete
+    assert rep.cost_by_model[c.model] == pytest.approx(2.5 + 16 * 0.01)
