@@ -49,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="mkb-exp-gpu-"))
     store = str(scratch / "store")
 
+    missing = [m for m in ("polars", "litellm") if __import__("importlib.util").util.find_spec(m) is None]
+    if args.executor == "ray" and __import__("importlib.util").util.find_spec("ray") is None:
+        missing.append("ray")
+    if missing:
+        print(f"error: {', '.join(missing)} not installed on this host\nhint: ship their wheels (see this script's docstring)")
+        return 2
     import polars as pl
 
     from mkb.events import read
