@@ -127,7 +127,9 @@ def run_cmd(
     only = _subset(plan, subset) if subset else None
     if rerun and only is None:
         _fail("--rerun needs a --subset (a rerun of everything is a new experiment)")
-    g = _grader(grader, store)
+    if executor not in ("local", "ray"):
+        _fail(f"--executor must be local or ray, not {executor!r}")
+    g = _grader(grader, store) if executor == "local" else None  # on Ray each grader actor builds its own
     try:
         if executor == "ray":
             from mkb.experiment._ray import run_on_ray
