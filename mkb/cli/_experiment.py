@@ -130,6 +130,8 @@ def run_cmd(
     if executor not in ("local", "ray"):
         _fail(f"--executor must be local or ray, not {executor!r}")
     g = _grader(grader, store) if executor == "local" else None  # on Ray each grader actor builds its own
+    if executor == "ray" and grader.startswith("replay:"):
+        _grader(grader, None)  # a wrong replay dataset is refused here, not inside an actor
     try:
         if executor == "ray":
             from mkb.experiment._ray import run_on_ray
