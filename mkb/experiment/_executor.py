@@ -412,6 +412,7 @@ class Executor:
         not_before: dict[str, float] = {}
         busy_until: dict[str, float] = {}
         per_model: dict[str, int] = {m.name: 0 for m in self.cfg.models}
+        failures: dict[str, int] = {}
         pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="mkb-attempt")
         try:
             while True:
@@ -458,10 +459,20 @@ class Executor:
                     continue
                 done, _ = wait(list(running.values()), timeout=self.poll_s, return_when=FIRST_COMPLETED)
                 for fut in done:
-                    out: _Outcome = fut.result()
-                    c = out.coord
-                    del running[c.key]
+                    key = next(k for k, f in running.items() if f is fut)
+                    c = self.plan.by_key[key]
+                    del running[key]
                     per_model[c.model] -= 1
+                    try:
+                        out: _Outcome = fut.result()
+                    except Exception as exc:  # the executor's own step failed (a store hiccup, a lost Ray worker)
+                        failures[key] = failures.get(key, 0) + 1
+                        msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                        if failures[key] >= 3:
+                            raise RuntimeError(f"{c.label}: claiming or running it failed 3 times: {msg}") from exc
+                        self.log(f"{c.label}: {msg}; trying again in {self.poll_s * 5:.0f} s")
+                        busy_until[key] = time.time() + self.poll_s * 5
+                        continue
                     self.report.overhead_s += out.overhead_s
                     if out.what == "busy":
                         busy_until[c.key] = time.time() + self.poll_s

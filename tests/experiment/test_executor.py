@@ -257,3 +257,20 @@ def test_killed_attempt_is_abandoned_with_its_spend(tmp_path):
     assert ab.height == 1 and ab["attempt_id"][0] == "dead-1" and ab["cost_usd"][0] == 2.5 and ab["output_tokens"][0] == 80
     assert ab["reason"][0] == "lease_expired" and rep.abandoned == 1 and rep.complete
     assert rep.cost_by_model[c.model] == pytest.approx(2.5 + 16 * 0.01)
+
+
+def test_a_failing_claim_step_is_retried(tmp_path, monkeypatch):
+    plan = build_plan(demo_config(arms=("solo", "transfer")))
+    ex = Executor(plan, store=str(tmp_path / "s"), runner=FakeRunner(), versions={"v": 1}, poll_s=0.01, sleep=lambda s: None,
+                  pair_regrade=False, log=(logs := []).append)
+    real, calls = ex.run_coordinate, {"n": 0}
+
+    def flaky(c):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("store briefly unreachable")
+        return real(c)
+
+    monkeypatch.setattr(ex, "run_coordinate", flaky)
+    rep = ex.run()
+    assert rep.complete and any("store briefly unreachable; trying again" in m for m in logs)
