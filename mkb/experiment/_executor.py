@@ -352,6 +352,13 @@ class Executor:
             cs = st.coord(c.key)
             if cs.scored is not None or cs.excluded:
                 return _Outcome(c, "already", overhead_s=time.perf_counter() - t0)
+            why = self._source_problem(st, c)
+            if why:
+                self.writer.emit("claim", **self._claim_row(c, "excluded", reason=why))
+                self.writer.flush()
+                return _Outcome(c, "already", overhead_s=time.perf_counter() - t0)
+            if any(st.coord(s.key).scored is None for s in self.plan.sources(c)):  # a source was sent back for a rerun
+                return _Outcome(c, "busy", overhead_s=time.perf_counter() - t0)
             for a in cs.attempts:
                 if a.status is None and not a.abandoned:  # its executor died holding an older token of this lease
                     cost, toks = st.turn_cost.get(a.attempt_id, (0.0, 0))
