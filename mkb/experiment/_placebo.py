@@ -62,6 +62,11 @@ def notes_sha256() -> str:
     return h.hexdigest()
 
 
+def notes() -> dict[str, str]:
+    """The committed note set, {file name: text} (recorded on the plan event)."""
+    return {f.name: f.read_text() for f in sorted(PLACEBO_DIR.glob("*.md")) if f.name != "README.md"}
+
+
 def _text(units) -> str:
     return "".join((sep if k else "") + s for k, (_, _, sep, s) in enumerate(units))
 

@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any, Iterable
 
 from mkb.experiment._config import ConfigError, ExperimentConfig
-from mkb.experiment._placebo import TOKENIZER, notes_sha256
+from mkb.experiment._placebo import TOKENIZER, notes, notes_sha256
 from mkb.experiment._problems import ProblemRef, all_problems
 
 SKILL_ARMS = ("transfer", "placebo", "same", "wrong")
@@ -176,7 +176,7 @@ class Plan:
             "models": [m.name for m in cfg.models], "problems": [str(p) for p in sorted(self.problems)],
             "problem_hashes": [self.problems[p].hash for p in sorted(self.problems)],
             "derangement": json.dumps({str(p): q for p, q in sorted(self.derangement.items())}),
-            "tokenizer": TOKENIZER, "placebo_notes_sha256": notes_sha256(), "header": cfg.header,
+            "tokenizer": TOKENIZER, "placebo_notes_sha256": notes_sha256(), "placebo_notes": json.dumps(notes()), "header": cfg.header,
             "missing_skill": cfg.missing_skill, "n_coordinates": len(self.coordinates),
             "coordinates": [c.key for c in self.coordinates],
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -125,6 +126,7 @@ def test_plan_event_round_trips(tmp_path):
     assert df["plan_sha256"].to_list() == [plan.sha256]
     assert df["coordinates"].to_list()[0] == [c.key for c in plan.coordinates]
     assert df["derangement"].to_list()[0] == '{"28": 72, "72": 28}'
+    assert "01_short.md" in json.loads(df["placebo_notes"][0])
 
 
 def test_operational_settings_are_not_the_plan():
