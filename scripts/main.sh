@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The main job on the default store (events/local): everything mkb can run end to end today.
 #   1. the problem catalog;  2. characterise every problem (GPU: full size; else CPU: smoke size);
-#   3. with a GPU and the DSLs: grade every baseline kernel found in the problem folders;  4. analyse what was written.
-# Until the agent lands, the analysis of experiment arms is shown on a synthetic dataset (its own store).
+#   3. with a GPU and the DSLs: grade every baseline kernel found in the problem folders;
+#   4. a small complete experiment with the scripted model (configs/demo.toml: all five arms, problems 28 and 72,
+#      2 replicates), graded for real on a GPU, else by the replay grader; then `mkb-analyze lift` on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras=problems
+extras=problems,agent
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  gpu=1; extras=problems,dsl
+  gpu=1; extras=problems,dsl,agent
 else
   gpu=0
 fi
@@ -29,8 +30,17 @@ fi
 
 mkb-analyze problems --store "$store"
 
-synth="events/local-synthetic"
-echo "== analysis demo on a synthetic dataset with planted effects ($synth)"
-rm -rf "$synth"  # derived demo data only: rebuilt from its seed on every run
-mkb-analyze synth --store "$synth"
-mkb-analyze lift --store "$synth"
+echo "== a small complete experiment: the scripted model, all five arms, problems 28 and 72, 2 replicates (configs/demo.toml)"
+echo "   The scripted model submits the problem's baseline kernel in every arm and writes a fixed SKILL.md, so its lift is"
+echo "   zero by construction: this shows the pipeline (plan, claims, release order, skills handed on, grading, pair"
+echo "   re-grade, analysis), not a finding. Re-running resumes: finished coordinates are skipped."
+mkb-run plan configs/demo.toml --dry-run
+if [ $gpu = 1 ]; then
+  mkb-run run configs/demo.toml --store "$store" --grader gpu
+else
+  echo "(no GPU: verdicts are replayed from real H200 gradings of exactly these kernels, matched by problem hash and"
+  echo " kernel sha256 (events/replay-demo); every verdict says grader=replay and its attempts grader_version=replay:...)"
+  mkb-run run configs/demo.toml --store "$store" --grader replay:events/replay-demo
+fi
+mkb-run status --store "$store" --experiment demo-scripted
+mkb-analyze lift --store "$store"

@@ -7,16 +7,14 @@ import typer
 app = typer.Typer(
     name="mkb-run",
     help=(
-        "Run MetaKernelBench: list and characterise problems, grade kernels, run experiments, maintain the event store.\n\n"
-        "Planned: `plan` (print an experiment plan with --dry-run cost estimate), `run` (agents + grader, appends events), "
-        "`regrade` (paired re-grade of all arms of a coordinate)."
+        "Run MetaKernelBench: list and characterise problems, grade kernels, run experiments, maintain the event store."
     ),
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
 
 # Sub-command modules register themselves here (one module per command group, to keep this file thin).
-_COMMAND_MODULES = ("mkb.cli._store", "mkb.cli._problems", "mkb.cli._grade", "mkb.cli._agent")
+_COMMAND_MODULES = ("mkb.cli._store", "mkb.cli._problems", "mkb.cli._grade", "mkb.cli._agent", "mkb.cli._experiment")
 
 
 def _register() -> None:
