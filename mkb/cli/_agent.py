@@ -118,12 +118,10 @@ def _gpu_name() -> str:
 
 
 def _make_grader(kind: str, writer):
-<<<<<<< HEAD
     from mkb.grader import GradingQueue
 
     if kind != "local":
-        _fail(f"unknown --grader {kind!r}
-hint: local")
+        _fail(f"unknown --grader {kind!r}\nhint: local")
     return GradingQueue(writer=writer)
 
 
@@ -156,19 +154,6 @@ def replay_cmd(
             close()
     print(json.dumps({"attempt_id": res.attempt_id, "replay_of": attempt_id, "stop_reason": res.stop_reason, "submissions": res.submissions,
                       "final_kernel_sha256": res.final_kernel_sha256}, indent=1))
-=======
-    from mkb.agent._grading import LocalGrader, queue_class
-
-    if kind != "local":
-        _fail(f"unknown --grader {kind!r}\nhint: local")
-    q = queue_class()
-    if q is not None:
-        try:
-            return q(writer=writer)
-        except TypeError:
-            pass
-    return LocalGrader(writer=writer)
->>>>>>> experiment
 
 
 def submit_cmd() -> None:
@@ -205,10 +190,7 @@ def docpack_cmd(
 def register(app: typer.Typer) -> None:
     app.command("attempt")(attempt_cmd)
     app.command("submit")(submit_cmd)
-<<<<<<< HEAD
     app.command("replay")(replay_cmd)
-=======
->>>>>>> experiment
     app.command("docpack")(docpack_cmd)
 
 
