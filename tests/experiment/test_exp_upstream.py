@@ -72,3 +72,12 @@ def test_bad_results_named(tmp_path, body, msg):
     p.write_text(body)
     with pytest.raises(UpstreamFormatError, match=msg):
         import_results(p, str(tmp_path / "s"))
+
+
+def test_the_presets_problem_list_is_the_problems_own_upstream_records():
+    """The preset keeps its list torch-free; the problems' `META.upstream.source` is the authority it must equal."""
+    from mkb.experiment._upstream import UPSTREAM_SHIPPED
+    from mkb.problems import problems
+
+    shipped = tuple(p.meta.number for p in problems() if p.meta.upstream and p.meta.upstream.source == "shipped")
+    assert shipped == tuple(UPSTREAM_SHIPPED)
