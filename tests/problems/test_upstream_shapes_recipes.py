@@ -18,6 +18,9 @@ DOCUMENTED_FULL = {
     # upstream: batch 64 x 128 tokens; mkb batch 16 (same hidden 16384, intermediate 53248)
     34: [((16, 128, 16384), BF16)] * 2 + [((16, 128, 53248), BF16)] * 3
         + [((53248, 16384), BF16)] * 2 + [((16384, 53248), BF16)],
+    # upstream: 6144 tokens; mkb 2048 (hidden 4096, intermediate 1024, 256 experts, top 8 as upstream)
+    50: [((2048, 4096), F32)] * 2 + [((2048, 8), I64), ((2048, 8), F32)] + [((256, 1024, 4096), F32)] * 2
+        + [((256, 4096, 1024), F32)],
     # upstream: 16384 tokens; mkb 8192 (hidden, intermediate 2880, 128 experts, top 4 as upstream)
     51: [((8192, 2880), F32), ((8192, 4), I64), ((8192, 128), F32), ((128, 2880, 5760), F32), ((128, 5760), F32),
          ((128, 2880, 2880), F32), ((128, 2880), F32)],
