@@ -1,4 +1,7 @@
-"""Recipe problems whose full size differs from upstream's on purpose produce exactly the documented shapes.
+"""Recipe problems produce upstream's full-size shapes, or, where they differ on purpose, exactly the documented ones.
+
+Problems 10-13 that follow upstream's recipe shapes are pinned in UPSTREAM_FULL (27-74 are in
+test_upstream_shapes_27_74.py).
 
 Upstream MetaKernelBench's SOL-ExecBench recipes (d90ba28) state sizes that some problems cannot take (the
 eager baseline would leave the 50 us - 50 ms band on an H200); those problems keep upstream's model
@@ -14,6 +17,9 @@ import torch
 from mkb.problems import get_problem
 
 BF16, F32, I64 = torch.bfloat16, torch.float32, torch.int64
+UPSTREAM_FULL = {
+    12: [((64, 1721, 512), F32), ((64, 1721), torch.bool)] + [((512, 512), F32)] * 4 + [((64,), F32), ((256,), F32), 50.0],
+}
 DOCUMENTED_FULL = {
     # upstream: batch 64 x 128 tokens; mkb batch 16 (same hidden 16384, intermediate 53248)
     34: [((16, 128, 16384), BF16)] * 2 + [((16, 128, 53248), BF16)] * 3
@@ -29,6 +35,18 @@ DOCUMENTED_FULL = {
 
 def _describe(v):
     return (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v
+
+
+@pytest.mark.parametrize("number", sorted(UPSTREAM_FULL))
+def test_full_size_inputs_have_upstreams_shapes(number):
+    problem = get_problem(number)
+    got = [_describe(v) for v in problem.make_inputs(0, device="meta", size="full")]
+    want = UPSTREAM_FULL[number]
+    assert len(got) == len(want) == len(problem.meta.inputs)
+    for name, g, w in zip(problem.meta.inputs, got, want):
+        assert g == pytest.approx(w) if isinstance(w, float) else g == w, f"{number} {name}: {g} != upstream {w}"
+    u = problem.meta.upstream
+    assert u is not None and "shapes" in u.matches
 
 
 @pytest.mark.parametrize("number", sorted(DOCUMENTED_FULL))
