@@ -18,6 +18,8 @@ from mkb.problems import get_problem
 
 BF16, F32, I64 = torch.bfloat16, torch.float32, torch.int64
 UPSTREAM_FULL = {
+    11: [((7168, 1152), BF16), ((28,), I64), ((7168, 16, 72), BF16), ((7168, 16, 72), BF16), ((3456, 1152), BF16),
+         ((3456,), BF16), ((1152, 1152), BF16), ((1152,), BF16)],
     12: [((64, 1721, 512), F32), ((64, 1721), torch.bool)] + [((512, 512), F32)] * 4 + [((64,), F32), ((256,), F32), 50.0],
 }
 DOCUMENTED_FULL = {
