@@ -115,8 +115,9 @@ META = ProblemMeta(
     upstream=Upstream(
         source="recipe",
         path="problems/_sol_execbench/12_relative_position_local_attention_gemma3n_audio_fp32.json",
-        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "structure_per_draw", "exactness"),
+        matches=("outputs", "in_place", "shapes", "dtypes", "structure_per_draw", "exactness"),
         differs=(
+            ("computation", "the recipe's reference body is masked; mkb reads it as HF's Gemma3nAudioAttention from hidden states (q/k/v projections, softplus per-dim query scale over ln 2 and sqrt(64), relative position logits from the given timescales, soft cap before the mask, 13-frame causal window with padding keys masked) returning the context [B, T, 8, 64] before the conformer's post projection."),
             ("distributions", "the recipe's scale of per_dim_scale is masked (its line reads as 0.1 N(0, 1), which "
              "mkb uses); the rest as upstream: hidden N(0, 1), the four weights N(0, 1)/sqrt(512), valid lengths "
              "uniform in time - 12 .. time per row (a contiguous padding mask), exact sinusoidal timescales."),

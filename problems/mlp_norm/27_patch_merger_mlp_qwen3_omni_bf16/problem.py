@@ -60,8 +60,11 @@ META = ProblemMeta(
     upstream=Upstream(
         source="recipe",
         path="problems/_sol_execbench/27_patch_merger_mlp_qwen3_omni_bf16.json",
-        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
+        matches=("outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
                  "exactness"),
+        differs=(
+            ("computation", "the recipe's merge code is masked; mkb reads it as LayerNorm per patch, then the 2x2 block gather of each grid's raster-ordered patches (view(t, h/2, 2, w/2, 2, C) permuted to (t, h/2, w/2, 2, 2, C)), then fc1, exact-erf GELU and fc2."),
+        ),
     ),
     notes=(
         "Inputs as upstream's recipe: hidden N(0, 1) plus a per-patch 0.5 N(0, 1) offset, ln_weight 1 + 0.1 N(0, 1), "

@@ -51,8 +51,11 @@ META = ProblemMeta(
     upstream=Upstream(
         source="recipe",
         path="problems/_sol_execbench/42_shifted_embedding_dual_rmsnorm_ling_mtp_bf16.json",
-        matches=("computation", "outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
+        matches=("outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
                  "exactness"),
+        differs=(
+            ("computation", "the recipe's shift is masked; mkb reads it as a roll left by one with the last position set to token 0 (Megatron's MTP roll), then enorm(embedding) and hnorm(hidden) concatenated in that order and projected by eh_proj, without intermediate rounding."),
+        ),
     ),
     notes=(
         "Inputs as upstream's recipe: input_ids uniform over the vocabulary, hidden_states and word_embeddings N(0, 1), "

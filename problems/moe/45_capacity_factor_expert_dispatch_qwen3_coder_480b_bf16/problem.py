@@ -52,8 +52,9 @@ META = ProblemMeta(
         differs=(
             ("computation", "the recipe's capacity rule is masked (its constants list no capacity factor): mkb "
              "uses capacity C = ceil(1.25 * T * 8 / E) with assignments ranked by token index and dropped "
-             "assignments contributing 0, the Switch/Megatron default; the dispatch, batched SwiGLU experts and "
-             "weighted combine of the survivors are upstream's."),
+             "assignments contributing 0, the Switch/Megatron default; the rest of its masked body is read "
+             "from its description (dispatch, batched SwiGLU experts with [E, in, out] weights, combine of the "
+             "survivors weighted by routing_weights, fp32 throughout)."),
         ),
     ),
     notes=(

@@ -55,8 +55,9 @@ META = ProblemMeta(
         differs=(
             ("computation", "upstream's reference also takes grad_expert_mask [128, 8, 65536], the gradient of "
              "the block's one-hot expert mask; the mask is built from integer expert ids, so no gradient depends "
-             "on it, and mkb omits it (an input no output depends on fails mkb's audit). Every other input and "
-             "the computation are upstream's."),
+             "on it, and mkb omits it (an input no output depends on fails mkb's audit). The recipe's reference "
+             "body is masked: mkb reads it as the normalisation, top-k and softmax backward plus the direct logit "
+             "gradient, then the router projection's two gradients, both returned in bf16."),
             ("distributions", "the recipe's scales of gate_weight and of the incoming gradients are masked; mkb "
              "draws gate_weight N(0, 1)/sqrt(2048), grad_routing_weights N(0, 1) and grad_router_logits "
              "0.01 N(0, 1) (the scale of a load-balancing-loss gradient: at N(0, 1) it swamps the routing "

@@ -50,8 +50,9 @@ META = ProblemMeta(
     upstream=Upstream(
         source="recipe",
         path="problems/_sol_execbench/50_expert_parallel_execution_backward_mimo_fp32.json",
-        matches=("computation", "outputs", "in_place", "dtypes", "structure_per_draw", "exactness"),
+        matches=("outputs", "in_place", "dtypes", "structure_per_draw", "exactness"),
         differs=(
+            ("computation", "the recipe's reference body is masked; mkb reads its five outputs as (hidden states, routing weights, gate, up, down weights' gradients), from its description and its five zero-initialised accumulators, with g, u, a and o recomputed from the inputs."),
             ("shapes", "upstream: 6144 tokens; mkb 2048 (hidden 4096, intermediate 1024, 256 experts, top 8 as "
              "upstream): the fp32 backward is 9 GEMMs of 4096 x 1024 per (token, expert) pair, 3.7 TFLOP at 6144 "
              "tokens, ~74 ms at ~50 TFLOP/s SGEMM without TF32, over the 50 ms ceiling of the eager band; 2048 "
