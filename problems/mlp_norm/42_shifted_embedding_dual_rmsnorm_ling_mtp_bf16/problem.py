@@ -1,25 +1,26 @@
 """The input stage of the multi-token-prediction (MTP) layer of Ling-flash-2.0: shifted token
-embedding, two RMSNorms (enorm, hnorm) and their concatenation, bf16.
+embedding, two RMSNorms (enorm, hnorm), concatenation and the eh_proj projection, bf16.
 
 The MTP layer (DeepSeek-V3 style, as in Ling 2.0) predicts token i+2 from the main model's hidden
-state at position i and the embedding of token i+1. Its input is
+state at position i and the embedding of token i+1:
 
-    ids_next[b, i] = input_ids[b, i + 1]  for i < S - 1;   ids_next[b, S - 1] = next_token[b]
-    e = embed[ids_next]                                                   ([B, S, 4096], shared table)
-    out = concat( e * rsqrt(mean(e**2) + 1e-6) * enorm_weight,
-                  h * rsqrt(mean(h**2) + 1e-6) * hnorm_weight,  dim=-1)  ([B, S, 8192])
+    ids_next[b, i] = input_ids[b, i + 1]  for i < S - 1;   ids_next[b, S - 1] = 0
+                     (a roll left by one whose wrapped-around last position is zeroed, as Megatron's MTP does)
+    e   = word_embeddings[ids_next]                                          ([B, S, 4096])
+    c   = concat( e * rsqrt(mean(e**2) + eps) * enorm_weight,
+                  h * rsqrt(mean(h**2) + eps) * hnorm_weight,  dim=-1)      ([B, S, 8192])
+    out = c @ eh_proj_weight.T                                               ([B, S, 4096], no bias)
 
-(the concatenation order is [embedding, hidden], as eh_proj expects it). RMSNorms are over the
-hidden size 4096 with plain weights (Llama-style, not 1 + w).
+RMSNorms are over the hidden size 4096 with plain weights (Llama-style, not 1 + w).
 
-Inputs: input_ids [4, 4096] int64 (4 training sequences), next_token [4] int64 (the token after
-each sequence, i.e. its last label), hidden [4, 4096, 4096] bf16 (main-model hidden states),
-embed [157184, 4096] bf16 (the word-embedding table), enorm_weight [4096] bf16, hnorm_weight
-[4096] bf16. Output out [4, 4096, 8192] bf16.
+Inputs (upstream's SOL-ExecBench recipe): input_ids [32, 256] int64, hidden_states [32, 256, 4096]
+bf16 (main-model hidden states), word_embeddings [157184, 4096] bf16, enorm_weight [4096] bf16,
+hnorm_weight [4096] bf16, eh_proj_weight [4096, 8192] bf16, eps (Python constant 1e-6).
+Output out [32, 256, 4096] bf16.
 
-Numerics: the reference computes in fp32 (the promotion of bf16 and fp32) and rounds once to bf16
-(HF rounds the normalised value to bf16 before the weight multiply; the reference does not). The
-gather is exact; only the two normalisations round.
+Numerics: the reference computes in fp32 (the promotion of bf16 and fp32) with no intermediate rounding
+and rounds once to bf16. The eager baseline is the bf16 module as served (norms in fp32, rounded to
+bf16 before a bf16 GEMM with fp32 accumulation).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from mkb.problems._contract import Output, ProblemMeta, Upstream
 
 EPS = 1e-6
-SHAPES = {"full": (4, 4096, 4096, 157184), "smoke": (2, 32, 128, 1000)}  # batch, seq, hidden, vocab
+SHAPES = {"full": (32, 256, 4096, 157184), "smoke": (2, 32, 128, 1000)}  # batch, seq, hidden, vocab
 
 _B, _S, _H, _V = SHAPES["full"]
 _N = _B * _S
@@ -41,51 +42,64 @@ META = ProblemMeta(
     dtypes=("bf16",),
     source_model="inclusionAI/Ling-flash-2.0",
     source_config="hidden_size=4096, vocab_size=157184, rms_norm_eps=1e-6, num_nextn_predict_layers=1; "
-                  "MTP input: enorm(embed(shifted ids)), hnorm(hidden), concatenated [e, h] for eh_proj; 4 x 4096 tokens",
-    inputs=("input_ids", "next_token", "hidden", "embed", "enorm_weight", "hnorm_weight"),
+                  "MTP input: eh_proj(cat(enorm(embed(shifted ids)), hnorm(hidden))); SOL-ExecBench workload 32 x 256 tokens",
+    inputs=("input_ids", "hidden_states", "word_embeddings", "enorm_weight", "hnorm_weight", "eh_proj_weight", "eps"),
     outputs=(Output("out"),),
-    flops=2.0 * 4.0 * _N * _H,
-    bytes=8.0 * (_N + _B) + 2.0 * (_N * _H + _N * _H + 2 * _H + 2 * _N * _H),  # ids, hidden, gathered rows, out
-    peak="memory",
+    flops=2.0 * _N * 2 * _H * _H + 8.0 * _N * _H,
+    bytes=8.0 * _N + 2.0 * (3 * _N * _H + 2 * _H + 2 * _H * _H),  # ids, hidden, gathered rows, weights, out
+    peak="bf16_tc",
     upstream=Upstream(
-        source='recipe',
-        path='problems/_sol_execbench/42_shifted_embedding_dual_rmsnorm_ling_mtp_bf16.json',
-        matches=('in_place', 'dtypes', 'structure_per_draw', "exactness"),
+        source="recipe",
+        path="problems/_sol_execbench/42_shifted_embedding_dual_rmsnorm_ling_mtp_bf16.json",
+        matches=("outputs", "in_place", "shapes", "dtypes", "distributions", "structure_per_draw",
+                 "exactness"),
         differs=(
-            ('computation', 'upstream also projects the concatenation with eh_proj_weight [4096, 8192] (eps an input) and takes no next_token (it shifts input_ids itself); mkb stops at the concatenated, normalised pair and takes the token that enters at the shift as an input - not yet converted (issue #15 follow-up)'),
-            ('outputs', 'upstream returns the projected [B, S, 4096]; mkb the [B, S, 8192] concatenation - not yet converted (issue #15 follow-up)'),
-            ('shapes', 'upstream: batch 32 x 256 tokens (vocab 157184, hidden 4096); mkb: 4 x 4096 tokens - not yet converted (issue #15 follow-up)'),
-            ('distributions', "upstream: hidden and embeddings N(0, 1), norm weights 1 + 0.1 N; mkb's scales differ - not yet converted (issue #15 follow-up)"),
+            ("computation", "the recipe's shift is masked; mkb reads it as a roll left by one with the last position set to token 0 (Megatron's MTP roll), then enorm(embedding) and hnorm(hidden) concatenated in that order and projected by eh_proj, without intermediate rounding."),
         ),
     ),
-    notes="Training-style shift (the last position takes the next token of the sequence); vLLM's inference-time "
-          "zeroing of position-0 embeddings is not part of this problem. The embedding table is read only at the "
-          "gathered rows. Smoke: 2 x 32 tokens, hidden 128, vocab 1000.",
+    notes=(
+        "Inputs as upstream's recipe: input_ids uniform over the vocabulary, hidden_states and word_embeddings N(0, 1), "
+        "norm weights 1 + 0.1 N(0, 1), eh_proj_weight 0.02 N(0, 1), eps 1e-6 (Ling-flash-2.0's rms_norm_eps; the "
+        "recipe's value is masked). The recipe's code for the shift is masked; its description ('shift and embed "
+        "token IDs') and line structure read as a roll left by one with the last position set to token 0. "
+        "The embedding table is read only at the gathered rows. Smoke: 2 x 32 tokens, hidden 128, vocab 1000."
+    ),
 )
 
 
-def _rms(x, w):
-    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + EPS) * w
+def _shift(input_ids):
+    ids = torch.roll(input_ids, shifts=-1, dims=1)
+    ids[:, -1] = 0
+    return ids
 
 
-def reference(input_ids, next_token, hidden, embed, enorm_weight, hnorm_weight):
-    ct = torch.promote_types(hidden.dtype, torch.float32)
-    ids_next = torch.cat([input_ids[:, 1:], next_token[:, None]], dim=1)
-    e = embed[ids_next].to(ct)
-    out = torch.cat([_rms(e, enorm_weight.to(ct)), _rms(hidden.to(ct), hnorm_weight.to(ct))], dim=-1)
-    return out.to(hidden.dtype)
+def _rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * w
+
+
+def reference(input_ids, hidden_states, word_embeddings, enorm_weight, hnorm_weight, eh_proj_weight, eps):
+    ct = torch.promote_types(hidden_states.dtype, torch.float32)
+    e = word_embeddings[_shift(input_ids)].to(ct)
+    c = torch.cat([_rms(e, enorm_weight.to(ct), eps), _rms(hidden_states.to(ct), hnorm_weight.to(ct), eps)], dim=-1)
+    return (c @ eh_proj_weight.to(ct).T).to(hidden_states.dtype)
+
+
+def eager(input_ids, hidden_states, word_embeddings, enorm_weight, hnorm_weight, eh_proj_weight, eps):
+    F = torch.nn.functional
+    e = word_embeddings[_shift(input_ids)]
+    c = torch.cat([F.rms_norm(e.float(), (e.shape[-1],), enorm_weight.float(), eps),
+                   F.rms_norm(hidden_states.float(), (e.shape[-1],), hnorm_weight.float(), eps)], dim=-1)
+    return F.linear(c.to(hidden_states.dtype), eh_proj_weight)
 
 
 def make_inputs(seed: int, *, device="cpu", size: str = "full"):
     b, s, h, v = SHAPES[size]
     g = torch.Generator(device="cpu" if str(device) == "meta" else device).manual_seed(seed)
+    bf = torch.bfloat16
     input_ids = torch.randint(0, v, (b, s), generator=g, device=device)
-    next_token = torch.randint(0, v, (b,), generator=g, device=device)
-    hidden = torch.randn(b, s, h, generator=g, device=device) * torch.exp(0.5 * torch.randn(b, s, 1, generator=g, device=device))
-    hidden[..., :: max(1, h // 16)] *= 10.0
-    # embedding rows have very different norms (frequent vs rare tokens)
-    embed = 0.02 * torch.randn(v, h, generator=g, device=device) * torch.exp(0.5 * torch.randn(v, 1, generator=g, device=device))
-    enorm_weight = 1.0 + 0.3 * torch.randn(h, generator=g, device=device)
-    hnorm_weight = 1.0 + 0.3 * torch.randn(h, generator=g, device=device)
-    out = tuple(t.to(torch.bfloat16) for t in (hidden, embed, enorm_weight, hnorm_weight))
-    return (input_ids, next_token) + out
+    hidden = torch.randn(b, s, h, generator=g, device=device).to(bf)
+    embed = torch.randn(v, h, generator=g, device=device).to(bf)
+    enorm_weight = (torch.randn(h, generator=g, device=device) * 0.1 + 1.0).to(bf)
+    hnorm_weight = (torch.randn(h, generator=g, device=device) * 0.1 + 1.0).to(bf)
+    eh_proj = (torch.randn(h, 2 * h, generator=g, device=device) * 0.02).to(bf)
+    return input_ids, hidden, embed, enorm_weight, hnorm_weight, eh_proj, EPS
