@@ -255,3 +255,141 @@ def test_compaction_killed_half_way_changes_nothing_visible(store_url, multiproc
     compact_kind("annotation", store_url, target_rows=1000)  # a second run finishes the job
     assert read("annotation", store_url).sort("event_id").equals(before)
     assert len(_names(store_url, "annotation")) == 1
+
+
+# ---------------------------------------------------------------- Lease (exclusive create only)
+
+
+def test_lease_is_exclusive_until_released_and_tokens_increase(store_url):
+    from mkb.events import Lease, LeaseInfo
+
+    assert Lease.peek(store_url, "compact/annotation") is None
+    a = Lease.acquire(store_url, "compact/annotation", holder="host-a", ttl_s=30)
+    assert a is not None and a.holder == "host-a" and a.token >= 1
+    info = Lease.peek(store_url, "compact/annotation")
+    assert isinstance(info, LeaseInfo) and (info.holder, info.token, info.name) == ("host-a", a.token, "compact/annotation")
+    assert info.expires_at > __import__("time").time() + 20
+    assert Lease.acquire(store_url, "compact/annotation", holder="host-b") is None
+    assert Lease.acquire(store_url, "compact/annotation", holder="host-a") is None  # even the same holder string
+    assert Lease.acquire(store_url, "compact/verdict", holder="host-b") is not None  # names are independent
+    a.renew()
+    a.renew()
+    assert Lease.peek(store_url, "compact/annotation").token == a.token
+    a.release()
+    assert Lease.peek(store_url, "compact/annotation") is None
+    b = Lease.acquire(store_url, "compact/annotation", holder="host-b")
+    assert b is not None and b.token > a.token
+    with pytest.raises(ValueError, match="lease name"):
+        Lease.acquire(store_url, "../escape", holder="x")
+
+
+def test_lease_expires_and_a_stale_holder_is_fenced_off(store_url):
+    import time
+
+    from mkb.events import Lease, LeaseLost
+
+    a = Lease.acquire(store_url, "claim/c1", holder="a", ttl_s=0.3)
+    assert Lease.acquire(store_url, "claim/c1", holder="b", ttl_s=0.3) is None
+    time.sleep(0.4)
+    a.renew()  # expired but nobody took it: renewing still works
+    assert Lease.peek(store_url, "claim/c1").holder == "a"
+    time.sleep(0.4)
+    assert Lease.peek(store_url, "claim/c1") is None
+    b = Lease.acquire(store_url, "claim/c1", holder="b", ttl_s=30)
+    assert b is not None and b.token > a.token
+    with pytest.raises(LeaseLost, match=r"taken over by 'b'[\s\S]*hint:"):
+        a.renew()
+    assert Lease.peek(store_url, "claim/c1").holder == "b"  # the loser's give-up does not free b's lease
+    b.renew()
+    a.release()  # a no-op for a lost lease
+    assert Lease.peek(store_url, "claim/c1").token == b.token
+
+
+def test_lease_of_a_killed_holder_expires(store_url, multiprocess, tmp_path):
+    import time
+
+    from mkb.events import Lease
+
+    marker = tmp_path / "holding"
+    child = run_child(
+        """
+        import sys, time
+        from mkb.events import Lease
+        url, marker = sys.argv[1:]
+        lease = Lease.acquire(url, "compact/verdict", holder="doomed", ttl_s=1.0)
+        assert lease is not None
+        open(marker, "w").close()
+        while True:
+            time.sleep(0.2)
+            lease.renew()
+        """,
+        store_url, str(marker), wait=False,
+    )
+    wait_for(marker, child)
+    held = Lease.peek(store_url, "compact/verdict")
+    assert held is not None and held.holder == "doomed"
+    time.sleep(1.2)
+    assert Lease.acquire(store_url, "compact/verdict", holder="other") is None  # the live holder kept renewing
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    deadline = time.time() + 10
+    got = None
+    while got is None and time.time() < deadline:
+        got = Lease.acquire(store_url, "compact/verdict", holder="other", ttl_s=30)
+        time.sleep(0.1)
+    assert got is not None and got.token > held.token
+
+
+def test_racing_acquirers_get_one_holder(store_url):
+    import threading
+
+    from mkb.events import Lease
+
+    won, barrier = [], threading.Barrier(6)
+
+    def race(i):
+        barrier.wait()
+        lease = Lease.acquire(store_url, "claim/race", holder=f"h{i}", ttl_s=30)
+        if lease is not None:
+            won.append(lease)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1
+    assert Lease.peek(store_url, "claim/race").holder == won[0].holder
+
+
+def test_a_late_renewal_racing_a_takeover_leaves_at_most_one_holder(store_url, monkeypatch):
+    """The holder renews after its expiry just as another host takes over: whoever checks second backs off."""
+    import time
+
+    import mkb.events._lease as L
+    from mkb.events import Lease, LeaseLost
+
+    a = Lease.acquire(store_url, "claim/late", holder="a", ttl_s=0.2)
+    time.sleep(0.3)
+    real_list, calls = L._list, []
+
+    def list_with_renewal_in_between(store, folder):
+        state = real_list(store, folder)
+        calls.append(1)
+        if len(calls) == 1:  # b has decided a expired; a renews before b creates its token
+            a.renew()
+        return state
+
+    monkeypatch.setattr(L, "_list", list_with_renewal_in_between)
+    b = Lease.acquire(store_url, "claim/late", holder="b", ttl_s=30)
+    monkeypatch.setattr(L, "_list", real_list)
+    assert b is None  # b saw a's renewal after creating its token, and voided it
+    assert Lease.peek(store_url, "claim/late").holder == "a"
+    a.renew()  # a still holds
+    c = Lease.acquire(store_url, "claim/late", holder="c", ttl_s=30)
+    assert c is None
+    a.release()
+    c = Lease.acquire(store_url, "claim/late", holder="c", ttl_s=30)
+    assert c is not None and c.token > a.token
+    with pytest.raises(LeaseLost):
+        a.renew()
