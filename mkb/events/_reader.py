@@ -64,10 +64,17 @@ _cache_lock = threading.Lock()
 def list_files(store: Store, kind: str) -> list[tuple[str, int]]:
     """(path, size) of every `*.parquet` file directly in kind=<kind>/, sorted by name (uuid7: by write time)."""
     d = store.kind_dir(kind)
-    try:
-        entries = store.fs.ls(d, detail=True, refresh=True) if not store.is_local else store.fs.ls(d, detail=True)
-    except FileNotFoundError:
-        return []
+    entries = []
+    for attempt in range(1 if store.is_local else 3):  # an object store's "no such prefix" is asked again: a missed listing would drop every row
+        try:
+            entries = store.fs.ls(d, detail=True, refresh=True) if not store.is_local else store.fs.ls(d, detail=True)
+            break
+        except FileNotFoundError:
+            store.fs.invalidate_cache()
+            if attempt < 2 and not store.is_local:
+                import time
+
+                time.sleep(0.05 * (attempt + 1))
     out = []
     for e in entries:
         name = str(e["name"])

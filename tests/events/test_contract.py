@@ -115,7 +115,7 @@ def test_sigkill_mid_flush_leaves_no_partial_file_and_loses_nothing_flushed(stor
     df = read("annotation", store_url, report=report)
     assert sorted(df["reason"].cast(int).to_list()) == list(range(100))
     assert report.skipped == {}
-    assert len(_names(store_url, "annotation")) == 1
+    assert len(_names(store_url, "annotation")) == 1, res
 
 
 def test_eight_writer_processes_lose_and_duplicate_nothing(store_url, multiprocess):
@@ -216,9 +216,9 @@ def test_compaction_preserves_rows(store_url):
     before = read("annotation", store_url).sort("event_id")
     from mkb.events._compact import compact
 
-    [res] = compact(store_url, target_rows=1000)
+    [res] = compact(store_url, target_rows=1000, grace_s=0)
     assert (res.files_before, res.files_after, res.rows) == (6, 1, 42)
-    assert len(_names(store_url, "annotation")) == 1
+    assert len(_names(store_url, "annotation")) == 1, res
     after = read("annotation", store_url).sort("event_id")
     assert after.equals(before)
 
@@ -241,7 +241,7 @@ def test_compaction_killed_half_way_changes_nothing_visible(store_url, multiproc
             if name == step and seen[name] == int(nth or 1):
                 open(marker, "w").close()
                 time.sleep(120)
-        compact_kind("annotation", url, target_rows=1000, on_step=on_step)
+        compact_kind("annotation", url, target_rows=1000, grace_s=0, lease_ttl_s=1.0, on_step=on_step)
         """,
         store_url, kill_at, str(marker), wait=False,
     )
@@ -252,9 +252,15 @@ def test_compaction_killed_half_way_changes_nothing_visible(store_url, multiproc
     assert mid.equals(before)
     from mkb.events._compact import compact_kind
 
-    compact_kind("annotation", store_url, target_rows=1000)  # a second run finishes the job
+    import time
+
+    deadline = time.time() + 20
+    while (res := compact_kind("annotation", store_url, target_rows=1000, grace_s=0)).held_by is not None:  # the dead one's lease expires,
+        assert time.time() < deadline
+        time.sleep(0.2)
+    # then a second run finishes the job
     assert read("annotation", store_url).sort("event_id").equals(before)
-    assert len(_names(store_url, "annotation")) == 1
+    assert len(_names(store_url, "annotation")) == 1, res
 
 
 # ---------------------------------------------------------------- Lease (exclusive create only)
