@@ -387,7 +387,9 @@ def problems_cmd(store: Optional[str] = STORE) -> None:
 
 
 def main() -> None:
-    app()
+    from mkb.cli._exit import run_cli
+
+    run_cli(app)
 
 
 if __name__ == "__main__":

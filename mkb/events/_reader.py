@@ -365,15 +365,6 @@ class _Vanished(Exception):
         self.path = path
 
 
-def _store_exists(store: Store) -> None:
-    """A local store path that does not exist is an error, not an empty store: a typo must not read as "no data"."""
-    if store.is_local and not os.path.isdir(store.root):
-        raise StoreError(
-            f"store {store.root} does not exist\n"
-            "hint: check the path (--store / $MKB_STORE); a store is created by the first write"
-        )
-
-
 def scan(kind: str, store: str | Store | None = None, *, report: ScanReport | None = None, dedupe: bool = True):
     """A lazy frame of every `kind` event in the store, on the canonical schema.
 
@@ -395,7 +386,7 @@ def scan(kind: str, store: str | Store | None = None, *, report: ScanReport | No
     from polars.io.plugins import register_io_source
 
     store = resolve_store(store)
-    _store_exists(store)
+    store.require_exists()
     schema = schema_for(kind)
     report = report if report is not None else ScanReport()
     live = _check(store, kind, report)
