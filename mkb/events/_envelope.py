@@ -24,7 +24,7 @@ AUTO = frozenset(FIELDS) - {"attempt_id"}  # filled by the builder; callers pass
 DEFAULT_BLOCK = 1024
 
 
-def _uuid7() -> str:
+def _load_uuid7():
     try:
         from mkb.events._ids import uuid7
     except ImportError:  # no pyarrow: load the id module without the mkb.events package
@@ -35,7 +35,10 @@ def _uuid7() -> str:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         uuid7 = mod.uuid7
-    return uuid7()
+    return uuid7
+
+
+_uuid7 = _load_uuid7()
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,6 @@ class Envelope:
         self._next: dict[str | None, int] = {}
         self._blocks: dict[str, list[int]] = {}  # attempt -> [next, stop] of an adopted block
         self._lock = threading.Lock()
-        self.uuid7 = _uuid7
 
     def check_payload(self, payload: dict[str, Any]) -> None:
         if not AUTO.isdisjoint(payload):

@@ -24,8 +24,12 @@ from mkb.events._validate import check_row
 
 
 def rows_to_table(schema: KindSchema, rows: list[dict[str, Any]]) -> pa.Table:
-    """Checked rows as a table of the canonical schema (column by column: ~10x faster than row by row)."""
+    """Checked rows as a table of the canonical schema: pyarrow's from_pylist (C++), column by column only to name a bad column."""
     arrow = schema.arrow()
+    try:
+        return pa.Table.from_pylist(rows, schema=arrow)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        pass  # find and name the column below
     cols = []
     for field in arrow:
         name = field.name
