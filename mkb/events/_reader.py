@@ -129,17 +129,31 @@ def _id_range(meta: pq.FileMetaData) -> tuple[str, str] | None:
     return (lo, hi)
 
 
+def _required_names() -> frozenset[str]:
+    """Columns that are required (non-null) in some kind: only their null counts are worth reading from a footer."""
+    global _REQUIRED
+    if _REQUIRED is None:
+        from mkb.events._schema import schemas
+
+        _REQUIRED = frozenset(c.name for sch in schemas().values() for c in sch.columns if not c.nullable)
+    return _REQUIRED
+
+
+_REQUIRED: frozenset[str] | None = None
+
+
 def _null_counts(meta: pq.FileMetaData) -> tuple[tuple[str, int | None], ...]:
-    """Nulls per flat column from the footer statistics, so required columns are checked without reading data."""
+    """Nulls per required flat column from the footer statistics, so required columns are checked without reading data."""
     if meta.num_row_groups == 0:
         return ()
+    required = _required_names()
     totals: dict[str, int | None] = {}
     for i in range(meta.num_row_groups):
         rg = meta.row_group(i)
         for j in range(rg.num_columns):
             col = rg.column(j)
             name = col.path_in_schema
-            if "." in name:  # a list's leaf: nullability of lists is not checked from statistics
+            if name not in required:  # also skips list leaves ("x.list.element"): list nullability is not checked from statistics
                 continue
             st = col.statistics
             n = st.null_count if st is not None and st.has_null_count else None
@@ -472,6 +486,15 @@ def _read_chunk(store: Store, schema: KindSchema, infos: list[FileInfo], cols: l
         except Exception as exc:
             if not _exists(store, info.path):
                 raise _Vanished(info.path) from None
+            try:  # a second, independent decoder: only a file both refuse is blamed (not, say, a transient EMFILE)
+                with store.fs.open(info.path, "rb") as fh:
+                    pq.read_table(fh)
+            except FileNotFoundError:
+                raise _Vanished(info.path) from None
+            except Exception:
+                pass
+            else:
+                raise exc
             why = f"corrupt data pages ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})\nhint: `mkb-run verify --store URL` lists every such file"
             _bad_data[(_protocols(store.fs), info.path, info.size)] = why
             report.skipped[info.path] = why

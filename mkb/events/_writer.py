@@ -84,6 +84,11 @@ class EventWriter:
     Rows are checked when emitted, so a bad row raises at its call site and nothing of it is
     buffered; `emit_many` checks the whole batch before buffering any of it. A flush writes every
     buffered kind or raises with the unwritten buffers intact.
+
+    A flush happens every `flush_every` events, and with `flush_after_s` also when the oldest
+    buffered event is that old (so an experiment's events are durable within seconds without a file
+    per event); with `compact_every_s` the kinds this writer wrote are compacted in the background
+    (under the per-kind lease, so many writers may ask for it), keeping a long run's file count bounded.
     """
 
     def __init__(self, store: str | Store | None = None, *, run_id: str | None = None, flush_every: int = 10_000,
