@@ -1,8 +1,11 @@
 """Reads a store's events of one kind as a lazy polars frame on the canonical schema.
 
-Every file's footer is checked first (kind, schema version, column types): a torn, foreign or
-mistyped file is named in a warning and in the ScanReport and skipped; a newer major version is
-refused. Footers are fetched in one batched request per scan on object stores (fsspec
+Every file's footer is checked first (kind, schema version, column types, and the required columns
+present and null-free by the statistics): a torn, foreign, mistyped or incomplete file is named in a
+warning and in the ScanReport and skipped; a newer major version is refused, an older one upcast.
+The frame is a polars IO source: when collected it reads the listed files in chunks of native
+scans, lists again and starts over if a compaction deleted one meanwhile, and skips and names a
+file whose data pages do not decode. Footers are fetched in one batched request per scan on object stores (fsspec
 `cat_ranges`), read in a thread pool on local disk, and cached by (path, size): event files are
 immutable, so a second scan of the same store reads only new files' footers.
 """
@@ -65,13 +68,27 @@ def list_files(store: Store, kind: str) -> list[tuple[str, int]]:
     """(path, size) of every `*.parquet` file directly in kind=<kind>/, sorted by name (uuid7: by write time)."""
     d = store.kind_dir(kind)
     entries = []
-    for attempt in range(1 if store.is_local else 3):  # an object store's "no such prefix" is asked again: a missed listing would drop every row
+    if store.is_local:  # os.scandir: fsspec's ls costs an extra stat and path normalisation a file
+        found = []
         try:
-            entries = store.fs.ls(d, detail=True, refresh=True) if not store.is_local else store.fs.ls(d, detail=True)
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.name.endswith(".parquet"):
+                        try:
+                            if e.is_file():
+                                found.append((f"{d}/{e.name}", e.stat().st_size))
+                        except FileNotFoundError:
+                            pass  # deleted by a compaction since it was listed: its rows are in the merged file
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(found)
+    for attempt in range(3):  # an object store's "no such prefix" is asked again: a missed listing would drop every row
+        try:
+            entries = store.fs.ls(d, detail=True, refresh=True)
             break
         except FileNotFoundError:
             store.fs.invalidate_cache()
-            if attempt < 2 and not store.is_local:
+            if attempt < 2:
                 import time
 
                 time.sleep(0.05 * (attempt + 1))
@@ -328,6 +345,22 @@ def classify(schema: KindSchema, info: FileInfo | str) -> str | None:
     return None
 
 
+_verdicts: dict[tuple, str | None] = {}
+
+
+def _classify_cached(schema: KindSchema, info: FileInfo | str, key: tuple) -> str | None:
+    """classify, remembered per (schema, file): files are immutable, and re-checking 10,000 footers' columns cost ~2 s a scan."""
+    if isinstance(info, str):
+        return info
+    k = (schema.kind, schema.version, id(schema), *key)
+    if k in _verdicts:
+        return _verdicts[k]
+    why = classify(schema, info)  # raises NewerSchemaError, never cached
+    if info.version.split(".")[0] == str(schema.major):  # an older major's verdict depends on the upcasters registered now
+        _verdicts[k] = why
+    return why
+
+
 def needs_upcast(schema: KindSchema, info: FileInfo) -> bool:
     return parse_version(info.version)[0] < schema.major
 
@@ -338,7 +371,7 @@ def _check(store: Store, kind: str, report: ScanReport, *, warn: bool = True, st
     good: list[FileInfo] = []
     proto = _protocols(store.fs)
     for (path, size), info in zip(files, inspect_files(store, files)):
-        why = _bad_data.get((proto, path, size)) or classify(schema, info)
+        why = _bad_data.get((proto, path, size)) or _classify_cached(schema, info, (proto, path, size))
         if why is None:
             good.append(info)
         else:
