@@ -22,8 +22,7 @@ SEED = typer.Option(20261129, "--seed", help="Bootstrap seed (recorded in the ou
 RESAMPLES = typer.Option(10_000, "--resamples", help="Bootstrap resamples.")
 
 
-# exit codes (until the CLIs share one table, mkb/cli/_exit.py): 0 ok, 1 error, 2 bad input, 3 no data
-EXIT_ERROR, EXIT_BAD_INPUT, EXIT_NO_DATA = 1, 2, 3
+from mkb.cli._exit import BAD_INPUT as EXIT_BAD_INPUT, ERROR as EXIT_ERROR, NO_DATA as EXIT_NO_DATA  # the one table (DESIGN)
 
 
 def _fail(msg: str, code: int = EXIT_BAD_INPUT) -> None:
@@ -626,7 +625,9 @@ def transcript_cmd(attempt_id: str = typer.Argument(..., help="The attempt to sh
 
 
 def main() -> None:
-    app()
+    from mkb.cli._exit import run_cli
+
+    run_cli(app)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ _register()
 
 
 def main() -> None:
-    app()
+    from mkb.cli._exit import run_cli
+
+    run_cli(app)
 
 
 if __name__ == "__main__":

@@ -45,3 +45,14 @@ def uuid7() -> str:
         value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | _counter << 64 | 0b10 << 62 | rand_b
     h = f"{value:032x}"  # str(uuid.UUID(int=...)) costs 3x more
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def uuid7_time(value: str) -> float | None:
+    """Creation time (epoch seconds) of a uuid7 string, or None when it is not one; file names are uuid7s, so a file's age is in its name."""
+    h = value.replace("-", "")[:32]
+    if len(h) != 32 or h[12] != "7":
+        return None
+    try:
+        return int(h[:12], 16) / 1000
+    except ValueError:
+        return None

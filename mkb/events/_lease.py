@@ -75,9 +75,9 @@ class _Token:
         if exp_ms < 0:
             try:
                 exp_ms = round(json.loads(store.fs.cat_file(path))["expires_at"] * 1000)
-            except FileNotFoundError:
+            except (FileNotFoundError, KeyError):  # removed by a newer acquirer since the listing (memory:// raises KeyError)
                 return None
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, TypeError):
                 exp_ms = 0  # an unreadable claim holds nothing
         return exp_ms, path
 
@@ -260,7 +260,7 @@ class Lease:
             token, _, exp_ms, path = live
             try:
                 holder = json.loads(store.fs.cat_file(path))["holder"]
-            except FileNotFoundError:
+            except (FileNotFoundError, KeyError):
                 continue  # the holder renewed and removed this renewal between our list and read
             return LeaseInfo(name=name, holder=holder, token=token, expires_at=exp_ms / 1000)
         return None

@@ -1,8 +1,11 @@
 """Reads a store's events of one kind as a lazy polars frame on the canonical schema.
 
-Every file's footer is checked first (kind, schema version, column types): a torn, foreign or
-mistyped file is named in a warning and in the ScanReport and skipped; a newer major version is
-refused. Footers are fetched in one batched request per scan on object stores (fsspec
+Every file's footer is checked first (kind, schema version, column types, and the required columns
+present and null-free by the statistics): a torn, foreign, mistyped or incomplete file is named in a
+warning and in the ScanReport and skipped; a newer major version is refused, an older one upcast.
+The frame is a polars IO source: when collected it reads the listed files in chunks of native
+scans, lists again and starts over if a compaction deleted one meanwhile, and skips and names a
+file whose data pages do not decode. Footers are fetched in one batched request per scan on object stores (fsspec
 `cat_ranges`), read in a thread pool on local disk, and cached by (path, size): event files are
 immutable, so a second scan of the same store reads only new files' footers.
 """
@@ -21,7 +24,8 @@ import pyarrow.parquet as pq
 from pyarrow._parquet import ParquetReader  # pq.read_metadata adds ~100 us a file of Python bookkeeping
 
 from mkb.events._schema import META_COMPACTED_FROM, META_KIND, META_VERSION, KindSchema, NewerSchemaError, SchemaError, parse_version, schema_for
-from mkb.events._store import Store, _protocols, resolve_store
+from mkb.events._store import Store, StoreError, _protocols, resolve_store
+from mkb.events._upcast import chain, upcast
 
 _TAIL = 64 * 1024  # bytes fetched from a file's end: covers the footer of any event file written so far
 
@@ -38,6 +42,7 @@ class FileInfo:
     types: tuple[tuple[str, pa.DataType], ...]  # (column, arrow type) in file order
     compacted_from: tuple[str, ...] = ()
     id_range: tuple[str, str] | None = None  # min and max event_id from the column statistics, when written
+    null_counts: tuple[tuple[str, int | None], ...] = ()  # (flat column, nulls over all row groups; None without statistics)
 
     @property
     def name(self) -> str:
@@ -62,10 +67,31 @@ _cache_lock = threading.Lock()
 def list_files(store: Store, kind: str) -> list[tuple[str, int]]:
     """(path, size) of every `*.parquet` file directly in kind=<kind>/, sorted by name (uuid7: by write time)."""
     d = store.kind_dir(kind)
-    try:
-        entries = store.fs.ls(d, detail=True, refresh=True) if not store.is_local else store.fs.ls(d, detail=True)
-    except FileNotFoundError:
-        return []
+    entries = []
+    if store.is_local:  # os.scandir: fsspec's ls costs an extra stat and path normalisation a file
+        found = []
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.name.endswith(".parquet"):
+                        try:
+                            if e.is_file():
+                                found.append((f"{d}/{e.name}", e.stat().st_size))
+                        except FileNotFoundError:
+                            pass  # deleted by a compaction since it was listed: its rows are in the merged file
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(found)
+    for attempt in range(3):  # an object store's "no such prefix" is asked again: a missed listing would drop every row
+        try:
+            entries = store.fs.ls(d, detail=True, refresh=True)
+            break
+        except FileNotFoundError:
+            store.fs.invalidate_cache()
+            if attempt < 2:
+                import time
+
+                time.sleep(0.05 * (attempt + 1))
     out = []
     for e in entries:
         name = str(e["name"])
@@ -93,7 +119,7 @@ def _parse_footer(path: str, size: int, tail: bytes) -> FileInfo | str:
     except ValueError:
         compacted = ()
     return FileInfo(
-        id_range=_id_range(meta),
+        id_range=_id_range(meta), null_counts=_null_counts(meta),
         path=path, size=size, kind=kv.get(META_KIND, b"").decode(errors="replace"),
         version=kv.get(META_VERSION, b"").decode(errors="replace"), rows=meta.num_rows,
         types=types, compacted_from=compacted,
@@ -118,6 +144,39 @@ def _id_range(meta: pq.FileMetaData) -> tuple[str, str] | None:
     if isinstance(lo, bytes):
         lo, hi = lo.decode(errors="replace"), hi.decode(errors="replace")
     return (lo, hi)
+
+
+def _required_names() -> frozenset[str]:
+    """Columns that are required (non-null) in some kind: only their null counts are worth reading from a footer."""
+    global _REQUIRED
+    if _REQUIRED is None:
+        from mkb.events._schema import schemas
+
+        _REQUIRED = frozenset(c.name for sch in schemas().values() for c in sch.columns if not c.nullable)
+    return _REQUIRED
+
+
+_REQUIRED: frozenset[str] | None = None
+
+
+def _null_counts(meta: pq.FileMetaData) -> tuple[tuple[str, int | None], ...]:
+    """Nulls per required flat column from the footer statistics, so required columns are checked without reading data."""
+    if meta.num_row_groups == 0:
+        return ()
+    required = _required_names()
+    totals: dict[str, int | None] = {}
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        for j in range(rg.num_columns):
+            col = rg.column(j)
+            name = col.path_in_schema
+            if name not in required:  # also skips list leaves ("x.list.element"): list nullability is not checked from statistics
+                continue
+            st = col.statistics
+            n = st.null_count if st is not None and st.has_null_count else None
+            prev = totals.get(name, 0)
+            totals[name] = None if n is None or prev is None else prev + n
+    return tuple(totals.items())
 
 
 def overlap_groups(files: list[FileInfo]) -> list[list[FileInfo]]:
@@ -243,13 +302,17 @@ def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
 
 
 def classify(schema: KindSchema, info: FileInfo | str) -> str | None:
-    """None when `info` is a readable event file of the schema's kind; else why it is skipped. Raises on a newer major."""
+    """None when `info` is a readable event file of the schema's kind; else why it is skipped. Raises on a newer major.
+
+    Readable: this major (or an older one with registered upcasters), canonical column types, and
+    every required column present and free of nulls by the footer statistics.
+    """
     if isinstance(info, str):
         return info
     if info.kind != schema.kind:
         return f"foreign file (footer mkb.kind={info.kind!r}, expected {schema.kind!r})"
     try:
-        major, _ = parse_version(info.version)
+        major, minor = parse_version(info.version)
     except SchemaError:
         return f"foreign file (footer mkb.schema_version={info.version!r} is not major.minor)"
     if major > schema.major:
@@ -258,20 +321,57 @@ def classify(schema: KindSchema, info: FileInfo | str) -> str | None:
             "hint: upgrade mkb (pip install -U mkb) to read this dataset; major versions change columns incompatibly"
         )
     if major < schema.major:
-        return f"older major schema {info.version} (this mkb reads {schema.major}.x)\nhint: read it with the mkb release that wrote it"
+        if chain(schema.kind, major, schema.major) is None:
+            return f"older major schema {info.version} and no upcaster to {schema.major}.x registered (this mkb reads {schema.major}.x)\nhint: read it with the mkb release that wrote it"
+        return None  # columns are checked after upcasting, when it is read
     canon = {f.name: f.type for f in schema.arrow()}
+    present = dict(info.types)
     for name, typ in info.types:
         if name in canon and not _same_type(canon[name], typ):
             return f"column {name!r} is {typ}, the {schema.kind} schema says {canon[name]}"
+    nulls = dict(info.null_counts)
+    for c in schema.columns:
+        if c.nullable:
+            continue
+        if c.name not in present:
+            if c.name in schema.envelope or minor >= schema.minor:
+                return f"required column {c.name!r} is missing (the {schema.kind} schema forbids null)"
+            continue
+        n = nulls.get(c.name, 0)
+        if n is None:
+            return f"required column {c.name!r} has no null statistics, so its rows cannot be checked\nhint: rewrite the file with Parquet statistics (pyarrow and polars write them by default)"
+        if n:
+            return f"required column {c.name!r} holds {n} null(s) (the {schema.kind} schema forbids null)"
     return None
+
+
+_verdicts: dict[tuple, str | None] = {}
+
+
+def _classify_cached(schema: KindSchema, info: FileInfo | str, key: tuple) -> str | None:
+    """classify, remembered per (schema, file): files are immutable, and re-checking 10,000 footers' columns cost ~2 s a scan."""
+    if isinstance(info, str):
+        return info
+    k = (schema.kind, schema.version, id(schema), *key)
+    if k in _verdicts:
+        return _verdicts[k]
+    why = classify(schema, info)  # raises NewerSchemaError, never cached
+    if info.version.split(".")[0] == str(schema.major):  # an older major's verdict depends on the upcasters registered now
+        _verdicts[k] = why
+    return why
+
+
+def needs_upcast(schema: KindSchema, info: FileInfo) -> bool:
+    return parse_version(info.version)[0] < schema.major
 
 
 def _check(store: Store, kind: str, report: ScanReport, *, warn: bool = True, stacklevel: int = 3) -> list[FileInfo]:
     schema = schema_for(kind)
     files = list_files(store, kind)
     good: list[FileInfo] = []
-    for (path, _), info in zip(files, inspect_files(store, files)):
-        why = classify(schema, info)
+    proto = _protocols(store.fs)
+    for (path, size), info in zip(files, inspect_files(store, files)):
+        why = _bad_data.get((proto, path, size)) or _classify_cached(schema, info, (proto, path, size))
         if why is None:
             good.append(info)
         else:
@@ -287,7 +387,8 @@ def _check(store: Store, kind: str, report: ScanReport, *, warn: bool = True, st
         else:
             live.append(info)
     for info in live:
-        if parse_version(info.version)[1] > schema.minor:
+        major, minor = parse_version(info.version)
+        if major == schema.major and minor > schema.minor:
             extra = [n for n, _ in info.types if n not in set(schema.names)]
             report.newer_minor[info.path] = info.version
             if warn and extra:
@@ -300,35 +401,176 @@ def _check(store: Store, kind: str, report: ScanReport, *, warn: bool = True, st
     return live
 
 
+_bad_data: dict[tuple, str] = {}  # files whose footer is intact but whose data pages are not (found when read)
+_CHUNK = 2048  # files per native scan: an error is searched for within one chunk, not the whole store
+_RETRIES = 5
+
+
+class _Vanished(Exception):
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
 def scan(kind: str, store: str | Store | None = None, *, report: ScanReport | None = None, dedupe: bool = True):
     """A lazy frame of every `kind` event in the store, on the canonical schema.
 
     Files of older minor versions lack newer columns; those read as null. Files of a newer minor
-    version read without their extra columns (warned). A torn or foreign file is named in a
-    warning (and in `report`) and skipped; a newer major version raises NewerSchemaError.
+    version read without their extra columns (warned); files of an older major version are
+    upcast through registered upcasters (mkb.events.register_upcaster). A torn or foreign file, or
+    one whose required columns are missing or null, is named in a warning (and in `report`) and
+    skipped; a newer major version raises NewerSchemaError. A file whose data pages turn out corrupt
+    when collected is skipped and named then (added to `report.skipped`).
+
+    The files are read when the frame is collected, from the listing made here; a file that a
+    compaction deleted in between (its rows now in a merged file) makes the read list the store again
+    and start over, so a reader sees every row once, never a partial set.
+
     Rows are de-duplicated on event_id (a copied file, or two compactions racing, leave copies);
     only files whose event_id ranges overlap are de-duplicated row by row (see overlap_groups).
     """
     import polars as pl
+    from polars.io.plugins import register_io_source
 
     store = resolve_store(store)
+    store.require_exists()
     schema = schema_for(kind)
     report = report if report is not None else ScanReport()
     live = _check(store, kind, report)
     canon = schema.polars()
+    state = {"live": live}
+
+    def source(with_columns, predicate, n_rows, batch_size):
+        cols = list(with_columns) if with_columns else list(schema.names)
+        need = list(dict.fromkeys(cols + (["event_id"] if dedupe else []) + (predicate.meta.root_names() if predicate is not None else [])))
+        for attempt in range(_RETRIES):
+            try:
+                df = _collect(store, schema, state["live"], need, report, dedupe=dedupe)
+                break
+            except _Vanished as exc:
+                gone = exc.path
+                fresh = ScanReport()
+                state["live"] = _check(store, kind, fresh, warn=False)
+                report.files, report.rows_in_files, report.superseded = fresh.files, fresh.rows_in_files, fresh.superseded
+        else:
+            raise StoreError(
+                f"{gone} vanished while it was read, {_RETRIES} times (a compaction with --grace-s 0 is deleting files under this reader)\n"
+                "hint: read again, or compact with a grace period longer than a read takes"
+            )
+        if predicate is not None:
+            df = df.filter(predicate)
+        df = df.select(cols)
+        if n_rows is not None:
+            df = df.head(n_rows)
+        yield df
+
     if not live:
         return pl.LazyFrame(schema=canon)
-    if not dedupe:
-        return _scan_paths(store, schema, [i.path for i in live])
-    groups = overlap_groups(live)
-    alone = [g[0].path for g in groups if len(g) == 1]
-    shared = [f.path for g in groups if len(g) > 1 for f in g]
-    parts = []
-    if alone:
-        parts.append(_scan_paths(store, schema, alone))
+    return register_io_source(source, schema=canon, explain_name="mkb.events", explain_detail=f"{kind} in {store.url}")
+
+
+def _collect(store: Store, schema: KindSchema, live: list[FileInfo], cols: list[str], report: ScanReport, *, dedupe: bool):
+    """Read `cols` of every live file; only files whose event_id ranges overlap are de-duplicated row by row. Raises _Vanished."""
+    import polars as pl
+
+    if dedupe:
+        groups = overlap_groups(live)
+        alone = {g[0].path for g in groups if len(g) == 1}
+    else:
+        alone = {i.path for i in live}
+    parts, shared = [], []
+    for sel, out in ((lambda i: i.path in alone, parts), (lambda i: i.path not in alone, shared)):
+        current = [i for i in live if sel(i) and not needs_upcast(schema, i)]
+        for k in range(0, len(current), _CHUNK):
+            out.extend(_read_chunk(store, schema, current[k:k + _CHUNK], cols, report))
+        out.extend(p for i in live if sel(i) and needs_upcast(schema, i) if (p := _read_upcast(store, schema, i, cols, report)) is not None)
     if shared:
-        parts.append(_dedupe(_scan_paths(store, schema, shared)))
-    return parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical")
+        parts.append(_dedupe(pl.concat(shared, how="vertical").lazy()).collect())
+    if not parts:
+        return pl.DataFrame(schema={c: schema.polars()[c] for c in cols})
+    return pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
+
+
+def _exists(store: Store, path: str) -> bool:
+    try:
+        return os.path.exists(path) if store.is_local else store.fs.exists(path)
+    except Exception:
+        return False
+
+
+def _native(store: Store, schema: KindSchema, paths: list[str], cols: list[str]):
+    return _scan_paths(store, schema, paths).select(cols).collect()
+
+
+def _read_chunk(store: Store, schema: KindSchema, infos: list[FileInfo], cols: list[str], report: ScanReport) -> list:
+    """One native scan of the chunk; on an error, find the file(s) to blame: vanished (start over) or corrupt (skip and name)."""
+    if not infos:
+        return []
+    try:
+        return [_native(store, schema, [i.path for i in infos], cols)]
+    except Exception as exc:
+        first = exc
+    out = []
+    for info in infos:
+        if not _exists(store, info.path):
+            raise _Vanished(info.path)
+        try:
+            out.append(_native(store, schema, [info.path], cols))
+        except Exception as exc:
+            if not _exists(store, info.path):
+                raise _Vanished(info.path) from None
+            try:  # a second, independent decoder: only a file both refuse is blamed (not, say, a transient EMFILE)
+                with store.fs.open(info.path, "rb") as fh:
+                    pq.read_table(fh)
+            except FileNotFoundError:
+                raise _Vanished(info.path) from None
+            except Exception:
+                pass
+            else:
+                raise exc
+            why = f"corrupt data pages ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})\nhint: `mkb-run verify --store URL` lists every such file"
+            _bad_data[(_protocols(store.fs), info.path, info.size)] = why
+            report.skipped[info.path] = why
+            warnings.warn(f"mkb: skipping {info.path}: {why}", stacklevel=4)
+    if not out and not report.skipped:
+        raise first
+    return out
+
+
+def _read_upcast(store: Store, schema: KindSchema, info: FileInfo, cols: list[str], report: ScanReport):
+    """An older-major file through its upcasters, then onto the canonical schema like any file."""
+    import polars as pl
+
+    try:
+        with store.fs.open(info.path, "rb") as fh:
+            table = pq.read_table(fh)
+    except FileNotFoundError:
+        raise _Vanished(info.path) from None
+    except Exception as exc:
+        report.skipped[info.path] = f"unreadable ({type(exc).__name__}: {exc})"
+        warnings.warn(f"mkb: skipping {info.path}: {report.skipped[info.path]}", stacklevel=4)
+        return None
+    major = parse_version(info.version)[0]
+    try:
+        table = upcast(schema.kind, table, major, schema.major)
+        arrow = schema.arrow()
+        arrays = []
+        for f in arrow:
+            if f.name in table.column_names:
+                arrays.append(table.column(f.name).cast(f.type))
+            elif f.nullable:
+                arrays.append(pa.nulls(table.num_rows, f.type))
+            else:
+                raise SchemaError(f"required column {f.name!r} is missing after upcasting")
+        table = pa.Table.from_arrays(arrays, schema=arrow)
+        for f in arrow:
+            if not f.nullable and table.column(f.name).null_count:
+                raise SchemaError(f"required column {f.name!r} holds nulls after upcasting")
+    except Exception as exc:
+        report.skipped[info.path] = f"upcasting {info.version} -> {schema.version} failed ({type(exc).__name__}: {exc})"
+        warnings.warn(f"mkb: skipping {info.path}: {report.skipped[info.path]}", stacklevel=4)
+        return None
+    return pl.from_arrow(table).select(cols)
 
 
 def _dedupe(lf):

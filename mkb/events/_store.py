@@ -42,6 +42,17 @@ class Store:
         names = (str(p).rstrip("/").rsplit("/", 1)[-1] for p in entries)
         return sorted(n[len("kind="):] for n in names if n.startswith("kind="))
 
+    def require_exists(self) -> None:
+        """Raise StoreError naming the path when a local store folder does not exist: a typo must not read as "no data".
+
+        Object stores have no folders (an empty prefix and a missing one look alike), so only local paths are checked.
+        """
+        if self.is_local and not os.path.isdir(self.root):
+            raise StoreError(
+                f"store {self.root} does not exist\n"
+                "hint: check the path (--store / $MKB_STORE); a store is created by its first write"
+            )
+
     def staging_dir(self) -> str:
         """Local staging lies beside the dataset, never inside it, so readers cannot see torn files."""
         parent, name = os.path.split(self.root)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import json
-import os
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,19 @@ def _ids_module():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _envelope_module():
+    """mkb/events/_envelope.py (the one envelope builder) without importing the mkb.events package."""
+    try:
+        import mkb.events._envelope as env
+        return env
+    except ImportError:
+        path = Path(mkb.__file__).resolve().parent / "events" / "_envelope.py"
+        spec = importlib.util.spec_from_file_location("mkb_events_envelope_standalone", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
 
 
 def uuid7() -> str:
@@ -47,20 +58,17 @@ class JsonlWriter:
 
     def __init__(self, path: str | Path, *, run_id: str | None = None) -> None:
         self.path = Path(path)
-        self.run_id = run_id or uuid7()
-        self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-8:]}"
-        self._seq: dict[str | None, int] = {}
+        self._env = _envelope_module().Envelope(run_id=run_id)
+        self.run_id, self.writer_id = self._env.run_id, self._env.writer
         self._buf: list[dict] = []
         self._versions = _versions()
         self._lock = threading.Lock()
 
     def emit(self, kind: str, *, attempt_id: str | None = None, **payload: Any) -> str:
+        self._env.check_payload(payload)
+        row = self._env.row(kind, self._versions[kind], attempt_id, payload, dt.datetime.now(dt.timezone.utc).isoformat())
         with self._lock:
-            seq = self._seq.get(attempt_id, 0)
-            self._seq[attempt_id] = seq + 1
-            row = {"event_id": uuid7(), "kind": kind, "schema_version": self._versions[kind],
-                   "ts": dt.datetime.now(dt.timezone.utc).isoformat(), "run_id": self.run_id, "attempt_id": attempt_id,
-                   "seq": seq, "writer": self.writer_id, "mkb_version": mkb.__version__, **payload}
+            self._env.number([row])
             self._buf.append(row)
             return row["event_id"]
 

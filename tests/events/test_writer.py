@@ -50,3 +50,69 @@ def test_seq_counts_per_attempt_and_json_columns_accept_dicts(tmp_path):
     with EventWriter(url) as w:
         w.emit(json_kind, **row)
     assert json.loads(read(json_kind, url)[col][0]) == {"a": [1, 2]}
+
+
+def test_seq_stays_causal_when_a_grader_host_writes_events_of_the_attempt(tmp_path):
+    """The attempt's writer reserves a block for a grading job; the grader's writer (another host) adopts it."""
+    import pytest
+
+    from mkb.events._envelope import SeqExhausted
+
+    url = str(tmp_path / "ds")
+    agent = EventWriter(url, run_id="run")
+    grader = EventWriter(url, run_id="run")
+    row = dict(target_attempt_id="t", label="clean", reason="r", annotator="a")
+    agent.emit("annotation", attempt_id="A", **dict(row, reason="before submit"))
+    block = agent.reserve_seq("A", 4)  # travels with the grading job
+    agent.emit("annotation", attempt_id="A", **dict(row, reason="after the verdict"))
+    grader.adopt_seq(block)
+    for i in range(4):
+        grader.emit("annotation", attempt_id="A", **dict(row, reason=f"grading {i}"))
+    with pytest.raises(SeqExhausted, match="hint: reserve a larger block"):
+        grader.emit("annotation", attempt_id="A", **row)
+    agent.close()
+    grader.close()
+    df = read("annotation", url).sort("seq")
+    assert df["reason"].to_list() == ["before submit", "grading 0", "grading 1", "grading 2", "grading 3", "after the verdict"]
+    assert df["seq"].to_list() == [0, 1, 2, 3, 4, 5]
+    assert df["writer"].n_unique() == 2
+
+
+def test_a_buffered_writer_flushes_by_age_without_being_asked(tmp_path):
+    import time
+
+    url = str(tmp_path / "ds")
+    w = EventWriter(url, flush_every=10**9, flush_after_s=0.2)
+    w.emit("annotation", target_attempt_id="t", label="clean", reason="r", annotator="a")
+    deadline = time.time() + 10
+    while not w.files_written and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(w.files_written) == 1 and read("annotation", url).height == 1  # durable within seconds, no flush() called
+    w.close()
+
+
+def test_background_compaction_keeps_the_file_count_bounded(tmp_path):
+    import time
+
+    from mkb.events._compact import compact_kind
+
+    url = str(tmp_path / "ds")
+    w = EventWriter(url, flush_every=5, compact_every_s=0.3)
+    import mkb.events._compact as c
+
+    real = c.compact_kind
+    c.compact_kind = lambda *a, **k: real(*a, **{**k, "grace_s": 0})  # the test cannot wait out the default grace
+    try:
+        for i in range(200):
+            w.emit("annotation", target_attempt_id=f"t{i}", label="clean", reason=str(i), annotator="a")
+            if i % 20 == 0:
+                time.sleep(0.2)
+        w.close()
+    finally:
+        c.compact_kind = real
+    assert len(w.files_written) >= 40  # one file per flush of 5 events
+    left = list((tmp_path / "ds" / "kind=annotation").iterdir())
+    assert len(left) <= len(w.files_written) // 3, f"{len(left)} files left of {len(w.files_written)} written"
+    compact_kind("annotation", url, grace_s=0)
+    assert len(list((tmp_path / "ds" / "kind=annotation").iterdir())) == 1
+    assert sorted(read("annotation", url)["reason"].cast(int).to_list()) == list(range(200))
