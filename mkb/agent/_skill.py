@@ -28,15 +28,28 @@ someone write a fast, correct kernel for a problem like this one in any kernel D
 
 @cache
 def _encoding():
-    """tiktoken's cl100k_base from the copy litellm bundles (tiktoken alone downloads its files at run time)."""
+    """tiktoken's cl100k_base from the copy litellm bundles (tiktoken alone downloads its files at run time).
+
+    The bundled directory is forced for the load (and the caller's TIKTOKEN_CACHE_DIR restored after): a host
+    that sets its own cache directory would otherwise send tiktoken to the network (seen on the GPU host).
+    """
     import tiktoken
 
     spec = importlib.util.find_spec("litellm")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the skill tokenizer needs litellm's bundled tiktoken files\nhint: pip install 'mkb[agent]'")
     bundled = Path(list(spec.submodule_search_locations)[0]) / "litellm_core_utils" / "tokenizers"
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(bundled))
-    return tiktoken.get_encoding(ENCODING)
+    old = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(bundled)
+    try:
+        return tiktoken.get_encoding(ENCODING)
+    except Exception as exc:  # noqa: BLE001 - any failure here means the offline files are not usable
+        raise RuntimeError(f"cannot load {ENCODING} from {bundled}: {exc}\nhint: pip install 'mkb[agent]'") from None
+    finally:
+        if old is None:
+            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = old
 
 
 @cache

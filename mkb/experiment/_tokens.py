@@ -7,11 +7,6 @@ differ by a few percent, which the 10% placebo window absorbs, and the name is o
 
 from __future__ import annotations
 
-import importlib.util
-import os
-from functools import cache
-from pathlib import Path
-
 TOKENIZER = "tiktoken:cl100k_base (litellm-bundled, offline)"
 
 
@@ -19,29 +14,15 @@ class TokenizerUnavailable(RuntimeError):
     """The offline encoding is not installed (the `agent` extra brings litellm and tiktoken)."""
 
 
-@cache
 def _encoding():
-    # litellm's own import fetches a price map over the network; only its bundled tiktoken files are needed
-    spec = importlib.util.find_spec("litellm")
+    """The agent's skill tokenizer (one loader: `mkb.agent._skill`), or a clear error naming what is missing."""
     try:
-        import tiktoken
-    except ImportError:
-        tiktoken = None
-    if spec is None or tiktoken is None or not spec.submodule_search_locations:
-        raise TokenizerUnavailable(f"placebo lengths need the {TOKENIZER} tokenizer, which needs litellm and tiktoken"
-                                   "\nhint: pip install 'mkb[agent]'")
-    bundled = Path(spec.submodule_search_locations[0]) / "litellm_core_utils" / "tokenizers"
-    old = os.environ.get("TIKTOKEN_CACHE_DIR")
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(bundled)
-    try:
-        return tiktoken.get_encoding("cl100k_base")
-    except Exception as exc:
-        raise TokenizerUnavailable(f"cannot load cl100k_base from {bundled}: {exc}") from None
-    finally:
-        if old is None:
-            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
-        else:
-            os.environ["TIKTOKEN_CACHE_DIR"] = old
+        from mkb.agent._skill import _encoding as skill_encoding
+
+        return skill_encoding()
+    except (ImportError, RuntimeError) as exc:
+        raise TokenizerUnavailable(f"placebo lengths need the {TOKENIZER} tokenizer, which needs litellm and tiktoken: "
+                                   f"{str(exc).splitlines()[0]}\nhint: pip install 'mkb[agent]'") from None
 
 
 def count_tokens(text: str) -> int:
