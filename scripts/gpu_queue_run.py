@@ -59,11 +59,15 @@ def cases(tmp: Path) -> list[Case]:
 
     out = [Case(f"baseline/{b.problem}/{b.dsl}", b.problem, b.dsl, b.path, None) for b in baselines()]
     for dsl in R.DSLS:
-        paths = R.write_all(tmp, dsl)
-        out.append(Case(f"redteam/control/{dsl}", R.PROBLEM, dsl, paths["control"], None))
+        paths = R.write_all(tmp, dsl)  # forms whose target problem has no baseline they fit are left out
+        for name in sorted(n for n in paths if n.startswith("control")):
+            problem = R.PROBLEM if name == "control" else int(name.split("_")[1])
+            out.append(Case(f"redteam/{name}/{dsl}", problem, dsl, paths[name], None))
         for h in R.HACKS:
+            if h.name not in paths:
+                continue
             exp = (f"static_{h.static}",) if h.static else tuple(h.runtime)
-            out.append(Case(f"redteam/{h.name}/{dsl}", R.PROBLEM, dsl, paths[h.name], exp))
+            out.append(Case(f"redteam/{h.name}/{dsl}", h.problem, dsl, paths[h.name], exp))
     return out
 
 
