@@ -1,0 +1,44 @@
+"""Problems 54-67 converted from their SOL-ExecBench recipes produce the recipes' shapes at size="full" (meta device, no memory).
+
+The expected shapes are the constants of upstream MetaKernelBench's recipes (d90ba28,
+`problems/_sol_execbench/NN_*.json`). A problem whose full size drifts from its recipe fails here and
+must instead carry a `differs` row for "shapes" in its META.upstream; one that records such a row is
+checked for the shapes it does keep.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mkb.problems import get_problem
+
+BF16, F32 = torch.bfloat16, torch.float32
+RECIPE_FULL = {
+    54: [((64, 256, 7680), BF16), ((7680, 7680), BF16), ((1024, 7680), BF16), ((1024, 7680), BF16), ((7680,), BF16),
+         ((1024,), BF16), ((1024,), BF16), ((128,), BF16), ((128,), BF16), 1e-5],
+}
+SHAPES_DIFFER: set[int] = set()
+
+
+def _describe(v):
+    return (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v
+
+
+@pytest.mark.parametrize("number", sorted(RECIPE_FULL))
+def test_full_size_inputs_have_the_recipes_shapes(number):
+    problem = get_problem(number)
+    got = [_describe(v) for v in problem.make_inputs(0, device="meta", size="full")]
+    want = RECIPE_FULL[number]
+    assert len(got) == len(want) == len(problem.meta.inputs)
+    for name, g, w in zip(problem.meta.inputs, got, want):
+        assert g == pytest.approx(w) if isinstance(w, float) else g == w, f"{number} {name}: {g} != recipe {w}"
+    u = problem.meta.upstream
+    assert u is not None and u.source == "recipe"
+    assert ("shapes" in u.matches) == (number not in SHAPES_DIFFER)
+
+
+@pytest.mark.parametrize("number", sorted(RECIPE_FULL))
+def test_no_converted_problem_still_says_not_yet_converted(number):
+    u = get_problem(number).meta.upstream
+    assert not any("not yet converted" in reason for _, reason in u.differs)
