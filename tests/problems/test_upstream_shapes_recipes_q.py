@@ -1,4 +1,4 @@
-"""Problems 54-67 converted from their SOL-ExecBench recipes produce the recipes' shapes at size="full" (meta device, no memory).
+"""Problems 54-67 following from their SOL-ExecBench recipes produce the recipes' shapes at size="full" (meta device, no memory).
 
 The expected shapes are the constants of upstream MetaKernelBench's recipes (d90ba28,
 `problems/_sol_execbench/NN_*.json`). A problem whose full size drifts from its recipe fails here and
@@ -26,6 +26,8 @@ RECIPE_FULL = {
     58: [((64, 40, 256, 128), BF16), ((64, 8, 256, 128), BF16), ((64, 8, 256, 128), BF16), ((64, 1, 256, 256), BF16)],
     61: [((32, 512, 4096), BF16), ((12288, 2048), U8), ((12288, 256), FP8), ((), F32), ((12288, 2048), U8),
          ((12288, 256), FP8), ((), F32), ((4096, 6144), U8), ((4096, 768), FP8), ((), F32)],
+    63: [((8, 512, 8192), BF16), ((37120, 8192), BF16), ((20480, 1, 4), BF16), ((20480,), BF16), ((256,), BF16),
+         ((256,), BF16), ((256,), BF16), ((16384,), BF16), ((8192, 16384), BF16), 0.0, 1e6, 1e-5],
 }
 SHAPES_DIFFER: set[int] = set()
 
