@@ -32,6 +32,8 @@ RECIPE_FULL = {
          ((16,), BF16), ((8, 16, 64, 256), BF16)],
     65: [((16, 1, 128, 128, 128), BF16), ((16, 128, 1, 128), BF16), ((16, 1, 128, 8, 128), BF16),
          ((16, 1, 128, 8, 128), BF16)],
+    66: [((2048,), F32), ((64, 1721, 2048), F32), ((2048,), F32), ((64, 1721, 2048), F32), ((64, 2048), F32),
+         ((64, 2048), F32), ((64, 2048), F32)],
 }
 # the recipe hides some axes of these (a `differs` row says which); the visible ones are checked above
 SHAPES_DIFFER: set[int] = {65}
