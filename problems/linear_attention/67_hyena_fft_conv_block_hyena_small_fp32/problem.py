@@ -60,9 +60,10 @@ META = ProblemMeta(
              "scales and the modulation shift, so the block cannot be rebuilt from it without guessing; mkb keeps "
              "the HyenaOperator core (short conv, gating, FFT long convolution with skip) on the projected input "
              "with the long filter materialised"),
-            ("shapes", "upstream: batch 32 x 256 tokens, d_model 256 (d_inner 1024, order 2); the core at that size "
-             "(~2M elements per tensor, a few FFT and elementwise launches) would run below the 50 us floor on an "
-             "H200, so mkb keeps hyena-small's 16 x 2048 tokens, width 768"),
+            ("shapes", "upstream: batch 32 x 256 tokens, d_model 256 (d_inner 1024, order 2); the core alone at that "
+             "size moves ~0.1 GB (u 32 x 256 x 768 fp32 in, 32 x 256 x 256 out, FFT buffers), ~20 us at 4.8 TB/s, "
+             "below the 50 us floor but for launch overhead, so mkb keeps hyena-small's 16 x 2048 tokens, width "
+             "768"),
             ("distributions", "upstream's block inputs (activations N(0, 1), norm weights 1 + 0.1 N(0, 1), biases "
              "0.1 N(0, 1)) are not the core's inputs; mkb draws u N(0, 1), the short filter N(0, 1)/sqrt(3), its "
              "bias 0.1 N(0, 1), the long filter an exponentially modulated sinusoid mixture (what the filter "
