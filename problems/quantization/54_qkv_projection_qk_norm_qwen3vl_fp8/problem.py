@@ -105,7 +105,8 @@ def make_inputs(seed, *, device, size="full"):
 
     hidden_states = torch.randn(b, s, h, generator=gen, device=device).to(torch.bfloat16)
     q_weight, k_weight, v_weight = weight(hq * d), weight(hkv * d), weight(hkv * d)
-    q_bias, k_bias, v_bias = (torch.randn(n * d, generator=gen, device=device).to(torch.bfloat16) for n in (hq, hkv, hkv))
+    q_bias, k_bias, v_bias = (torch.randn(n * d, generator=gen, device=device).to(torch.bfloat16)
+                              for n in (hq, hkv, hkv))
     q_norm_weight, k_norm_weight = ((1 + 0.1 * torch.randn(d, generator=gen, device=device)).to(torch.bfloat16)
                                     for _ in range(2))
     return (hidden_states, q_weight, k_weight, v_weight, q_bias, k_bias, v_bias, q_norm_weight, k_norm_weight, EPS)

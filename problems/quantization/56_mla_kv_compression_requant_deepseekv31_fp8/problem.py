@@ -1,4 +1,4 @@
-"""DeepSeek-V3.1 MLA KV path in block fp8: kv_a compression, RMSNorm of the latent, its re-quantisation, and the kv_b expansion to per-head k_nope and v.
+"""DeepSeek-V3.1 MLA KV path in block fp8: kv_a compression, latent RMSNorm, re-quantisation, kv_b expansion to k_nope, v.
 
 Upstream MetaKernelBench's problem 56 (a SOL-ExecBench recipe): 64 x 256 tokens, hidden 7168, the kv_a
 projection padded to 640 outputs (latent 512 + rope 64 + padding), kv_b expanding the latent to 128 heads
