@@ -32,8 +32,9 @@ mkb-analyze problems --store "$store"
 
 echo "== a small complete experiment: the scripted model, all five arms, problems 28 and 72, 2 replicates (configs/demo.toml)"
 echo "   The scripted model submits the problem's baseline kernel in every arm and writes a fixed SKILL.md, so its lift is"
-echo "   zero by construction: this shows the pipeline (plan, claims, release order, skills handed on, grading, pair"
-echo "   re-grade, analysis), not a finding. Re-running resumes: finished coordinates are skipped."
+echo "   zero by construction (graded for real, timing noise near an R@t threshold can still move a cell): this shows the"
+echo "   pipeline (plan, claims, release order, skills handed on, grading, pair re-grade, analysis), not a finding."
+echo "   Re-running resumes: finished coordinates are skipped."
 mkb-run plan configs/demo.toml --dry-run
 if [ $gpu = 1 ]; then
   mkb-run run configs/demo.toml --store "$store" --grader gpu
