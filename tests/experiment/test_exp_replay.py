@@ -35,7 +35,8 @@ def test_replays_known_kernels_and_marks_every_verdict(tmp_path):
         d = json.loads(d)
         assert d["grader"] == "replay" and d["replayed_evaluation_id"] and d["problem_hash"]
     # the replayed figures are the recorded ones, not new measurements
-    src = read("verdict", str(ROOT / "events" / "h200-grader-bench"))
+    source = json.loads((DEMO / "replay.json").read_text())["source"]  # the dataset the index was recorded from
+    src = read("verdict", str(ROOT / source))
     rec = {r["evaluation_id"]: r for r in src.iter_rows(named=True)}
     for r in rows.iter_rows(named=True):
         assert r["speedup"] == rec[json.loads(r["details"])["replayed_evaluation_id"]]["speedup"]
@@ -76,7 +77,7 @@ def test_scripted_experiment_on_the_replay_grader(tmp_path):
         t.extractall(tmp_path / "x", filter="data")
     store = str(tmp_path / "x" / "events")
     started = read("attempt_started", store)
-    assert started.height == 40 and set(started["grader_version"]) == {"replay:1.0"}
+    assert started.height == 40 and set(started["grader_version"]) == {ReplayGrader.load(DEMO).version}  # replay:<recorded grader>
     assert sorted(started["arm_kind"].unique()) == ["placebo", "same", "solo", "transfer", "wrong"]
     v = read("verdict", store)
     assert v.filter(pl.col("scope") == "pair").height == 40
