@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import time
@@ -11,6 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from mkb.agent._pace import limiter_for
 from mkb.agent._types import ModelConfig
 
 # Before litellm is imported: use the price map bundled with the pinned version (no remote fetch at import).
@@ -135,7 +137,12 @@ def complete(model: ModelConfig, messages: list[dict], tools: list[dict], *, max
     retries = 0
     backoff = 0.0
     last_error: str | None = None
+    limiter = limiter_for(model.name, model.api_base)
     while True:
+        entry = None
+        if limiter is not None:  # the provider's rpm/tpm (set by the experiment): waiting counts as backoff
+            entry, waited = limiter.acquire(max_tokens + len(json.dumps(messages)) // 4)
+            backoff += waited
         t0 = time.monotonic()
         try:
             resp = ll.completion(**kwargs)
@@ -160,6 +167,8 @@ def complete(model: ModelConfig, messages: list[dict], tools: list[dict], *, max
             fn = tc.get("function") or {}
             calls.append({"id": tc.get("id") or "", "name": fn.get("name") or "", "arguments": fn.get("arguments") or ""})
         prompt, completion, reasoning, cached = _usage(resp)
+        if entry is not None:
+            limiter.settle(entry, (prompt or 0) + (completion or 0))
         return Completion(msg, calls, getattr(choice, "finish_reason", None), getattr(resp, "model", None), getattr(resp, "system_fingerprint", None),
                           prompt, completion, reasoning, cached, _cost(resp), latency, retries, backoff, last_error)
 

@@ -25,8 +25,8 @@ class ModelSpec:
 
     config: ModelConfig
     concurrency: int = 4  # attempts of this model running at once
-    rpm: int | None = None  # requests per minute the provider allows: recorded in the plan; mkb does not pace requests
-    tpm: int | None = None  # tokens per minute (likewise); `concurrency` is what bounds load, the agent backs off on 429
+    rpm: int | None = None  # requests per minute the provider allows: every attempt of a process is paced to it (mkb.agent._pace)
+    tpm: int | None = None  # tokens per minute (likewise); `concurrency` bounds parallel attempts, the agent backs off on 429
     usd_cap: float | None = None  # spend at which this model's attempts pause
     price_in_per_mtok: float | None = None  # USD per million input tokens, for the dry-run estimate
     price_out_per_mtok: float | None = None

@@ -179,6 +179,11 @@ class Executor:
         self.versions = versions if versions is not None else current_versions(self.cfg.dsls)
         self.sleep, self.log = sleep, log or (lambda s: None)
         self.max_workers = max_workers or sum(m.concurrency for m in self.cfg.models)
+        from mkb.agent._pace import set_rate_limits
+
+        for m in self.cfg.models:  # the provider's limits pace every attempt of this process (mkb.agent._pace)
+            if m.rpm or m.tpm:
+                set_rate_limits(m.config.name, m.config.api_base, rpm=m.rpm, tpm=m.tpm)
         self.writer = EventWriter(self.store)
         self._paused_logged: set[str] = set()
         self.launched: list[str] = []  # coordinate keys in the order they were handed to a worker thread

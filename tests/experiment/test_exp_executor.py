@@ -274,3 +274,20 @@ def test_a_failing_claim_step_is_retried(tmp_path, monkeypatch):
     monkeypatch.setattr(ex, "run_coordinate", flaky)
     rep = ex.run()
     assert rep.complete and any("store briefly unreachable; trying again" in m for m in logs)
+
+
+def test_a_models_rpm_and_tpm_pace_its_attempts_in_this_process(tmp_path):
+    from dataclasses import replace
+
+    from mkb.agent._pace import limiter_for, set_rate_limits
+
+    cfg = demo_config()
+    m = cfg.models[0]
+    cfg = replace(cfg, models=(replace(m, rpm=30, tpm=90_000),))
+    plan = build_plan(cfg)
+    try:
+        Executor(plan, store=str(tmp_path / "s"), runner=FakeRunner(), versions={"v": 1}, sleep=lambda s: None)
+        lim = limiter_for(m.config.name, m.config.api_base)
+        assert lim is not None and (lim.rpm, lim.tpm) == (30, 90_000)
+    finally:
+        set_rate_limits(m.config.name, m.config.api_base)
