@@ -60,6 +60,7 @@ class Counters:
     best_speedup: float | None = None
     last_reason: str | None = None
     phase: str = "main"
+    served_models: list[str] = field(default_factory=list)  # what the provider said served the turns, in first-seen order
     extra: dict[str, Any] = field(default_factory=dict)
 
     def add_cost(self, c: float | None) -> None:
@@ -159,6 +160,7 @@ def finished_payload(stop_reason: str, c: Counters, *, working_s: float, wall_s:
         "working_s": working_s, "backoff_s": c.backoff_s, "queue_wait_s": c.queue_wait_s, "best_passed": c.best_passed,
         "best_speedup": c.best_speedup, "skill_sha256": skill_sha, "unsafe_no_sandbox": unsafe,
         "harness_tokens_reported": json.dumps(harness_tokens) if harness_tokens is not None else None,
+        "served_model": "|".join(c.served_models) or None,
     }
 
 

@@ -238,6 +238,8 @@ class _Run:
         self.c.reasoning_tokens += comp.reasoning_tokens or 0
         self.c.input_tokens += comp.prompt_tokens or 0
         self.c.add_cost(comp.cost_usd)
+        if comp.served_model and comp.served_model not in self.c.served_models:
+            self.c.served_models.append(comp.served_model)
         self.messages.append(comp.message)
         self._turn_event(phase, prefix, new, comp, max_tokens)
         self.sent = len(self.messages)

@@ -252,3 +252,12 @@ def test_check_compiles_the_baseline_in_the_sandbox(runner, dsl):
     assert not calls[1]["ok"] and "solve" in calls[1]["result"]
     assert not calls[2]["ok"] and "static rules" in calls[2]["result"]
     assert not calls[0]["counted"] and runner.grader.jobs == []
+
+
+def test_attempt_finished_names_the_served_model_the_turns_saw(runner):
+    """The analysis flags blocks whose served model changed between solo and skill arms: it reads this column."""
+    res = runner.run([{"tool_calls": [FINISH]}, CLOSING])
+    assert res.stop_reason == "finished"
+    served = [m for m in runner.events("turn")["served_model"].to_list() if m]
+    fin = runner.events("attempt_finished").to_dicts()[0]
+    assert served and fin["served_model"] == "|".join(dict.fromkeys(served))
