@@ -92,16 +92,15 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
         "budget_output_tokens", "budget_wall_s", "grader_version", "dsl_version", "doc_pack_version", "skill_sha256",
         "skill_source_attempt", "skill_empty", "wrong_source_problem",
     ).filter(pl.col("attempt_id").is_not_null())
+    fin_cols = scans["attempt_finished"].collect_schema().names()
+    served = pl.col("served_model") if "served_model" in fin_cols else pl.lit(None, pl.Utf8)  # attempt_finished >= 1.2
     fin = scans["attempt_finished"].select(
         "attempt_id", "ts", "status", "submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd",
-        "wall_s", "final_kernel_sha256", "error")
+        "wall_s", "final_kernel_sha256", "error", served.alias("served_model"))
     ver = scans["verdict"].filter(pl.col("scope").is_in(["attempt", "pair"])).select(
         "attempt_id", "ts", "scope", "passed", "reason", "speedup", "s", "kernel_sha256", "candidate_median_us")
     ann = scans["annotation"].select(pl.col("target_attempt_id").alias("attempt_id"), "ts", "label",
                                      pl.col("reason").alias("annotation_reason"))
-    fin_cols = scans["attempt_finished"].collect_schema().names()
-    served = pl.col("served_model") if "served_model" in fin_cols else pl.lit(None, pl.Utf8)
-    fin = fin.with_columns(served.alias("served_model"))
     # skills whose hygiene checks raised a flag the sensitivity row leaves out
     skill_flags = scans["skill"].select(skill_sha256="sha256", skill_flagged=pl.col("hygiene_flags").list.eval(
         pl.element().is_in(list(SENSITIVE_FLAGS))).list.any().fill_null(False)).group_by("skill_sha256").agg(pl.col("skill_flagged").any())
