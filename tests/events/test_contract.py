@@ -423,6 +423,7 @@ def test_concurrent_compactions_with_writers_and_readers(store_url):
     total = n_writers * flushes * per
     errors, seen = [], {}
     done = threading.Event()
+    first_flush = threading.Event()  # a local store exists from its first write; a reader before it gets "does not exist"
 
     def writer(k):
         try:
@@ -431,6 +432,7 @@ def test_concurrent_compactions_with_writers_and_readers(store_url):
                 for i in range(per):
                     w.emit("annotation", attempt_id=f"w{k}", target_attempt_id=f"t{f}-{i}", label="clean", reason="r", annotator="t")
                 w.flush()
+                first_flush.set()
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(("writer", repr(exc)))
 
@@ -457,7 +459,10 @@ def test_concurrent_compactions_with_writers_and_readers(store_url):
 
     writers = [threading.Thread(target=writer, args=(k,)) for k in range(n_writers)]
     others = [threading.Thread(target=compactor, args=(k,)) for k in range(3)] + [threading.Thread(target=reader, args=(k,)) for k in range(2)]
-    for t in writers + others:
+    for t in writers:
+        t.start()
+    assert first_flush.wait(30)
+    for t in others:
         t.start()
     for t in writers:
         t.join()
