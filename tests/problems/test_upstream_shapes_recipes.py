@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mkb.problems import get_problem
+from shape_check import assert_full_shapes
 
 BF16, F32, I64 = torch.bfloat16, torch.float32, torch.int64
 UPSTREAM_FULL = {
@@ -35,29 +35,16 @@ DOCUMENTED_FULL = {
 }
 
 
-def _describe(v):
-    return (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v
-
 
 @pytest.mark.parametrize("number", sorted(UPSTREAM_FULL))
 def test_full_size_inputs_have_upstreams_shapes(number):
-    problem = get_problem(number)
-    got = [_describe(v) for v in problem.make_inputs(0, device="meta", size="full")]
-    want = UPSTREAM_FULL[number]
-    assert len(got) == len(want) == len(problem.meta.inputs)
-    for name, g, w in zip(problem.meta.inputs, got, want):
-        assert g == pytest.approx(w) if isinstance(w, float) else g == w, f"{number} {name}: {g} != upstream {w}"
+    problem = assert_full_shapes(number, UPSTREAM_FULL[number], source="upstream")
     u = problem.meta.upstream
     assert u is not None and "shapes" in u.matches
 
 
 @pytest.mark.parametrize("number", sorted(DOCUMENTED_FULL))
 def test_full_size_inputs_have_the_documented_shapes(number):
-    problem = get_problem(number)
-    got = [_describe(v) for v in problem.make_inputs(0, device="meta", size="full")]
-    want = DOCUMENTED_FULL[number]
-    assert len(got) == len(want) == len(problem.meta.inputs)
-    for name, g, w in zip(problem.meta.inputs, got, want):
-        assert g == pytest.approx(w) if isinstance(w, float) else g == w, f"{number} {name}: {g} != documented {w}"
+    problem = assert_full_shapes(number, DOCUMENTED_FULL[number], source="documented")
     u = problem.meta.upstream
     assert u is not None and "shapes" in dict(u.differs), f"{number}: a size that differs from upstream needs its differs row"

@@ -13,6 +13,8 @@ import torch
 
 from mkb.problems import get_problem
 
+from shape_check import assert_full_shapes
+
 BF16, F32, U8, FP8 = torch.bfloat16, torch.float32, torch.uint8, torch.float8_e4m3fn
 RECIPE_FULL = {
     54: [((64, 256, 7680), BF16), ((7680, 7680), BF16), ((1024, 7680), BF16), ((1024, 7680), BF16), ((7680,), BF16),
@@ -45,18 +47,10 @@ SHAPES_DIFFER: set[int] = {65}
 SIZE_KEPT: set[int] = set()
 
 
-def _describe(v):
-    return (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v
-
 
 @pytest.mark.parametrize("number", sorted(RECIPE_FULL))
 def test_full_size_inputs_have_the_recipes_shapes(number):
-    problem = get_problem(number)
-    got = [_describe(v) for v in problem.make_inputs(0, device="meta", size="full")]
-    want = RECIPE_FULL[number]
-    assert len(got) == len(want) == len(problem.meta.inputs)
-    for name, g, w in zip(problem.meta.inputs, got, want):
-        assert g == pytest.approx(w) if isinstance(w, float) else g == w, f"{number} {name}: {g} != recipe {w}"
+    problem = assert_full_shapes(number, RECIPE_FULL[number], source="recipe")
     u = problem.meta.upstream
     assert u is not None and u.source == "recipe"
     assert ("shapes" in u.matches) == (number not in SHAPES_DIFFER)
