@@ -148,7 +148,7 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sections", default="overhead,throughput")
-    ap.add_argument("--problem", type=int, default=28)
+    ap.add_argument("--problem", type=int, nargs="+", default=[28], help="one or more problems for the overhead section")
     ap.add_argument("--dsl", action="append", default=None, help="only these DSLs (default: every registered one)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     res: dict = {}
     sections = a.sections.split(",")
     if "overhead" in sections:
-        res["overhead"] = overhead(problem=a.problem, dsls=dsls, repeats=a.repeats, config=cfg, store=a.store, device=a.device)
+        res["overhead"] = [overhead(problem=p, dsls=dsls, repeats=a.repeats, config=cfg, store=a.store, device=a.device)
+                           for p in a.problem]
     if "throughput" in sections:
         res["throughput"] = throughput(rounds=a.rounds, dsls=dsls, config=cfg, store=a.store, device=a.device,
                                        depth=a.depth, low_water=a.low_water)
@@ -178,8 +179,9 @@ def main(argv: list[str] | None = None) -> None:
 def summary(res: dict) -> str:
     """The figures the issue's targets name, one line each."""
     lines = []
-    for dsl, d in (res.get("overhead") or {}).get("dsls", {}).items():
-        lines.append(f"FIGURE overhead per evaluation, warm queue, problem {res['overhead']['problem']} {dsl}: "
+    runs = res.get("overhead") or []
+    for o, dsl, d in [(o, dsl, d) for o in (runs if isinstance(runs, list) else [runs]) for dsl, d in o.get("dsls", {}).items()]:
+        lines.append(f"FIGURE overhead per evaluation, warm queue, problem {o['problem']} {dsl}: "
                      f"median {d['overhead_s_median']:.3f} s (max {d['overhead_s_max']:.3f}; target < 0.5 s); "
                      f"candidate median {d['candidate_median_us']} us, spread {100 * (d['candidate_spread'] or 0):.2f}%")
     t = res.get("throughput")
