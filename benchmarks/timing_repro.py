@@ -15,6 +15,11 @@ that each remove one suspect:
 Every grading reads the SM clock, temperature and power (nvidia-smi) before and after its calls: if the
 medians follow the clock, the spread is the GPU's clock state.
 
+`--phases` repeats the table after changing the process the way a grader worker is changed before it
+times anything: `harness` imports the grader's harness (torch._dynamo and one dispatch mode), `profiler`
+runs one call under torch.profiler (CUPTI) as the worker's warm start does. If the kernels slow down
+after a phase, the grader's own process state is part of every timing it makes.
+
 Per grading it records the median, CV, the host dispatch time (perf_counter around the call inside the
 window), and the clock readings; the table gives the spread (max - min) / median of the medians.
 
@@ -104,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warm", type=int, default=10)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/timing-repro"))
     ap.add_argument("--budget-s", type=float, default=200.0)
+    ap.add_argument("--kernels", default=None, help="only these (eager, cute, tirx); default all")
+    ap.add_argument("--phases", default="base", help="base[,harness][,profiler]: process states, in this order")
     a = ap.parse_args(argv)
     from mkb.dsl import get_backend
     from mkb.problems import baselines, find_problem, load_problem
@@ -121,12 +128,14 @@ def main(argv: list[str] | None = None) -> None:
     del w
     rows, raw = [], {}
     seed = 50_000
+    fns_of: dict[int, dict] = {}
+    makes: dict[int, object] = {}
     for p in a.problems:
         mod = load_problem(find_problem(p))
         make = lambda s, mod=mod: tuple(mod.make_inputs(s, device=DEV, size="full"))  # noqa: E731
         fns = {"eager": getattr(mod, "eager", None) or mod.reference}
         x = make(1)
-        for b in baselines([p]):
+        for b in baselines([p]) if a.kernels is None or set(a.kernels.split(",")) - {"eager"} else ():
             backend = get_backend(b.dsl)
             os.environ.update(backend.environment("sm_90a"))
             m = backend.load(b.path)
@@ -134,31 +143,45 @@ def main(argv: list[str] | None = None) -> None:
             fns[b.dsl] = m.solve
         torch.cuda.synchronize()
         del x
-        for name, fn in fns.items():
-            for variant in a.variants.split(","):
-                if time.monotonic() - t_start > a.budget_s:
-                    pr("SKIP", p, name, variant, "(budget)")
-                    continue
-                gs = []
-                for r in range(a.reps):
-                    seed += 1000
-                    gs.append(grading(fn, make, n=a.n, warm=a.warm, seed0=seed, variant=variant, flusher=flusher))
-                meds = [g["median_us"] for g in gs]
-                mm = statistics.median(meds)
-                row = {"problem": p, "kernel": name, "variant": variant, "median_us": mm,
-                       "spread": (max(meds) - min(meds)) / mm, "medians": [round(m, 2) for m in meds],
-                       "cv": statistics.median(g["cv"] for g in gs), "host_us": statistics.median(g["host_us"] for g in gs),
-                       "premade": all(g["premade"] for g in gs),
-                       "clocks": [(g["clock_before"].get("sm_mhz"), g["clock_after"].get("sm_mhz")) for g in gs]}
-                rows.append(row)
-                raw[f"{p}/{name}/{variant}"] = gs
-                pr(f"{p} {name:6s} {variant:7s} med {mm:9.2f} us spread {100 * row['spread']:5.2f}% cv {100 * row['cv']:5.1f}% "
-                   f"host {row['host_us']:6.1f} us premade {row['premade']} meds {row['medians']}"
-                   + f" clocks {row['clocks']}")
+        fns_of[p] = {k: f for k, f in fns.items() if a.kernels is None or k in a.kernels.split(",")}
+        makes[p] = make
+    for phase in a.phases.split(","):
+        if phase == "harness":
+            import mkb.grader._harness  # noqa: F401  - what a worker imports before any timing
+        elif phase == "profiler":
+            from mkb.grader._trace import profile_call
+
+            buf = torch.empty(1024, device=DEV)
+            profile_call(lambda: buf.fill_(1.0), torch.cuda.synchronize)
+        elif phase != "base":
+            raise SystemExit(f"unknown phase {phase!r}")
+        for p in a.problems:
+            make = makes[p]
+            for name, fn in fns_of[p].items():
+                for variant in a.variants.split(","):
+                    if time.monotonic() - t_start > a.budget_s:
+                        pr("SKIP", p, name, variant, "(budget)")
+                        continue
+                    gs = []
+                    for r in range(a.reps):
+                        seed += 1000
+                        gs.append(grading(fn, make, n=a.n, warm=a.warm, seed0=seed, variant=variant, flusher=flusher))
+                    meds = [g["median_us"] for g in gs]
+                    mm = statistics.median(meds)
+                    row = {"phase": phase, "problem": p, "kernel": name, "variant": variant, "median_us": mm,
+                           "spread": (max(meds) - min(meds)) / mm, "medians": [round(m, 2) for m in meds],
+                           "cv": statistics.median(g["cv"] for g in gs), "host_us": statistics.median(g["host_us"] for g in gs),
+                           "premade": all(g["premade"] for g in gs),
+                           "clocks": [(g["clock_before"].get("sm_mhz"), g["clock_after"].get("sm_mhz")) for g in gs]}
+                    rows.append(row)
+                    raw[f"{phase}/{p}/{name}/{variant}"] = gs
+                    pr(f"{phase:8s} {p} {name:6s} {variant:7s} med {mm:9.2f} us spread {100 * row['spread']:5.2f}% cv {100 * row['cv']:5.1f}% "
+                       f"host {row['host_us']:6.1f} us premade {row['premade']} meds {row['medians']}"
+                       + f" clocks {row['clocks']}")
     (out / "timing_repro.json").write_text(json.dumps({"rows": rows, "raw": raw}, default=str))
     pr("TABLE (spread = (max - min) / median of", a.reps, "gradings' medians,", a.n, "timed calls each)")
     for r in rows:
-        pr(f"  {r['problem']} {r['kernel']:6s} {r['variant']:13s} {r['median_us']:9.2f} us  spread {100 * r['spread']:5.2f}%  "
+        pr(f"  {r['phase']:8s} {r['problem']} {r['kernel']:6s} {r['variant']:13s} {r['median_us']:9.2f} us  spread {100 * r['spread']:5.2f}%  "
            f"cv {100 * r['cv']:5.1f}%  host {r['host_us']:6.1f} us")
     pr("done in", round(time.monotonic() - t_start), "s")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import time
 import traceback
 from pathlib import Path
@@ -322,7 +323,8 @@ class _Evaluation:
             del e_stream
             eager = summarize(rec.times_us, n_warmup=plan.n_warm)
             eager_fig = self.fresh["eager"] = {"median_us": eager.median_us, "iqr_us": eager.iqr_us, "cv": eager.cv,
-                                               "n_timed": eager.n_timed, "n_warmup": plan.n_warm, "measured_unix": time.time()}
+                                               "n_timed": eager.n_timed, "n_warmup": plan.n_warm, "measured_unix": time.time(),
+                                               "host_us_median": statistics.median(rec.host_us) if rec.host_us else None}
             ph.mark("eager_timing")
         if floor_fig is None:
             floor_times = sorted(dev.window(lambda: None, self.flush)[1] for _ in range(30))
@@ -607,6 +609,8 @@ class _Evaluation:
             input_sets_alive=cap, run_phases_s=dict(ph.s),
             tail_us_median=float(sorted(tails)[len(tails) // 2]) if tails else None,
             floor_tail_us_median=float(sorted(floor_tails)[len(floor_tails) // 2]) if floor_tails else None,
+            host_us_median=statistics.median(rec.host_us) if rec.host_us else None,
+            eager_host_us_median=eager.get("host_us_median"),
             side_work_us=left_behind, quiet_wait_s=dict(quiet.waited_s),
             quiet_windows_monotonic={k: [round(x, 6) for x in v] for k, v in quiet.windows.items()},
         ).as_dict())
