@@ -5,22 +5,22 @@ threads per (chunk, kv head) and kernel 2 merges a sequence's chunks by log-sum-
 numbered sequence after sequence, so a CTA finds its (sequence, first token) with a warp prefix sum
 of ceil(kv_len / CHUNK) over kv_indptr (no host read: the grid is an upper bound from kv_indices'
 length, nnz // CHUNK + batch + 1, and CTAs past the last chunk exit).
-Kernel 1: the 128 threads are 8 streams of 16 lanes; lane l of a stream owns head dims
-[8l, 8l + 8) of the 4 query heads that share the CTA's kv head (q pre-scaled by sm_scale * log2 e,
-in registers). Each iteration a stream takes TPI consecutive tokens of the chunk, gathers their K and
-V rows through kv_indices with 16-byte loads (all 2*TPI loads issued before any math), reduces the
-4 dot products over its 16 lanes with butterfly shuffles and updates its own online softmax
-(running max m, sum l and an 8-wide fp32 accumulator per head, base 2). A token index past the chunk
-is clamped to the chunk's last token (a valid address, same score, so the max stays right) and its
-weight is set to 0. The 8 streams are merged through shared memory; thread d writes, per head,
-the chunk's normalised partial output o[d] and lse = m + log2(l) (fp32 workspace).
+Kernel 1: the 128 threads are 8 streams of 16 lanes; lane l of a stream owns head dims [8l, 8l + 8) of the
+4 query heads that share the CTA's kv head (q pre-scaled by sm_scale * log2 e, in registers). Each
+iteration a stream takes TPI consecutive tokens of the chunk, gathers their K and V rows through the
+chunk's page ids (staged in shared memory once per CTA) with 16-byte loads (all 2*TPI loads issued before
+any math), reduces the 4 dot products over its 16 lanes with butterfly shuffles and updates its own online
+softmax (running max m, sum l and an 8-wide fp32 accumulator per head, base 2). A token index past the
+chunk is clamped to the chunk's last token (a valid address, same score, so the max stays right) and its
+weight is set to 0. The 8 streams are merged through shared memory; thread d writes, per head, the chunk's
+normalised partial output o[d] and lse = m + log2(l) (fp32 workspace).
 Kernel 2: one CTA per (query head, sequence), thread d: out = sum_c 2^(lse_c - lse) o_c[d] with
 lse = M + log2(sum_c 2^(lse_c - M)), lse returned in base 2 (as FlashInfer and the reference).
 A sequence with no tokens gets out = 0 and lse = -inf (the reference's logsumexp of nothing).
 
-Bound: memory. The referenced KV is 241 MB of 241.4 MB counted (problem META); at ~4.8 TB/s that is
-~50 us. Extra traffic: the fp32 workspace (~300 chunks x 32 heads x 129 floats, ~5 MB, written
-and read once, ~4%). Expect 50-70% of the bandwidth roof: the K/V rows are 256-byte gathers (one
+Bound: memory. The referenced KV is 241.5 MB of the 242.8 MB counted (problem META); at ~4.8 TB/s that
+is ~51 us. Extra traffic: the fp32 workspace (279 chunks x 32 heads x 129 floats, 4.6 MB, written
+and read once, ~4%). 279 x 8 = 2232 CTAs of 128 KB each, ~4 waves at 4 CTAs per SM. Expect 50-70% of the bandwidth roof: the K/V rows are 256-byte gathers (one
 page each), fine for DRAM, and the per-CTA locate scan costs a few hundred cycles.
 
 Risks not checked without a GPU (lines to look at first if it fails on the H200):
@@ -105,6 +105,7 @@ def split_kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mIndptr: cut
     sm_l = smem.allocate_tensor(Float32, cute.make_layout((NS, G), stride=(G, 1)))
     sm_acc = smem.allocate_tensor(Float32, cute.make_layout((NS, G, HEAD_DIM), stride=(G * HEAD_DIM, HEAD_DIM, 1)),
                                   byte_alignment=16)
+    sm_idx = smem.allocate_tensor(Int32, cute.make_layout(CHUNK))
     seq1, t0 = _locate(mIndptr, c, CHUNK)
     if seq1 > 0:
         seq = seq1 - 1
@@ -112,6 +113,10 @@ def split_kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mIndptr: cut
         t1 = cutlass.min(t0 + CHUNK, mIndptr[seq + 1] - base)  # chunk end (exclusive), > t0
         s = tidx // LANES
         l16 = tidx % LANES
+        # the chunk's page ids, staged once (coalesced), so the gathers below wait on one memory trip, not two
+        for i in cutlass.range_constexpr(CHUNK // NT):
+            sm_idx[i * NT + tidx] = mIdx[base + cutlass.min(t0 + i * NT + tidx, t1 - 1)]
+        cute.arch.sync_threads()
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         qv = cute.make_rmem_tensor(cute.make_layout(VEC), BFloat16)
         qf = cute.make_rmem_tensor(cute.make_layout(G * VEC), Float32)
@@ -135,8 +140,7 @@ def split_kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mIndptr: cut
         for it in range(niter):
             tb = t0 + it * (NS * TPI) + s * TPI
             for j in cutlass.range_constexpr(TPI):
-                t = cutlass.min(tb + j, t1 - 1)
-                row = mIdx[base + t] * KVH + kvh
+                row = sm_idx[cutlass.min(tb + j, t1 - 1) - t0] * KVH + kvh
                 cute.copy(atom, mK[row, l16, None], kf[None, j])
                 cute.copy(atom, mV[row, l16, None], vf[None, j])
             for j in cutlass.range_constexpr(TPI):

@@ -5,22 +5,22 @@ threads per (chunk, kv head) and kernel 2 merges a sequence's chunks by log-sum-
 numbered sequence after sequence, so a CTA finds its (sequence, first token) with a warp prefix sum
 of ceil(kv_len / CHUNK) over kv_indptr (`__shfl_up_sync`; no host read: the grid is an upper bound
 from kv_indices' length, nnz // CHUNK + batch + 1, and CTAs past the last chunk do nothing).
-Kernel 1: the 128 threads are 8 streams of 16 lanes; lane l of a stream owns head dims
-[8l, 8l + 8) of the 4 query heads that share the CTA's kv head (q pre-scaled by sm_scale * log2 e,
-in registers). Each iteration a stream takes TPI consecutive tokens of the chunk, gathers their K and
-V rows through kv_indices with `bfloat16x8` (16-byte) loads (all issued before any math), reduces the
-4 dot products over its 16 lanes (`Tx.cuda.warp_sum(width=16)`) and updates its own online softmax
-(running max m, sum l and an 8-wide fp32 accumulator per head, base 2). A token index past the chunk
-is clamped to the chunk's last token (a valid address, same score, so the max stays right) and its
-weight is set to 0. The 8 streams are merged through shared memory; thread d writes, per head,
-the chunk's normalised partial output o[d] and lse = m + log2(l) (fp32 workspace).
+Kernel 1: the 128 threads are 8 streams of 16 lanes; lane l of a stream owns head dims [8l, 8l + 8) of the
+4 query heads that share the CTA's kv head (q pre-scaled by sm_scale * log2 e, in registers). Each
+iteration a stream takes TPI consecutive tokens of the chunk, gathers their K and V rows through the
+chunk's page ids (staged in shared memory once per CTA) with `bfloat16x8` (16-byte) loads (all issued
+before any math), reduces the 4 dot products over its 16 lanes (`Tx.cuda.warp_sum(width=16)`) and updates
+its own online softmax (running max m, sum l and an 8-wide fp32 accumulator per head, base 2). A token
+index past the chunk is clamped to the chunk's last token (a valid address, same score, so the max stays
+right) and its weight is set to 0. The 8 streams are merged through shared memory; thread d writes, per
+head, the chunk's normalised partial output o[d] and lse = m + log2(l) (fp32 workspace).
 Kernel 2: one CTA per (query head, sequence), thread d: out = sum_c 2^(lse_c - lse) o_c[d] with
 lse = M + log2(sum_c 2^(lse_c - M)), lse returned in base 2 (as FlashInfer and the reference).
 A sequence with no tokens gets out = 0 and lse = -inf (the reference's logsumexp of nothing).
 
-Bound: memory. The referenced KV is 241 MB of 241.4 MB counted (problem META); at ~4.8 TB/s that is
-~50 us. Extra traffic: the fp32 workspace (~300 chunks x 32 heads x 129 floats, ~5 MB, written
-and read once, ~4%). Expect 50-70% of the bandwidth roof, like the CuTe DSL version (same algorithm).
+Bound: memory. The referenced KV is 241.5 MB of the 242.8 MB counted (problem META); at ~4.8 TB/s that
+is ~51 us. Extra traffic: the fp32 workspace (279 chunks x 32 heads x 129 floats, 4.6 MB, written
+and read once, ~4%). 279 x 8 = 2232 CTAs of 128 KB each, ~4 waves at 4 CTAs per SM. Expect 50-70% of the bandwidth roof, like the CuTe DSL version (same algorithm).
 
 Risks not checked without a GPU (lines to look at first if it fails on the H200):
 - the warp prefix sum in `gqa_split` (`__shfl_up_sync` keeps lanes below the offset unchanged;
@@ -75,6 +75,7 @@ def _make_split(H: int, KVH: int, SCALE2: float):
         sm_m = Tx.alloc_shared((NS * G,), "float32")
         sm_l = Tx.alloc_shared((NS * G,), "float32")
         sm_acc = Tx.alloc_shared((NS * G * D,), "float32")
+        sm_idx = Tx.alloc_shared((CHUNK,), "int32")
         lane: Tx.let[Tx.int32] = Tx.truncmod(tx, 32)
         nseq: Tx.let[Tx.int32] = B1 - 1
         # locate this CTA's chunk: each warp scans the chunk counts 32 sequences at a time
@@ -107,6 +108,10 @@ def _make_split(H: int, KVH: int, SCALE2: float):
             t1: Tx.let[Tx.int32] = Tx.min(t0 + CHUNK, Ip[seq + 1] - base)  # chunk end (exclusive), > t0
             s: Tx.let[Tx.int32] = Tx.truncdiv(tx, LANES)
             l16: Tx.let[Tx.int32] = Tx.truncmod(tx, LANES)
+            # the chunk's page ids, staged once (coalesced), so the gathers below wait on one memory trip, not two
+            for i in Tx.unroll(CHUNK // NT):
+                sm_idx[i * NT + tx] = Ix[base + Tx.min(t0 + i * NT + tx, t1 - 1)]
+            Tx.cuda.cta_sync()
             qv = Tx.alloc_local((VEC,), "bfloat16")
             qf = Tx.alloc_local((G * VEC,), "float32")
             for g in Tx.unroll(G):
@@ -129,7 +134,7 @@ def _make_split(H: int, KVH: int, SCALE2: float):
             for it in Tx.serial(niter):
                 tb: Tx.let[Tx.int32] = t0 + it * (NS * TPI) + s * TPI
                 for j in Tx.unroll(TPI):
-                    row: Tx.let[Tx.int32] = Ix[base + Tx.min(tb + j, t1 - 1)] * KVH + kvh
+                    row: Tx.let[Tx.int32] = sm_idx[Tx.min(tb + j, t1 - 1) - t0] * KVH + kvh
                     kf.vstore([j * VEC], K.vload([row, l16 * VEC], dtype="bfloat16x8"))
                     vf.vstore([j * VEC], V.vload([row, l16 * VEC], dtype="bfloat16x8"))
                 for j in Tx.unroll(TPI):
