@@ -116,7 +116,6 @@ def split_kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mIndptr: cut
         # the chunk's page ids, staged once (coalesced), so the gathers below wait on one memory trip, not two
         for i in cutlass.range_constexpr(CHUNK // NT):
             sm_idx[i * NT + tidx] = mIdx[base + cutlass.min(t0 + i * NT + tidx, t1 - 1)]
-        cute.arch.sync_threads()
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         qv = cute.make_rmem_tensor(cute.make_layout(VEC), BFloat16)
         qf = cute.make_rmem_tensor(cute.make_layout(G * VEC), Float32)
@@ -124,6 +123,7 @@ def split_kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mIndptr: cut
             cute.copy(atom, mQ[seq, kvh * G + g, l16, None], qv)
             for e in cutlass.range_constexpr(VEC):
                 qf[g * VEC + e] = qv[e].to(Float32) * Float32(SCALE2)
+        cute.arch.sync_threads()  # publishes sm_idx (after the q loads, so both memory trips overlap)
         m = cute.make_rmem_tensor(cute.make_layout(G), Float32)
         lsum = cute.make_rmem_tensor(cute.make_layout(G), Float32)
         acc = cute.make_rmem_tensor(cute.make_layout(G * VEC), Float32)

@@ -111,13 +111,13 @@ def _make_split(H: int, KVH: int, SCALE2: float):
             # the chunk's page ids, staged once (coalesced), so the gathers below wait on one memory trip, not two
             for i in Tx.unroll(CHUNK // NT):
                 sm_idx[i * NT + tx] = Ix[base + Tx.min(t0 + i * NT + tx, t1 - 1)]
-            Tx.cuda.cta_sync()
             qv = Tx.alloc_local((VEC,), "bfloat16")
             qf = Tx.alloc_local((G * VEC,), "float32")
             for g in Tx.unroll(G):
                 qv.vstore([0], Q.vload([seq, kvh * G + g, l16 * VEC], dtype="bfloat16x8"))
                 for e in Tx.unroll(VEC):
                     qf[g * VEC + e] = Tx.Cast("float32", qv[e]) * Tx.float32(SCALE2)
+            Tx.cuda.cta_sync()  # publishes sm_idx (after the q loads, so both memory trips overlap)
             m = Tx.alloc_local((G,), "float32")
             lsum = Tx.alloc_local((G,), "float32")
             acc = Tx.alloc_local((G * VEC,), "float32")
