@@ -28,7 +28,7 @@ from mkb.grader._trace import CallLimits, call_figures, classify, profile_call
 from mkb.grader._verdict import CompileFigures, IntegrityFigures, TimingFigures, VerificationFigures, timing_decided
 from mkb.measure import (
     MIN_TIMED, TIMING_POLICY, UPSTREAM_POLICY, InputStream, L2Flusher, LoopRecord, UnsupportedGpu, clone_inputs, compare,
-    expect, gpu_state, identify_gpu, inputs_unchanged, side_work_us, stream_window as _stream_window, summarize,
+    SmClock, expect, gpu_state, identify_gpu, inputs_unchanged, side_work_us, stream_window as _stream_window, summarize,
     tensor_bytes, time_upstream, timed_loop,
 )
 from mkb.reasons import Reason
@@ -51,6 +51,7 @@ _warm_copy_watch()  # before any guard snapshot (it imports torch._dynamo, which
 _WARM: dict[str, Any] = {}
 # integrity_stream when the device stays busy after the call's `end` this much longer than after an empty call
 SIDE_WORK_MIN_US = 25.0
+CLOCK_WARM_MIN_S = 0.03  # the shortest clock warm-up, even on a GPU that reads boosted (its clock reading lags)
 SIDE_WORK_FRACTION = 0.1
 
 
@@ -61,6 +62,7 @@ def warm_start(device: str) -> None:
         t0 = _perf()
         _WARM["streams"] = _Device("cuda").harness_streams()
         _WARM["profiler_init_s"] = _perf() - t0
+        _WARM["sm_clock"] = SmClock()
 
 
 class _Phases:
@@ -104,15 +106,26 @@ class _Device:
         return result, (_perf() - t0) * 1e6, 0.0
 
     def warm_clocks(self, seconds: float) -> None:
-        """Busy the GPU so it boosts before a timing loop (an idle H200 sits at 345 MHz)."""
+        """Busy the GPU until it has boosted (an idle H200 sits at 345 MHz), for at most `seconds`.
+
+        With NVML the warm-up ends once the SM clock reads >= 95% of its maximum after at least
+        `CLOCK_WARM_MIN_S` (a queue's back-to-back gradings find it boosted almost at once); without
+        NVML it lasts `seconds`. What it took is recorded in the run's phases (`clock_warm`).
+        """
         if self.kind != "cuda" or seconds <= 0:
             return
+        clock = _WARM.get("sm_clock")
+        target = 0.95 * clock.max_mhz if clock is not None and clock.max_mhz else None
         a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
         t0 = _perf()
         while _perf() - t0 < seconds:
             for _ in range(8):
                 a = (a @ a).clamp_(-1, 1)
             _cuda_sync()
+            if target is not None and _perf() - t0 >= CLOCK_WARM_MIN_S:
+                mhz = clock.read()
+                if mhz is not None and mhz >= target:
+                    break
         del a
 
     def harness_streams(self) -> set[int] | None:

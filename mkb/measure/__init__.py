@@ -5,7 +5,7 @@ from mkb.measure._compare import (
     expect, inputs_unchanged, to_fp64,
 )
 from mkb.measure._device import (
-    CHECKED_ARCHS, GPU_MODELS, GpuModel, GpuState, UnsupportedGpu, arch_of, detect_arch, gpu_name, gpu_state, identify_gpu,
+    CHECKED_ARCHS, GPU_MODELS, GpuModel, GpuState, SmClock, UnsupportedGpu, arch_of, detect_arch, gpu_name, gpu_state, identify_gpu,
     query_gpu,
 )
 from mkb.measure._sol import GPU_PEAKS, GpuPeaks, SpeedOfLight, gpu_peaks, speed_of_light
@@ -18,7 +18,7 @@ from mkb.measure._timing import (
 __all__ = [
     "LoopRecord", "perf_window", "timed_loop",
     "UPSTREAM_POLICY", "UPSTREAM_TIMED", "UPSTREAM_WARMUP", "reference_numerics", "time_upstream",
-    "CHECKED_ARCHS", "GPU_MODELS", "GpuModel", "UnsupportedGpu", "arch_of", "detect_arch", "identify_gpu", "query_gpu",
+    "SmClock", "CHECKED_ARCHS", "GPU_MODELS", "GpuModel", "UnsupportedGpu", "arch_of", "detect_arch", "identify_gpu", "query_gpu",
     "Comparison", "Expected", "GPU_PEAKS", "GpuPeaks", "GpuState", "InputStream", "L2Flusher", "MIN_TIMED",
     "FLUSH_KIND", "MIN_WARMUP", "OutputCheck", "TIMING_POLICY", "QUANTIZED_MAX_OFF_FRACTION", "SpeedOfLight", "TOL_FACTOR", "Timing", "as_tuple",
     "clone_inputs", "compare", "expect", "gpu_name", "gpu_peaks", "gpu_state", "inputs_unchanged", "l2_bytes",

@@ -93,6 +93,38 @@ def _from_smi(phys: int) -> dict | None:
     }
 
 
+class SmClock:
+    """The device's current and maximum SM clock through one NVML handle, cheap enough to poll (~0.1 ms).
+
+    Why: a GPU idle for a moment drops its clock (an H200 to 345 MHz) and a timing loop must not start
+    before it boosts again; polling says when it has, instead of always busying it for a fixed time.
+    `read()` is None where NVML is not installed or does not answer (callers then fall back to a fixed time).
+    """
+
+    def __init__(self, device: torch.device | str | int | None = None) -> None:
+        self._h = self._nvml = None
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            dev = torch.device(device if device is not None else "cuda")
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            self._h = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(index))
+            self._nvml = pynvml
+            self.max_mhz = float(pynvml.nvmlDeviceGetMaxClockInfo(self._h, pynvml.NVML_CLOCK_SM))
+        except Exception:
+            self._h = self._nvml = None
+            self.max_mhz = None
+
+    def read(self) -> float | None:
+        if self._h is None:
+            return None
+        try:
+            return float(self._nvml.nvmlDeviceGetClockInfo(self._h, self._nvml.NVML_CLOCK_SM))
+        except Exception:
+            return None
+
+
 def gpu_state(device: torch.device | str | int | None = None) -> GpuState:
     """Name, clocks and temperature of `device` (pynvml, else nvidia-smi, else torch's name only).
 
