@@ -1,12 +1,15 @@
-"""Baseline (CuTe DSL): Ring-flash router as a SIMT GEMM into fp32 logits, then one warp per token for the routing.
+"""Baseline (CuTe DSL): Ring-flash router as a tensor-core GEMM into fp32 logits, then one warp per token for the routing.
 
-Kernel 1 (router GEMM, logits = hidden @ weight^T in fp32): register-blocked SIMT, 128 tokens x 128
-experts per CTA, K step 16, 256 threads with an 8x8 micro-tile each (two 4-wide row and column
-groups, 128-bit conflict-free shared reads). Each thread loads 8 bf16 of A and 8 of W per K step
-with one 128-bit global load each, widens them to fp32 and stores them k-major in shared memory.
-bf16 values are exact in fp32, so the products are exact and only the fp32 summation order differs
-from a tensor-core or cuBLAS fp32 GEMM (~1e-6 on the logits). Tail rows are clamped (loaded from
-the last row, never stored).
+Kernel 1 (router GEMM, logits = hidden @ weight^T, bf16 operands, fp32 accumulation): warp-level
+mma.sync m16n8k16 (`cute.nvgpu.warp.MmaF16BF16Op`) tiled over 8 warps (4 x 2), CTA tile 128 tokens
+x 128 experts x K step 32, so a CTA computes its tile as 2 x 8 x 2 MMAs per warp per K step. Each
+thread moves two 16-byte chunks of A and two of W per K step: global -> registers one K step
+ahead (prefetch, so the loads overlap the MMAs), registers -> shared with 128-bit stores into rows
+padded to 80 bytes (the 32-bit fragment reads of 8 rows x 4 lanes then hit 32 distinct banks);
+fragments come from `thr_mma.partition_A/B` + `autovec_copy`, the epilogue writes the accumulator
+fragment through `partition_C` of the output tile, predicated on the token tail (tail rows are
+loaded clamped and never stored). Grid 2 x T/128 (256 CTAs at full size; ptxas: 122 registers,
+2 CTAs per SM, one wave on 132 SMs).
 Kernel 2 (routing, fp32): one warp per token, lane l owns experts 8l..8l+7 (two 128-bit loads of
 logits, one of bias), so a group of 32 experts is 4 adjacent lanes. s = sigmoid, c = s + bias;
 each lane's top-2 of c, merged over its 4 lanes with xor shuffles (max/min are exact, so the group
@@ -15,15 +18,18 @@ the lower group, as the margins of make_inputs exclude ties); experts of the 4 b
 candidates. 8 rounds of warp argmax (value max, then the owner's index max, then that expert's s)
 give the experts in descending order; lane 0 writes indices (int64) and s_k / sum(s) * scale.
 
-Bound: compute. 2*T*D*E = 34.4 GFLOP. No tensor cores here: SIMT fp32 FMA peaks at ~67 TFLOP/s on
-the H200, so this kernel needs >= 0.5 ms (expected ~1 ms, ~3% of the bf16 tensor-core speed of
-light the problem is scored against, 989 TFLOP/s -> 35 us). Routing reads 16 MiB of logits (~10 us).
-This is the simple, obviously-correct version; eager (the fp32 reference) runs an fp32 cuBLAS GEMM,
-so expect this baseline to be near or below eager speed.
+Bound: compute. 2*T*D*E = 34.4 GFLOP against the bf16 tensor-core peak (989 TFLOP/s -> 35 us);
+operands 130 MiB (hidden 128 MiB, read once per expert half = twice, mostly from L2 for the
+second) -> ~40 us at 4.8 TB/s, so the floor is ~40-50 us. Expected: mma.sync without ldmatrix,
+without cp.async multi-stage pipelining and with two barriers per K step reaches maybe 30-50% of
+the tensor-core peak -> ~70-120 us, plus ~10 us of routing (16 MiB of logits). WGMMA + TMA with a
+fused routing epilogue is the next step (the logits round trip and the second launch would go).
 
-Unchecked without a GPU (least sure first): the Float32 -> Int64 conversion of the selected index
-(`idx.to(Int32).to(Int64)`), the warp-uniform `if t < T` around shuffles, and whether
-`cute.math.exp` (fastmath=False) matches torch's expf to within the weight tolerance.
+Unchecked without a GPU (least sure first): that `autovec_copy` from the shared partitions fills
+the MMA fragments in the order `cute.gemm` expects (the partitions' coordinates were printed at
+trace time and match the PTX fragment layout), the Float32 -> Int64 conversion of the selected
+index, and whether `cute.math.exp` (fastmath=False) matches torch's expf within the weight
+tolerance. The previous commit holds a SIMT fp32 GEMM version of kernel 1 (simpler, ~10x slower).
 """
 
 import math
@@ -33,7 +39,10 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32
 
-BM, BN, BK, NT = 128, 128, 16, 256
+BM, BN, BK, NT = 128, 128, 32, 256  # router GEMM CTA tile (tokens, experts, K step), threads
+LDS = BK + 8  # shared row stride in bf16: 80 bytes keeps rows 16-byte aligned and the fragment reads conflict-free
+CPT = BM * BK // 8 // NT  # 16-byte chunks of A (and of W) each thread moves per K step
+MMA_WARPS = (4, 2, 1)  # 8 warps over (M, N, K): each warp owns 32 tokens x 64 experts
 N_GROUP, TOPK_GROUP, TOP_K = 8, 4, 8
 E = 256  # experts: 8 per lane of a warp
 WPB = 8  # routing: tokens (warps) per CTA
@@ -41,61 +50,57 @@ _CACHE = {}
 
 
 @cute.kernel
-def router_gemm_kernel(mA: cute.Tensor, mW: cute.Tensor, mC: cute.Tensor):
+def router_gemm_kernel(mA: cute.Tensor, mW: cute.Tensor, mC: cute.Tensor, tiled_mma: cute.TiledMma):
     tidx, _, _ = cute.arch.thread_idx()
     bn, bm, _ = cute.arch.block_idx()
     M = mA.shape[0]
-    N = mW.shape[0]
     KO = mA.shape[1]  # K / 8
     smem = cutlass.utils.SmemAllocator()
-    As = smem.allocate_tensor(Float32, cute.make_layout((BK, BM // 4, 4), stride=(BM, 4, 1)), byte_alignment=16)
-    Ws = smem.allocate_tensor(Float32, cute.make_layout((BK, BN // 4, 4), stride=(BN, 4, 1)), byte_alignment=16)
-    g_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.BFloat16, num_bits_per_copy=128)
-    s_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
-    acc = cute.make_rmem_tensor(cute.make_layout(64), Float32)
-    a0 = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-    a1 = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-    w0 = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-    w1 = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-    la = cute.make_rmem_tensor(cute.make_layout(8), cutlass.BFloat16)
-    lw = cute.make_rmem_tensor(cute.make_layout(8), cutlass.BFloat16)
-    ty = tidx // 16
-    tc = tidx % 16
-    lr = tidx // 2  # the tile row this thread loads (A: token, W: expert)
-    lq = tidx % 2  # which 8-wide half of the K step
-    ra = bm * BM + lr
-    if ra >= M:
-        ra = M - 1
-    rw = bn * BN + lr
-    if rw >= N:
-        rw = N - 1
-    for i in cutlass.range_constexpr(64):
-        acc[i] = Float32(0.0)
-    for kb in range(KO // 2):
-        cute.copy(g_atom, mA[ra, kb * 2 + lq, None], la)
-        cute.copy(g_atom, mW[rw, kb * 2 + lq, None], lw)
-        for e in cutlass.range_constexpr(8):
-            As[lq * 8 + e, lr // 4, lr % 4] = la[e].to(Float32)
-            Ws[lq * 8 + e, lr // 4, lr % 4] = lw[e].to(Float32)
+    sA = smem.allocate_tensor(cutlass.BFloat16, cute.make_layout((BM, BK), stride=(LDS, 1)), byte_alignment=16)
+    sW = smem.allocate_tensor(cutlass.BFloat16, cute.make_layout((BN, BK), stride=(LDS, 1)), byte_alignment=16)
+    # the same tiles as rows of 16-byte chunks, for the 128-bit stores
+    sA8 = cute.make_tensor(sA.iterator, cute.make_layout((BM, BK // 8, 8), stride=(LDS, 8, 1)))
+    sW8 = cute.make_tensor(sW.iterator, cute.make_layout((BN, BK // 8, 8), stride=(LDS, 8, 1)))
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.BFloat16, num_bits_per_copy=128)
+    thr_mma = tiled_mma.get_slice(tidx)
+    tCsA = thr_mma.partition_A(sA)
+    tCsW = thr_mma.partition_B(sW)
+    tCrA = tiled_mma.make_fragment_A(tCsA)
+    tCrW = tiled_mma.make_fragment_B(tCsW)
+    gC = cute.local_tile(mC, (BM, BN), (bm, bn))
+    tCgC = thr_mma.partition_C(gC)
+    tCcC = thr_mma.partition_C(cute.make_identity_tensor((BM, BN)))
+    acc = tiled_mma.make_fragment_C(tCgC)
+    acc.fill(0.0)
+    # each thread moves CPT 16-byte chunks of A and of W per K step: chunk tidx + h*NT is (row, q) of the tile
+    q = tidx % (BK // 8)
+    la = [cute.make_rmem_tensor(cute.make_layout(8), cutlass.BFloat16) for _ in range(CPT)]
+    lw = [cute.make_rmem_tensor(cute.make_layout(8), cutlass.BFloat16) for _ in range(CPT)]
+    ra = [tidx // (BK // 8) + h * (NT // (BK // 8)) for h in range(CPT)]  # tile rows of this thread's chunks
+    ga = [cutlass.min(bm * BM + ra[h], M - 1) for h in range(CPT)]  # tail rows: clamped loads, never stored
+    nk = KO // (BK // 8)
+    # prologue: K step 0 into registers
+    for h in cutlass.range_constexpr(CPT):
+        cute.copy(atom, mA[ga[h], q, None], la[h])
+        cute.copy(atom, mW[bn * BN + ra[h], q, None], lw[h])
+    for kb in range(nk):
+        for h in cutlass.range_constexpr(CPT):
+            cute.copy(atom, la[h], sA8[ra[h], q, None])
+            cute.copy(atom, lw[h], sW8[ra[h], q, None])
         cute.arch.sync_threads()
-        for kk in cutlass.range_constexpr(BK):
-            cute.copy(s_atom, As[kk, ty, None], a0)
-            cute.copy(s_atom, As[kk, 16 + ty, None], a1)
-            cute.copy(s_atom, Ws[kk, tc, None], w0)
-            cute.copy(s_atom, Ws[kk, 16 + tc, None], w1)
-            for i in cutlass.range_constexpr(4):
-                for j in cutlass.range_constexpr(4):
-                    acc[i * 8 + j] = acc[i * 8 + j] + a0[i] * w0[j]
-                    acc[i * 8 + 4 + j] = acc[i * 8 + 4 + j] + a0[i] * w1[j]
-                    acc[(4 + i) * 8 + j] = acc[(4 + i) * 8 + j] + a1[i] * w0[j]
-                    acc[(4 + i) * 8 + 4 + j] = acc[(4 + i) * 8 + 4 + j] + a1[i] * w1[j]
+        # prefetch the next K step into registers while this one is multiplied
+        if kb + 1 < nk:
+            for h in cutlass.range_constexpr(CPT):
+                cute.copy(atom, mA[ga[h], (kb + 1) * (BK // 8) + q, None], la[h])
+                cute.copy(atom, mW[bn * BN + ra[h], (kb + 1) * (BK // 8) + q, None], lw[h])
+        cute.autovec_copy(tCsA, tCrA)
+        cute.autovec_copy(tCsW, tCrW)
+        cute.gemm(tiled_mma, acc, tCrA, tCrW, acc)
         cute.arch.sync_threads()
-    for i in cutlass.range_constexpr(8):
-        for j in cutlass.range_constexpr(8):
-            gr = bm * BM + (i // 4) * 64 + ty * 4 + i % 4
-            gc = bn * BN + (j // 4) * 64 + tc * 4 + j % 4
-            if gr < M and gc < N:
-                mC[gr, gc] = acc[i * 8 + j]
+    rows_left = M - bm * BM
+    for i in cutlass.range_constexpr(cute.size(acc)):
+        if tCcC[i][0] < rows_left:
+            tCgC[i] = acc[i]
 
 
 @cute.kernel
@@ -184,7 +189,9 @@ def router(mA: cute.Tensor, mW: cute.Tensor, mBias: cute.Tensor, mL: cute.Tensor
            mIdx: cute.Tensor, mWt: cute.Tensor, stream, SCALE: cutlass.Constexpr):
     M = mA.shape[0]
     N = mW.shape[0]
-    router_gemm_kernel(mA, mW, mL).launch(
+    tiled_mma = cute.make_tiled_mma(cute.nvgpu.warp.MmaF16BF16Op(cutlass.BFloat16, Float32, (16, 8, 16)),
+                                    cute.make_layout(MMA_WARPS))
+    router_gemm_kernel(mA, mW, mL, tiled_mma).launch(
         grid=[(N + BN - 1) // BN, (M + BM - 1) // BM, 1], block=[NT, 1, 1], stream=stream
     )
     route_kernel(mL4, mBias, mIdx, mWt, SCALE).launch(
