@@ -1,12 +1,20 @@
-"""Baseline (TIRx): Ring-flash router as a SIMT GEMM into fp32 logits, then one warp per token for the routing.
+"""Baseline (TIRx): Ring-flash router as a tensor-core GEMM into fp32 logits, then one warp per token for the routing.
 
-Kernel 1 (router GEMM, logits = hidden @ weight^T in fp32): register-blocked SIMT, 128 tokens x 128
-experts per CTA, K step 16, 256 threads with an 8x8 micro-tile each (two 4-wide row and column
-groups, float4 shared reads). Each thread loads 8 bf16 of A and 8 of W per K step with one
-16-byte global load each, widens them to fp32 and stores them k-major in shared memory. bf16
-values are exact in fp32, so the products are exact and only the fp32 summation order differs
-from a tensor-core or cuBLAS fp32 GEMM (~1e-6 on the logits). Tail rows are clamped (loaded from
-the last row, never stored).
+Kernel 1 (router GEMM, logits = hidden @ weight^T, bf16 operands, fp32 accumulation): raw PTX
+`mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` through `Tx.ptx[...]` (the `Tx.warp.gemm`
+tile primitive needs TileLayout fragment layouts; the raw instruction with the PTX fragment layout
+written out is shorter and checkable). 8 warps as 4 (tokens) x 2 (experts), each owning 32 tokens
+x 64 experts = 2 x 8 m16n8 tiles; CTA tile 128 x 128, K step 32. A and W travel as int32 views
+(two bf16 per word, element 2i in the low half, exactly the packing mma wants), so each thread
+moves two 16-byte chunks of A and two of W per K step: global -> registers one K step ahead
+(prefetch, overlapping the MMAs), registers -> shared (`int32x4` stores into rows padded to 20
+words, so the fragment reads of 8 rows x 4 lanes hit 32 distinct banks), then 32-bit fragment
+reads: a0..a3 = rows g, g+8 x k-words tg, tg+4; b0, b1 = expert g x k-words tg, tg+4; c0, c1 at
+row g, columns 2tg, 2tg+1 and c2, c3 at row g+8 (g = lane/4, tg = lane%4). D is a compile-time
+constant: with a dynamic row stride TVM cannot prove 16-byte alignment and splits every vector
+load into 4 scalar loads (the same holds for a `bfloat16x8` vload, which even emits an 8-lane gather
+nvcc rejects). Tail tokens are loaded clamped and never stored. nvcc: 123 registers, 20 KiB
+shared memory, 2 CTAs per SM; 256 CTAs at full size (one wave on 132 SMs).
 Kernel 2 (routing, fp32): one warp per token, lane l owns experts 8l..8l+7 (two float4 loads of
 logits), so a group of 32 experts is 4 adjacent lanes. s = sigmoid, c = s + bias; each lane's
 top-2 of c, merged over its 4 lanes with xor shuffles (max/min are exact, so the group score
@@ -16,22 +24,30 @@ candidates. 8 rounds of warp argmax (value max, then the owner's index max, then
 give the experts in descending order; lane 0 writes indices (int64) and s_k / sum(s) * scale.
 Removed and dropped experts hold -1e30 (c is in (-10, 11) for bf16 N(0, 1) biases), not -inf.
 
-Bound: compute. 2*T*D*E = 34.4 GFLOP. No tensor cores here: SIMT fp32 FMA peaks at ~67 TFLOP/s on
-the H200, so this kernel needs >= 0.5 ms (expected ~1 ms, ~3% of the bf16 tensor-core speed of
-light the problem is scored against, 989 TFLOP/s -> 35 us). Routing reads 16 MiB of logits (~10 us).
-This is the simple, obviously-correct version; eager (the fp32 reference) runs an fp32 cuBLAS GEMM,
-so expect this baseline to be near or below eager speed.
+Bound: compute. 2*T*D*E = 34.4 GFLOP against the bf16 tensor-core peak (989 TFLOP/s -> 35 us);
+hidden (128 MiB) is read by the two expert-half CTAs of a token tile back to back (the second
+mostly from L2) -> ~30 us at 4.8 TB/s, so the floor is ~40-50 us. Expected: mma.sync without
+ldmatrix, without cp.async multi-stage pipelining and with two barriers per K step reaches maybe
+30-50% of the tensor-core peak -> ~70-120 us, plus ~10 us of routing (16 MiB of logits). wgmma +
+TMA with a fused routing epilogue is the next step (the logits round trip and a launch would go).
 
-Unchecked without a GPU (least sure first): the bf16 unpacking from int32 words (low half = even element), the
+Unchecked without a GPU (least sure first): the mma fragment indexing (modelled in numpy at smoke
+size against the PTX fragment layout, which matches CuTe's printed MMA atom partitions), the
 shuffles (`Tx.cuda.__shfl_xor_sync` / `__shfl_sync` with `__activemask()` inside the warp-uniform
-`if t < T`), and the float -> int64 cast of the selected index.
+`if t < T`), and the float -> int64 cast of the selected index. The previous commit holds a SIMT
+fp32 GEMM version of kernel 1 (simpler, ~10x slower).
 """
 
 import torch
 import tvm
 from tvm.script import tirx as Tx
 
-BM, BN, BK, NT = 128, 128, 16, 256
+BM, BN, BK, NT = 128, 128, 32, 256  # router GEMM CTA tile (tokens, experts, K step), threads
+LDW = BK // 2 + 4  # shared row stride in 32-bit words: 80 bytes keeps rows 16-byte aligned, fragment reads conflict-free
+WM, WN = 4, 2  # warps over (tokens, experts): each warp owns 32 tokens x 64 experts
+MT, NTL = BM // WM // 16, BN // WN // 8  # m16 and n8 MMA tiles per warp (2 x 8)
+CPT = BM * BK // 8 // NT  # 16-byte chunks of A (and of W) each thread moves per K step
+RSTEP = NT // (BK // 8)  # tile rows between a thread's chunks
 N_GROUP, TOPK_GROUP, TOP_K = 8, 4, 8
 E = 256  # experts: 8 per lane of a warp
 WPB = 8  # routing: tokens (warps) per CTA
@@ -41,58 +57,75 @@ _CACHE = {}
 
 def _make_gemm(D: int):
     K2 = D // 2  # static: with a dynamic row stride TVM cannot prove 16-byte alignment and emits 4 scalar loads
+    NK = D // BK
+
     @Tx.prim_func
     def router_gemm(a_ptr: Tx.handle, w_ptr: Tx.handle, c_ptr: Tx.handle):
         M = Tx.int32()
-        # A and W arrive as int32 views [*, D / 2] (two bf16 per word, element 2i in the low half)
+        # A and W arrive as int32 views [*, D / 2] (two bf16 per word, element 2i in the low half, as mma wants)
         A = Tx.match_buffer(a_ptr, (M, K2), "int32")
         W = Tx.match_buffer(w_ptr, (E, K2), "int32")
         C = Tx.match_buffer(c_ptr, (M, E), "float32")
         Tx.device_entry()
         bn, bm = Tx.cta_id([E // BN, Tx.ceildiv(M, BM)])
         tx = Tx.thread_id([NT])
-        As = Tx.alloc_shared((BK, BM), "float32")
-        Ws = Tx.alloc_shared((BK, BN), "float32")
-        acc = Tx.alloc_local((64,), "float32")
-        ar = Tx.alloc_local((8,), "float32")
-        wr = Tx.alloc_local((8,), "float32")
-        la = Tx.alloc_local((4,), "int32")
-        lw = Tx.alloc_local((4,), "int32")
-        ty: Tx.let[Tx.int32] = tx // 16
-        tc: Tx.let[Tx.int32] = tx % 16
-        lr: Tx.let[Tx.int32] = tx // 2  # the tile row this thread loads (A: token, W: expert)
-        lk: Tx.let[Tx.int32] = (tx % 2) * 8  # which 8-wide half of the K step
-        ra: Tx.let[Tx.int32] = Tx.min(bm * BM + lr, M - 1)  # tail rows: clamped loads, never stored
-        rw: Tx.let[Tx.int32] = bn * BN + lr
-        for i in Tx.unroll(64):
+        sA = Tx.alloc_shared((BM, LDW), "int32")
+        sW = Tx.alloc_shared((BN, LDW), "int32")
+        acc = Tx.alloc_local((MT * NTL * 4,), "float32")  # [m16 tile][n8 tile][c0..c3]
+        af = Tx.alloc_local((MT * 4,), "uint32")  # A fragments of one k16 step: [m16 tile][a0..a3]
+        bf = Tx.alloc_local((NTL * 2,), "uint32")  # B fragments: [n8 tile][b0, b1]
+        la = Tx.alloc_local((CPT * 4,), "int32")  # this thread's 16-byte chunks of the next K step
+        lw = Tx.alloc_local((CPT * 4,), "int32")
+        lane: Tx.let[Tx.int32] = tx % 32
+        g: Tx.let[Tx.int32] = lane // 4  # mma groupID: fragment row (A, C) / column (B)
+        tg: Tx.let[Tx.int32] = lane % 4  # thread in group: fragment k word / C column pair
+        wm: Tx.let[Tx.int32] = (tx // 32) % WM  # warp's 32-token slice of the tile
+        wn: Tx.let[Tx.int32] = (tx // 32) // WM  # warp's 64-expert slice
+        q: Tx.let[Tx.int32] = tx % (BK // 8)  # 16-byte chunk within a tile row
+        r0: Tx.let[Tx.int32] = tx // (BK // 8)  # tile row of chunk 0 (chunk h: r0 + h * RSTEP)
+        for i in Tx.unroll(MT * NTL * 4):
             acc[i] = Tx.float32(0)
-        for kb in Tx.serial(K2 // (BK // 2)):
-            la.vstore([0], A.vload([ra, kb * (BK // 2) + lk // 2], dtype="int32x4"))
-            lw.vstore([0], W.vload([rw, kb * (BK // 2) + lk // 2], dtype="int32x4"))
-            for e in Tx.unroll(4):
-                # bf16 -> fp32 is exact: the bf16 bits are the high half of the float's
-                ua: Tx.let[Tx.uint32] = Tx.Cast("uint32", la[e])
-                uw: Tx.let[Tx.uint32] = Tx.Cast("uint32", lw[e])
-                As[lk + 2 * e, lr] = Tx.reinterpret("float32", ua << Tx.uint32(16))
-                As[lk + 2 * e + 1, lr] = Tx.reinterpret("float32", ua & Tx.uint32(0xFFFF0000))
-                Ws[lk + 2 * e, lr] = Tx.reinterpret("float32", uw << Tx.uint32(16))
-                Ws[lk + 2 * e + 1, lr] = Tx.reinterpret("float32", uw & Tx.uint32(0xFFFF0000))
+        # prologue: K step 0 into registers (tail rows clamped: loaded, never stored)
+        for h in Tx.unroll(CPT):
+            la.vstore([h * 4], A.vload([Tx.min(bm * BM + r0 + h * RSTEP, M - 1), q * 4], dtype="int32x4"))
+            lw.vstore([h * 4], W.vload([bn * BN + r0 + h * RSTEP, q * 4], dtype="int32x4"))
+        for kb in Tx.serial(NK):
+            for h in Tx.unroll(CPT):
+                sA.vstore([r0 + h * RSTEP, q * 4], la.vload([h * 4], dtype="int32x4"))
+                sW.vstore([r0 + h * RSTEP, q * 4], lw.vload([h * 4], dtype="int32x4"))
             Tx.cuda.cta_sync()
-            for kk in Tx.unroll(BK):
-                ar.vstore([0], As.vload([kk, ty * 4], dtype="float32x4"))
-                ar.vstore([4], As.vload([kk, 64 + ty * 4], dtype="float32x4"))
-                wr.vstore([0], Ws.vload([kk, tc * 4], dtype="float32x4"))
-                wr.vstore([4], Ws.vload([kk, 64 + tc * 4], dtype="float32x4"))
-                for i in Tx.unroll(8):
-                    for j in Tx.unroll(8):
-                        acc[i * 8 + j] = acc[i * 8 + j] + ar[i] * wr[j]
+            # prefetch the next K step into registers while this one is multiplied
+            if kb + 1 < NK:
+                for h in Tx.unroll(CPT):
+                    la.vstore([h * 4], A.vload([Tx.min(bm * BM + r0 + h * RSTEP, M - 1), (kb + 1) * (BK // 2) + q * 4], dtype="int32x4"))
+                    lw.vstore([h * 4], W.vload([bn * BN + r0 + h * RSTEP, (kb + 1) * (BK // 2) + q * 4], dtype="int32x4"))
+            for kk in Tx.unroll(BK // 16):
+                for mt in Tx.unroll(MT):
+                    af[mt * 4 + 0] = Tx.Cast("uint32", sA[wm * (MT * 16) + mt * 16 + g, kk * 8 + tg])
+                    af[mt * 4 + 1] = Tx.Cast("uint32", sA[wm * (MT * 16) + mt * 16 + g + 8, kk * 8 + tg])
+                    af[mt * 4 + 2] = Tx.Cast("uint32", sA[wm * (MT * 16) + mt * 16 + g, kk * 8 + tg + 4])
+                    af[mt * 4 + 3] = Tx.Cast("uint32", sA[wm * (MT * 16) + mt * 16 + g + 8, kk * 8 + tg + 4])
+                for nt in Tx.unroll(NTL):
+                    bf[nt * 2 + 0] = Tx.Cast("uint32", sW[wn * (NTL * 8) + nt * 8 + g, kk * 8 + tg])
+                    bf[nt * 2 + 1] = Tx.Cast("uint32", sW[wn * (NTL * 8) + nt * 8 + g, kk * 8 + tg + 4])
+                for mt in Tx.unroll(MT):
+                    for nt in Tx.unroll(NTL):
+                        Tx.ptx["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"](
+                            acc[(mt * NTL + nt) * 4 + 0], acc[(mt * NTL + nt) * 4 + 1],
+                            acc[(mt * NTL + nt) * 4 + 2], acc[(mt * NTL + nt) * 4 + 3],
+                            af[mt * 4 + 0], af[mt * 4 + 1], af[mt * 4 + 2], af[mt * 4 + 3],
+                            bf[nt * 2 + 0], bf[nt * 2 + 1],
+                            acc[(mt * NTL + nt) * 4 + 0], acc[(mt * NTL + nt) * 4 + 1],
+                            acc[(mt * NTL + nt) * 4 + 2], acc[(mt * NTL + nt) * 4 + 3])
             Tx.cuda.cta_sync()
-        for i in Tx.unroll(8):
-            for j in Tx.unroll(8):
-                gr: Tx.let[Tx.int32] = bm * BM + (i // 4) * 64 + ty * 4 + i % 4
-                gc: Tx.let[Tx.int32] = bn * BN + (j // 4) * 64 + tc * 4 + j % 4
-                if gr < M:
-                    C[gr, gc] = acc[i * 8 + j]
+        for mt in Tx.unroll(MT):
+            for nt in Tx.unroll(NTL):
+                for hr in Tx.unroll(2):  # c0, c1 at row g; c2, c3 at row g + 8
+                    gr: Tx.let[Tx.int32] = bm * BM + wm * (MT * 16) + mt * 16 + g + hr * 8
+                    gc: Tx.let[Tx.int32] = bn * BN + wn * (NTL * 8) + nt * 8 + tg * 2
+                    if gr < M:
+                        C[gr, gc] = acc[(mt * NTL + nt) * 4 + hr * 2]
+                        C[gr, gc + 1] = acc[(mt * NTL + nt) * 4 + hr * 2 + 1]
 
     return router_gemm
 
