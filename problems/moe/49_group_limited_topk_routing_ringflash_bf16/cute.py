@@ -1,15 +1,22 @@
 """Baseline (CuTe DSL): Ring-flash router as a tensor-core GEMM into fp32 logits, then one warp per token for the routing.
 
 Kernel 1 (router GEMM, logits = hidden @ weight^T, bf16 operands, fp32 accumulation): warp-level
-mma.sync m16n8k16 (`cute.nvgpu.warp.MmaF16BF16Op`) tiled over 8 warps (4 x 2), CTA tile 128 tokens
-x 128 experts x K step 32, so a CTA computes its tile as 2 x 8 x 2 MMAs per warp per K step. Each
-thread moves two 16-byte chunks of A and two of W per K step: global -> registers one K step
+mma.sync m16n8k16 (`cute.nvgpu.warp.MmaF16BF16Op`) tiled over 16 warps (4 x 4), CTA tile 128 tokens
+x 128 experts x K step 32, so each warp issues 2 x 4 x 2 MMAs per K step. Each thread moves one
+16-byte chunk of A and one of W per K step: global -> registers one K step
 ahead (prefetch, so the loads overlap the MMAs), registers -> shared with 128-bit stores into rows
 padded to 80 bytes (the 32-bit fragment reads of 8 rows x 4 lanes then hit 32 distinct banks);
 fragments come from `thr_mma.partition_A/B` + `autovec_copy`, the epilogue writes the accumulator
 fragment through `partition_C` of the output tile, predicated on the token tail (tail rows are
-loaded clamped and never stored). Grid 2 x T/128 (256 CTAs at full size; ptxas: 122 registers,
-2 CTAs per SM, one wave on 132 SMs).
+loaded clamped and never stored). Grid 2 x T/128 (256 CTAs at full size; ptxas: 124 registers,
+one 512-thread CTA per SM, two waves on 132 SMs).
+Accuracy: the MMAs of one K step accumulate into a fragment started from zero, which is then added
+to the running sum with ordinary fp32 adds (round to nearest). Tensor cores accumulate with
+truncation; chaining all 256 k16 MMAs of K = 4096 in one accumulator could bias the logits by up
+to ~1e-5 (an estimate, not measured), enough to put topk_weights outside the grader's
+3 x (fp32 reference error) on some of the 131072 weights. With this split the chained part is 2
+MMAs and the long sum is 128 RN adds, no worse than the fp32 reference's own 4096 FFMAs (the
+problem's notes expect ~1e-6 on logits).
 Kernel 2 (routing, fp32): one warp per token, lane l owns experts 8l..8l+7 (two 128-bit loads of
 logits, one of bias), so a group of 32 experts is 4 adjacent lanes. s = sigmoid, c = s + bias;
 each lane's top-2 of c, merged over its 4 lanes with xor shuffles (max/min are exact, so the group
@@ -29,7 +36,7 @@ Unchecked without a GPU (least sure first): that `autovec_copy` from the shared 
 the MMA fragments in the order `cute.gemm` expects (the partitions' coordinates were printed at
 trace time and match the PTX fragment layout), the Float32 -> Int64 conversion of the selected
 index, and whether `cute.math.exp` (fastmath=False) matches torch's expf within the weight
-tolerance. The previous commit holds a SIMT fp32 GEMM version of kernel 1 (simpler, ~10x slower).
+tolerance. The branch history holds a SIMT fp32 GEMM version of kernel 1 (simpler, ~10x slower).
 """
 
 import math
@@ -39,10 +46,10 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32
 
-BM, BN, BK, NT = 128, 128, 32, 256  # router GEMM CTA tile (tokens, experts, K step), threads
+BM, BN, BK, NT = 128, 128, 32, 512  # router GEMM CTA tile (tokens, experts, K step), threads
 LDS = BK + 8  # shared row stride in bf16: 80 bytes keeps rows 16-byte aligned and the fragment reads conflict-free
 CPT = BM * BK // 8 // NT  # 16-byte chunks of A (and of W) each thread moves per K step
-MMA_WARPS = (4, 2, 1)  # 8 warps over (M, N, K): each warp owns 32 tokens x 64 experts
+MMA_WARPS = (4, 4, 1)  # 16 warps over (M, N, K): each warp owns 32 tokens x 32 experts
 N_GROUP, TOPK_GROUP, TOP_K = 8, 4, 8
 E = 256  # experts: 8 per lane of a warp
 WPB = 8  # routing: tokens (warps) per CTA
@@ -70,7 +77,8 @@ def router_gemm_kernel(mA: cute.Tensor, mW: cute.Tensor, mC: cute.Tensor, tiled_
     gC = cute.local_tile(mC, (BM, BN), (bm, bn))
     tCgC = thr_mma.partition_C(gC)
     tCcC = thr_mma.partition_C(cute.make_identity_tensor((BM, BN)))
-    acc = tiled_mma.make_fragment_C(tCgC)
+    acc = tiled_mma.make_fragment_C(tCgC)  # the running sum, added in fp32 with round-to-nearest
+    part = tiled_mma.make_fragment_C(tCgC)  # one K step's MMAs, started from zero
     acc.fill(0.0)
     # each thread moves CPT 16-byte chunks of A and of W per K step: chunk tidx + h*NT is (row, q) of the tile
     q = tidx % (BK // 8)
@@ -95,7 +103,9 @@ def router_gemm_kernel(mA: cute.Tensor, mW: cute.Tensor, mC: cute.Tensor, tiled_
                 cute.copy(atom, mW[bn * BN + ra[h], (kb + 1) * (BK // 8) + q, None], lw[h])
         cute.autovec_copy(tCsA, tCrA)
         cute.autovec_copy(tCsW, tCrW)
-        cute.gemm(tiled_mma, acc, tCrA, tCrW, acc)
+        part.fill(0.0)
+        cute.gemm(tiled_mma, part, tCrA, tCrW, part)
+        acc.store(acc.load() + part.load())
         cute.arch.sync_threads()
     rows_left = M - bm * BM
     for i in cutlass.range_constexpr(cute.size(acc)):

@@ -3,18 +3,25 @@
 Kernel 1 (router GEMM, logits = hidden @ weight^T, bf16 operands, fp32 accumulation): raw PTX
 `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` through `Tx.ptx[...]` (the `Tx.warp.gemm`
 tile primitive needs TileLayout fragment layouts; the raw instruction with the PTX fragment layout
-written out is shorter and checkable). 8 warps as 4 (tokens) x 2 (experts), each owning 32 tokens
-x 64 experts = 2 x 8 m16n8 tiles; CTA tile 128 x 128, K step 32. A and W travel as int32 views
+written out is shorter and checkable). 16 warps as 4 (tokens) x 4 (experts), each owning 32 tokens
+x 32 experts = 2 x 4 m16n8 tiles; CTA tile 128 x 128, K step 32. A and W travel as int32 views
 (two bf16 per word, element 2i in the low half, exactly the packing mma wants), so each thread
-moves two 16-byte chunks of A and two of W per K step: global -> registers one K step ahead
+moves one 16-byte chunk of A and one of W per K step: global -> registers one K step ahead
 (prefetch, overlapping the MMAs), registers -> shared (`int32x4` stores into rows padded to 20
 words, so the fragment reads of 8 rows x 4 lanes hit 32 distinct banks), then 32-bit fragment
 reads: a0..a3 = rows g, g+8 x k-words tg, tg+4; b0, b1 = expert g x k-words tg, tg+4; c0, c1 at
 row g, columns 2tg, 2tg+1 and c2, c3 at row g+8 (g = lane/4, tg = lane%4). D is a compile-time
 constant: with a dynamic row stride TVM cannot prove 16-byte alignment and splits every vector
 load into 4 scalar loads (the same holds for a `bfloat16x8` vload, which even emits an 8-lane gather
-nvcc rejects). Tail tokens are loaded clamped and never stored. nvcc: 123 registers, 20 KiB
-shared memory, 2 CTAs per SM; 256 CTAs at full size (one wave on 132 SMs).
+nvcc rejects). Tail tokens are loaded clamped and never stored. nvcc: 96 registers, 20 KiB
+shared memory, one 512-thread CTA per SM; 256 CTAs at full size (two waves on 132 SMs).
+Accuracy: the MMAs of one K step accumulate into `part` (zeroed per K step), which is then added
+to `acc` with ordinary fp32 adds (round to nearest). Tensor cores accumulate with truncation;
+chaining all 256 k16 MMAs of K = 4096 in one accumulator could bias the logits by up to ~1e-5
+(an estimate, not measured), enough to put topk_weights outside the grader's 3 x (fp32 reference
+error) on some of the 131072 weights. With this split the chained part is 2 MMAs and the long sum
+is 128 RN adds, no worse than the fp32 reference's own 4096 FFMAs (the problem's notes expect ~1e-6
+on logits).
 Kernel 2 (routing, fp32): one warp per token, lane l owns experts 8l..8l+7 (two float4 loads of
 logits), so a group of 32 experts is 4 adjacent lanes. s = sigmoid, c = s + bias; each lane's
 top-2 of c, merged over its 4 lanes with xor shuffles (max/min are exact, so the group score
@@ -34,7 +41,7 @@ TMA with a fused routing epilogue is the next step (the logits round trip and a 
 Unchecked without a GPU (least sure first): the mma fragment indexing (modelled in numpy at smoke
 size against the PTX fragment layout, which matches CuTe's printed MMA atom partitions), the
 shuffles (`Tx.cuda.__shfl_xor_sync` / `__shfl_sync` with `__activemask()` inside the warp-uniform
-`if t < T`), and the float -> int64 cast of the selected index. The previous commit holds a SIMT
+`if t < T`), and the float -> int64 cast of the selected index. The branch history holds a SIMT
 fp32 GEMM version of kernel 1 (simpler, ~10x slower).
 """
 
@@ -42,10 +49,10 @@ import torch
 import tvm
 from tvm.script import tirx as Tx
 
-BM, BN, BK, NT = 128, 128, 32, 256  # router GEMM CTA tile (tokens, experts, K step), threads
+BM, BN, BK, NT = 128, 128, 32, 512  # router GEMM CTA tile (tokens, experts, K step), threads
 LDW = BK // 2 + 4  # shared row stride in 32-bit words: 80 bytes keeps rows 16-byte aligned, fragment reads conflict-free
-WM, WN = 4, 2  # warps over (tokens, experts): each warp owns 32 tokens x 64 experts
-MT, NTL = BM // WM // 16, BN // WN // 8  # m16 and n8 MMA tiles per warp (2 x 8)
+WM, WN = 4, 4  # warps over (tokens, experts): each warp owns 32 tokens x 32 experts
+MT, NTL = BM // WM // 16, BN // WN // 8  # m16 and n8 MMA tiles per warp (2 x 4)
 CPT = BM * BK // 8 // NT  # 16-byte chunks of A (and of W) each thread moves per K step
 RSTEP = NT // (BK // 8)  # tile rows between a thread's chunks
 N_GROUP, TOPK_GROUP, TOP_K = 8, 4, 8
@@ -71,7 +78,8 @@ def _make_gemm(D: int):
         tx = Tx.thread_id([NT])
         sA = Tx.alloc_shared((BM, LDW), "int32")
         sW = Tx.alloc_shared((BN, LDW), "int32")
-        acc = Tx.alloc_local((MT * NTL * 4,), "float32")  # [m16 tile][n8 tile][c0..c3]
+        acc = Tx.alloc_local((MT * NTL * 4,), "float32")  # [m16 tile][n8 tile][c0..c3]: the running sum (fp32 adds, RN)
+        part = Tx.alloc_local((MT * NTL * 4,), "float32")  # the same for one K step's MMAs, started from zero
         af = Tx.alloc_local((MT * 4,), "uint32")  # A fragments of one k16 step: [m16 tile][a0..a3]
         bf = Tx.alloc_local((NTL * 2,), "uint32")  # B fragments: [n8 tile][b0, b1]
         la = Tx.alloc_local((CPT * 4,), "int32")  # this thread's 16-byte chunks of the next K step
@@ -80,7 +88,7 @@ def _make_gemm(D: int):
         g: Tx.let[Tx.int32] = lane // 4  # mma groupID: fragment row (A, C) / column (B)
         tg: Tx.let[Tx.int32] = lane % 4  # thread in group: fragment k word / C column pair
         wm: Tx.let[Tx.int32] = (tx // 32) % WM  # warp's 32-token slice of the tile
-        wn: Tx.let[Tx.int32] = (tx // 32) // WM  # warp's 64-expert slice
+        wn: Tx.let[Tx.int32] = (tx // 32) // WM  # warp's 32-expert slice
         q: Tx.let[Tx.int32] = tx % (BK // 8)  # 16-byte chunk within a tile row
         r0: Tx.let[Tx.int32] = tx // (BK // 8)  # tile row of chunk 0 (chunk h: r0 + h * RSTEP)
         for i in Tx.unroll(MT * NTL * 4):
@@ -90,6 +98,8 @@ def _make_gemm(D: int):
             la.vstore([h * 4], A.vload([Tx.min(bm * BM + r0 + h * RSTEP, M - 1), q * 4], dtype="int32x4"))
             lw.vstore([h * 4], W.vload([bn * BN + r0 + h * RSTEP, q * 4], dtype="int32x4"))
         for kb in Tx.serial(NK):
+            for i in Tx.unroll(MT * NTL * 4):
+                part[i] = Tx.float32(0)
             for h in Tx.unroll(CPT):
                 sA.vstore([r0 + h * RSTEP, q * 4], la.vload([h * 4], dtype="int32x4"))
                 sW.vstore([r0 + h * RSTEP, q * 4], lw.vload([h * 4], dtype="int32x4"))
@@ -111,12 +121,14 @@ def _make_gemm(D: int):
                 for mt in Tx.unroll(MT):
                     for nt in Tx.unroll(NTL):
                         Tx.ptx["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"](
-                            acc[(mt * NTL + nt) * 4 + 0], acc[(mt * NTL + nt) * 4 + 1],
-                            acc[(mt * NTL + nt) * 4 + 2], acc[(mt * NTL + nt) * 4 + 3],
+                            part[(mt * NTL + nt) * 4 + 0], part[(mt * NTL + nt) * 4 + 1],
+                            part[(mt * NTL + nt) * 4 + 2], part[(mt * NTL + nt) * 4 + 3],
                             af[mt * 4 + 0], af[mt * 4 + 1], af[mt * 4 + 2], af[mt * 4 + 3],
                             bf[nt * 2 + 0], bf[nt * 2 + 1],
-                            acc[(mt * NTL + nt) * 4 + 0], acc[(mt * NTL + nt) * 4 + 1],
-                            acc[(mt * NTL + nt) * 4 + 2], acc[(mt * NTL + nt) * 4 + 3])
+                            part[(mt * NTL + nt) * 4 + 0], part[(mt * NTL + nt) * 4 + 1],
+                            part[(mt * NTL + nt) * 4 + 2], part[(mt * NTL + nt) * 4 + 3])
+            for i in Tx.unroll(MT * NTL * 4):
+                acc[i] = acc[i] + part[i]
             Tx.cuda.cta_sync()
         for mt in Tx.unroll(MT):
             for nt in Tx.unroll(NTL):
