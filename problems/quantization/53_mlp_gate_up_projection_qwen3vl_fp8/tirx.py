@@ -1,42 +1,60 @@
-"""Baseline (TIRx): fp8 gate/up projections + SiLU gating as one fused SIMT GEMM over dequantised fp32 tiles.
+"""Baseline (TIRx): fp8 gate/up projections + SiLU gating on fp8 tensor cores (mma.sync m16n8k32 e4m3), block scales in fp32.
 
-Strategy (correct first): one CTA computes a 128-row x 64-column tile of BOTH gate and up, so the
-activation tile is read once for the two GEMMs and the SiLU gating happens in registers. Each K
-step of 16 loads 16 fp8 codes per row with one `int32x4` global load (the fp8 tensors are passed as
-int32 views, 4 codes per word, so no fp8 dtype crosses the FFI), decodes the e4m3 bits with exact
-integer arithmetic, multiplies by the row's block scale (x_scale[m, k // 128] for the activation,
-w_scale[n // 128, k // 128] for the weights) in fp32 and stores the dequantised values k-major in
-shared memory. Dequantised value = fp32(code) * scale rounded once, exactly the reference's
-`fp8_dequantize`, so this kernel differs from the fp32 reference only in summation order. 256
-threads, 8 rows x (4 gate + 4 up) columns each, float4 shared-memory reads.
+Strategy: one CTA (8 warps) computes a 128-row x 64-column tile of BOTH gate and up, so the
+activation tile is read once for the two GEMMs and the SiLU gating happens in registers. The K loop
+walks the 128-wide scale blocks. Per block the CTA copies the raw fp8 codes (the fp8 tensors are
+passed as int32 views, 4 codes per word, so no fp8 dtype crosses the FFI) of 128 activation rows and
+64 gate + 64 up weight rows into shared memory with 16-byte loads (rows padded to 144 bytes so the
+fragment reads below are bank-conflict free), then each warp (a 32-row x 32-column tile of gate and
+of up) runs `mma.sync.m16n8k32.row.col.f32.e4m3.e4m3.f32` on the codes into a per-block fp32
+accumulator, and adds it times x_scale[m, kb] * w_scale[n // 128, kb] to the running fp32
+accumulator (the block-scaled fp8 GEMM recipe: one fp32 promotion per 128-wide K block). The
+epilogue computes silu(gate) * up in fp32 and rounds once to bf16.
 
-Bound: compute. 2 x 2 x 8704 x 3584 x 18944 = 2.36 TFLOP on fp32 SIMT FMA (~67 TFLOP/s on the
-H200; the fp32 SIMT GEMM of problem 29 reached ~32 TFLOP/s), so ~70-80 ms, about 1-2% of the fp8
-tensor-core speed of light (~1.2 ms) and well below eager (bf16 cuBLAS). Slower than
-torch.compile for that reason: no tensor cores yet.
+K order inside a block is permuted, identically for A and B, so that each thread reads its
+fragments with two 16-byte shared loads per row per block: in k-step s (0..3) the thread with
+t = lane % 4 feeds the mma's logical columns 4t..4t+3 from code word 8t + 2s and 16+4t..16+4t+3
+from word 8t + 2s + 1 (a bijection of the block's 32 words; the scale is uniform inside a block,
+so any common permutation gives the same sum). Fragment registers follow the PTX ISA tables for
+m16n8k32 with 8-bit types: A {row g, row g+8} x {k 0-15, k 16-31}, B {k 0-15, k 16-31} at column
+g, D {row g: cols 2t, 2t+1; row g+8: cols 2t, 2t+1}, with g = lane // 4.
 
-Risks not checked on a GPU: the byte order of the int32 view (little-endian: code 4w+b is bits
-8b..8b+7 of word w, as torch's `.view(torch.int32)` lays it out) and the decode (checked against
-torch's e4m3 decoding for all 256 codes on the CPU, in Python).
+Bound: compute. 2 x 2 x 8704 x 3584 x 18944 = 2.36 TFLOP; the H200's dense fp8 peak (~1979
+TFLOP/s, wgmma) gives ~1.2 ms. mma.sync is the pre-Hopper path (no wgmma, no TMA, one stage of
+shared memory, ~190 registers per thread so one CTA per SM), so expect well under half of that
+peak, a few ms: around eager (dequantise to bf16 + two cuBLAS GEMMs) rather than far above it.
+The previous commit holds the exact fp32 SIMT version of this kernel.
+
+Numerics: codes are multiplied exactly on the tensor cores; each 128-wide block's partial sum
+(fp32, or the tensor core's internal accumulation) is scaled by x_scale * w_scale in fp32 and
+added in fp32, so the result differs from the fp32 reference only by summation order and the
+tensor core's accumulation inside a block (far below the bf16-output tolerance).
+
+Risks not checked on a GPU: the fragment-to-register mapping (the lines building the mma
+operands: `afr[... 2 * s]` / `bfr[2 * s]` and the accumulator index `h * 2 + c` in the scale and
+epilogue loops), which is only as right as my reading of the PTX fragment tables; it was emulated
+in numpy at smoke size against the reference, with the same tables.
 """
 
 import torch
 import tvm
 from tvm.script import tirx as Tx
 
-BM, BN, BK, NT = 128, 64, 16, 256
-SC = 0.0009765625  # 2^-10: the integer decode yields |code| x 2^10
+BM, BN, KBLK, NT = 128, 64, 128, 256
+RW = 36  # shared-memory row stride in int32 words (32 data words + 4 padding: conflict-free fragment reads)
+MMA = "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"
 _CACHE = {}
 
 
-def _make():
+def _make(K: int):
+    KW = K // 4  # int32 words per row: static, so that the 16-byte global loads are provably aligned
+    KB = K // KBLK
+
     @Tx.prim_func
     def gate_up(x_ptr: Tx.handle, xs_ptr: Tx.handle, g_ptr: Tx.handle, gs_ptr: Tx.handle, u_ptr: Tx.handle,
                 us_ptr: Tx.handle, o_ptr: Tx.handle):
         M = Tx.int32()
         N = Tx.int32()
-        KW = Tx.int32()  # K / 4 (int32 words)
-        KB = Tx.int32()  # K / 128
         NB = Tx.int32()  # N / 128
         X = Tx.match_buffer(x_ptr, (M, KW), "int32")
         Xs = Tx.match_buffer(xs_ptr, (M, KB), "float32")
@@ -48,89 +66,96 @@ def _make():
         Tx.device_entry()
         bn, bm = Tx.cta_id([Tx.ceildiv(N, BN), Tx.ceildiv(M, BM)])
         tx = Tx.thread_id([NT])
-        As = Tx.alloc_shared((BK, BM), "float32")
-        Gs = Tx.alloc_shared((BK, BN), "float32")
-        Us = Tx.alloc_shared((BK, BN), "float32")
-        accg = Tx.alloc_local((32,), "float32")
-        accu = Tx.alloc_local((32,), "float32")
-        ar = Tx.alloc_local((8,), "float32")
-        gr4 = Tx.alloc_local((4,), "float32")
-        ur4 = Tx.alloc_local((4,), "float32")
-        ld = Tx.alloc_local((4,), "int32")
-        ty: Tx.let[Tx.int32] = tx // 16
-        tc: Tx.let[Tx.int32] = tx % 16
-        for i in Tx.unroll(32):
-            accg[i] = Tx.float32(0)
-            accu[i] = Tx.float32(0)
-        for kb in Tx.serial(KW // 4):
-            kblk: Tx.let[Tx.int32] = kb // 8  # 128-wide scale block of this 16-wide K step
-            # staging: threads 0..127 one activation row, 128..191 one gate row, 192..255 one up row
-            if tx < BM:
-                r: Tx.let[Tx.int32] = bm * BM + tx
-                if r < M:
-                    ld.vstore([0], X.vload([r, kb * 4], dtype="int32x4"))
-                    sa: Tx.let[Tx.float32] = Xs[r, kblk] * Tx.float32(SC)
-                    for q in Tx.unroll(4):
-                        for b in Tx.unroll(4):
-                            ca: Tx.let[Tx.int32] = (ld[q] >> (8 * b)) & 255
-                            ea: Tx.let[Tx.int32] = (ca >> 3) & 15
-                            ha: Tx.let[Tx.int32] = (ea + 15) >> 4
-                            va: Tx.let[Tx.int32] = ((ca & 7) + 8 * ha) << (ea + 1 - ha)
-                            As[q * 4 + b, tx] = Tx.Cast("float32", va - 2 * va * (ca >> 7)) * sa
+        As = Tx.alloc_shared((BM, RW), "int32")
+        Bs = Tx.alloc_shared((2 * BN, RW), "int32")  # rows 0..63 gate, 64..127 up
+        tot = Tx.alloc_local((64,), "float32")  # [gate/up][mi][ni][4]
+        blk = Tx.alloc_local((64,), "float32")
+        afr = Tx.alloc_local((32,), "int32")  # [mi][h][8 words]
+        bfr = Tx.alloc_local((8,), "int32")
+        sa = Tx.alloc_local((4,), "float32")  # [mi][h]
+        warp: Tx.let[Tx.int32] = tx // 32
+        lane: Tx.let[Tx.int32] = tx % 32
+        g: Tx.let[Tx.int32] = lane // 4
+        t: Tx.let[Tx.int32] = lane % 4
+        wr: Tx.let[Tx.int32] = (warp % 4) * 32  # warp's first row in the CTA tile
+        wc: Tx.let[Tx.int32] = (warp // 4) * 32  # warp's first column in the 64-wide gate/up tile
+        nsb: Tx.let[Tx.int32] = (bn * BN) // 128  # weight scale row of this CTA's columns
+        for i in Tx.unroll(64):
+            tot[i] = Tx.float32(0)
+        for kb in Tx.serial(KB):
+            # this block's scales: 4 activation rows per thread, one gate and one up weight block per CTA
+            for e in Tx.unroll(4):
+                srow: Tx.let[Tx.int32] = bm * BM + wr + (e // 2) * 16 + (e % 2) * 8 + g
+                sa[e] = Tx.if_then_else(srow < M, Xs[Tx.min(srow, M - 1), kb], Tx.float32(0))
+            sbg: Tx.let[Tx.float32] = Gsc[nsb, kb]
+            sbu: Tx.let[Tx.float32] = Usc[nsb, kb]
+            # stage the block's codes: 128 rows x 128 bytes of A and of B, 16 bytes per thread per step
+            for i in Tx.unroll(4):
+                c: Tx.let[Tx.int32] = i * NT + tx
+                row: Tx.let[Tx.int32] = c // 8
+                ch: Tx.let[Tx.int32] = c % 8
+                ar: Tx.let[Tx.int32] = bm * BM + row
+                if ar < M:
+                    As.vstore([row, ch * 4], X.vload([ar, kb * 32 + ch * 4], dtype="int32x4"))
                 else:
-                    for e in Tx.unroll(BK):
-                        As[e, tx] = Tx.float32(0)
-            elif tx < BM + BN:
-                lg: Tx.let[Tx.int32] = tx - BM
-                ng: Tx.let[Tx.int32] = bn * BN + lg
-                if ng < N:
-                    ld.vstore([0], G.vload([ng, kb * 4], dtype="int32x4"))
-                    sg: Tx.let[Tx.float32] = Gsc[ng // 128, kblk] * Tx.float32(SC)
-                    for q in Tx.unroll(4):
-                        for b in Tx.unroll(4):
-                            cg: Tx.let[Tx.int32] = (ld[q] >> (8 * b)) & 255
-                            eg: Tx.let[Tx.int32] = (cg >> 3) & 15
-                            hg: Tx.let[Tx.int32] = (eg + 15) >> 4
-                            vg: Tx.let[Tx.int32] = ((cg & 7) + 8 * hg) << (eg + 1 - hg)
-                            Gs[q * 4 + b, lg] = Tx.Cast("float32", vg - 2 * vg * (cg >> 7)) * sg
+                    for e in Tx.unroll(4):
+                        As[row, ch * 4 + e] = 0
+                nr: Tx.let[Tx.int32] = bn * BN + row % BN
+                if nr < N:
+                    if row < BN:
+                        Bs.vstore([row, ch * 4], G.vload([nr, kb * 32 + ch * 4], dtype="int32x4"))
+                    else:
+                        Bs.vstore([row, ch * 4], U.vload([nr, kb * 32 + ch * 4], dtype="int32x4"))
                 else:
-                    for e in Tx.unroll(BK):
-                        Gs[e, lg] = Tx.float32(0)
-            else:
-                lu: Tx.let[Tx.int32] = tx - BM - BN
-                nu: Tx.let[Tx.int32] = bn * BN + lu
-                if nu < N:
-                    ld.vstore([0], U.vload([nu, kb * 4], dtype="int32x4"))
-                    su: Tx.let[Tx.float32] = Usc[nu // 128, kblk] * Tx.float32(SC)
-                    for q in Tx.unroll(4):
-                        for b in Tx.unroll(4):
-                            cu: Tx.let[Tx.int32] = (ld[q] >> (8 * b)) & 255
-                            eu: Tx.let[Tx.int32] = (cu >> 3) & 15
-                            hu: Tx.let[Tx.int32] = (eu + 15) >> 4
-                            vu: Tx.let[Tx.int32] = ((cu & 7) + 8 * hu) << (eu + 1 - hu)
-                            Us[q * 4 + b, lu] = Tx.Cast("float32", vu - 2 * vu * (cu >> 7)) * su
-                else:
-                    for e in Tx.unroll(BK):
-                        Us[e, lu] = Tx.float32(0)
+                    for e in Tx.unroll(4):
+                        Bs[row, ch * 4 + e] = 0
             Tx.cuda.cta_sync()
-            for kk in Tx.unroll(BK):
-                ar.vstore([0], As.vload([kk, ty * 4], dtype="float32x4"))
-                ar.vstore([4], As.vload([kk, 64 + ty * 4], dtype="float32x4"))
-                gr4.vstore([0], Gs.vload([kk, tc * 4], dtype="float32x4"))
-                ur4.vstore([0], Us.vload([kk, tc * 4], dtype="float32x4"))
-                for i in Tx.unroll(8):
-                    for j in Tx.unroll(4):
-                        accg[i * 4 + j] = accg[i * 4 + j] + ar[i] * gr4[j]
-                        accu[i * 4 + j] = accu[i * 4 + j] + ar[i] * ur4[j]
+            for i in Tx.unroll(64):
+                blk[i] = Tx.float32(0)
+            # A fragments for the whole block: rows g and g+8 of each 16-row m-tile, words 8t..8t+7
+            for mh in Tx.unroll(4):
+                arow: Tx.let[Tx.int32] = wr + (mh // 2) * 16 + (mh % 2) * 8 + g
+                afr.vstore([mh * 8], As.vload([arow, t * 8], dtype="int32x4"))
+                afr.vstore([mh * 8 + 4], As.vload([arow, t * 8 + 4], dtype="int32x4"))
+            for sel in Tx.unroll(2):
+                for ni in Tx.unroll(4):
+                    brow: Tx.let[Tx.int32] = sel * BN + wc + ni * 8 + g
+                    bfr.vstore([0], Bs.vload([brow, t * 8], dtype="int32x4"))
+                    bfr.vstore([4], Bs.vload([brow, t * 8 + 4], dtype="int32x4"))
+                    for s in Tx.unroll(4):
+                        for mi in Tx.unroll(2):
+                            d: Tx.let[Tx.int32] = sel * 32 + mi * 16 + ni * 4
+                            Tx.ptx[MMA](
+                                blk[d], blk[d + 1], blk[d + 2], blk[d + 3],
+                                Tx.reinterpret("uint32", afr[(mi * 2) * 8 + 2 * s]),
+                                Tx.reinterpret("uint32", afr[(mi * 2 + 1) * 8 + 2 * s]),
+                                Tx.reinterpret("uint32", afr[(mi * 2) * 8 + 2 * s + 1]),
+                                Tx.reinterpret("uint32", afr[(mi * 2 + 1) * 8 + 2 * s + 1]),
+                                Tx.reinterpret("uint32", bfr[2 * s]),
+                                Tx.reinterpret("uint32", bfr[2 * s + 1]),
+                                blk[d], blk[d + 1], blk[d + 2], blk[d + 3],
+                            )
             Tx.cuda.cta_sync()
+            # promote: tot += blk * x_scale[row] * w_scale (accumulator element h * 2 + c is row g + 8h)
+            for mi in Tx.unroll(2):
+                for ni in Tx.unroll(4):
+                    for h in Tx.unroll(2):
+                        for c2 in Tx.unroll(2):
+                            j: Tx.let[Tx.int32] = mi * 16 + ni * 4 + h * 2 + c2
+                            tot[j] = tot[j] + blk[j] * (sa[mi * 2 + h] * sbg)
+                            tot[32 + j] = tot[32 + j] + blk[32 + j] * (sa[mi * 2 + h] * sbu)
         # epilogue: out = silu(gate) * up in fp32, rounded once to bf16
-        for i in Tx.unroll(8):
-            for j in Tx.unroll(4):
-                row: Tx.let[Tx.int32] = bm * BM + (i // 4) * 64 + ty * 4 + i % 4
-                col: Tx.let[Tx.int32] = bn * BN + tc * 4 + j
-                if row < M and col < N:
-                    g: Tx.let[Tx.float32] = accg[i * 4 + j]
-                    O[row, col] = Tx.Cast("bfloat16", g / (Tx.float32(1) + Tx.exp(Tx.float32(0) - g)) * accu[i * 4 + j])
+        for mi in Tx.unroll(2):
+            for ni in Tx.unroll(4):
+                for h in Tx.unroll(2):
+                    for c2 in Tx.unroll(2):
+                        orow: Tx.let[Tx.int32] = bm * BM + wr + mi * 16 + h * 8 + g
+                        ocol: Tx.let[Tx.int32] = bn * BN + wc + ni * 8 + t * 2 + c2
+                        if orow < M and ocol < N:
+                            gv: Tx.let[Tx.float32] = tot[mi * 16 + ni * 4 + h * 2 + c2]
+                            O[orow, ocol] = Tx.Cast(
+                                "bfloat16",
+                                gv / (Tx.float32(1) + Tx.exp(Tx.float32(0) - gv)) * tot[32 + mi * 16 + ni * 4 + h * 2 + c2])
 
     return gate_up
 
@@ -140,13 +165,13 @@ def _arch() -> str:
     return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
 
 
-def _kernel():
-    fn = _CACHE.get("gate_up")
+def _kernel(K: int):
+    fn = _CACHE.get(K)
     if fn is None:
         target = tvm.target.Target({"kind": "cuda", "arch": _arch()})
         with target:
-            fn = tvm.compile(tvm.IRModule({"main": _make()}), target=target, tir_pipeline="tirx")
-        _CACHE["gate_up"] = fn
+            fn = tvm.compile(tvm.IRModule({"main": _make(K)}), target=target, tir_pipeline="tirx")
+        _CACHE[K] = fn
     return fn
 
 
@@ -158,10 +183,10 @@ def _words(q):
 def solve(x, x_scale, w_gate, w_gate_scale, w_up, w_up_scale):
     m, k = x.shape
     n = w_gate.shape[0]
-    if k % 128 or n % 128 or tuple(w_up.shape) != (n, k):
+    if k % KBLK or n % 128 or tuple(w_up.shape) != (n, k):
         raise ValueError(f"need K and N multiples of 128 and matching gate/up weights, got x {tuple(x.shape)}, "
                          f"w_gate {tuple(w_gate.shape)}, w_up {tuple(w_up.shape)}")
     out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
-    _kernel()(_words(x), x_scale.contiguous(), _words(w_gate), w_gate_scale.contiguous(), _words(w_up),
+    _kernel(k)(_words(x), x_scale.contiguous(), _words(w_gate), w_gate_scale.contiguous(), _words(w_up),
               w_up_scale.contiguous(), out)
     return out
