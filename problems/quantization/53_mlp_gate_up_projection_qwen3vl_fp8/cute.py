@@ -1,23 +1,42 @@
-"""Baseline (CuTe DSL): fp8 gate/up projections + SiLU gating as one fused SIMT GEMM over dequantised fp32 tiles.
+"""Baseline (CuTe DSL): fp8 gate/up projections + SiLU gating on fp8 tensor cores (mma.sync m16n8k32 e4m3), block scales in fp32.
 
-Strategy (correct first): one CTA computes a 128-row x 64-column tile of BOTH gate and up, so the
-activation tile is read once for the two GEMMs and the SiLU gating happens in registers. Each K
-step of 16 loads 16 fp8 codes per row with one 128-bit global load (the fp8 tensors are passed as
-int32 views, 4 codes per word, so no fp8 dtype crosses the FFI), decodes the e4m3 bits with exact
-integer arithmetic, multiplies by the row's block scale (x_scale[m, k // 128] for the activation,
-w_scale[n // 128, k // 128] for the weights) in fp32 and stores the dequantised values k-major in
-shared memory. Dequantised value = fp32(code) * scale rounded once, exactly the reference's
-`fp8_dequantize`, so this kernel differs from the fp32 reference only in summation order. 256
-threads, 8 rows x (4 gate + 4 up) columns each, 128-bit shared-memory reads.
+Strategy: one CTA (8 warps) computes a 128-row x 64-column tile of BOTH gate and up, so the
+activation tile is read once for the two GEMMs and the SiLU gating happens in registers. The K loop
+walks the 128-wide scale blocks. Per block the CTA copies the raw fp8 codes (the fp8 tensors are
+passed as int32 views, 4 codes per word, so no fp8 dtype crosses the FFI) of 128 activation rows and
+64 gate + 64 up weight rows into shared memory with 128-bit copies (rows padded to 144 bytes so the
+fragment reads below are bank-conflict free), then each warp (a 32-row x 32-column tile of gate and
+of up) runs `cute.gemm` with the warp-level `MmaFP8Op` atom (mma.sync.m16n8k32.row.col.f32.e4m3.e4m3.f32)
+on the codes into a per-block fp32 accumulator, and adds it times x_scale[m, kb] * w_scale[n // 128, kb]
+to the running fp32 accumulator (the block-scaled fp8 GEMM recipe: one fp32 promotion per 128-wide
+K block). The epilogue computes silu(gate) * up in fp32 and rounds once to bf16.
 
-Bound: compute. 2 x 2 x 8704 x 3584 x 18944 = 2.36 TFLOP on fp32 SIMT FMA (~67 TFLOP/s on the
-H200; the fp32 SIMT GEMM of problem 29 reached ~32 TFLOP/s), so ~70-80 ms, about 1-2% of the fp8
-tensor-core speed of light (~1.2 ms) and well below eager (bf16 cuBLAS). Slower than
-torch.compile for that reason: no tensor cores yet; a wgmma fp8 version is the next step.
+The operands of each atom call are rank-3 register tensors ((4,1,1) words for A, (2,1,1) for B,
+(4,1,1) fp32 for C/D) recast to Float8E4M3FN: the atom passes their registers to the instruction
+in order (checked in the generated PTX on the CPU), so word i of `aw` is the PTX fragment register
+a_i. K order inside a block is permuted, identically for A and B, so that each thread reads its
+fragments with two 128-bit shared loads per row per block: in k-step s (0..3) the thread with
+t = lane % 4 feeds the mma's logical columns 4t..4t+3 from code word 8t + 2s and 16+4t..16+4t+3
+from word 8t + 2s + 1 (a bijection of the block's 32 words; the scale is uniform inside a block,
+so any common permutation gives the same sum). Fragment registers follow the PTX ISA tables for
+m16n8k32 with 8-bit types: A {row g, row g+8} x {k 0-15, k 16-31}, B {k 0-15, k 16-31} at column
+g, D {row g: cols 2t, 2t+1; row g+8: cols 2t, 2t+1}, with g = lane // 4.
 
-Risks not checked on a GPU: the byte order of the int32 view (little-endian: code 4w+b is bits
-8b..8b+7 of word w, as torch's `.view(torch.int32)` lays it out) and the per-thread decode in
-`_decode` (checked against torch's e4m3 decoding for all 256 codes on the CPU, in Python).
+Bound: compute. 2 x 2 x 8704 x 3584 x 18944 = 2.36 TFLOP; the H200's dense fp8 peak (~1979
+TFLOP/s, wgmma) gives ~1.2 ms. mma.sync is the pre-Hopper path (no wgmma, no TMA, one stage of
+shared memory, ~190 registers per thread so one CTA per SM), so expect well under half of that
+peak, a few ms: around eager (dequantise to bf16 + two cuBLAS GEMMs) rather than far above it.
+The first commit of this file holds an exact fp32 SIMT version.
+
+Numerics: codes are multiplied exactly on the tensor cores; each 128-wide block's partial sum is
+scaled by x_scale * w_scale in fp32 and added in fp32, so the result differs from the fp32
+reference only by summation order and the tensor core's accumulation inside a block (far below
+the bf16-output tolerance).
+
+Risks not checked on a GPU: the fragment-to-register mapping (the `aw[...]` / `bw[...]`
+assignments before `cute.gemm` and the accumulator index `h * 2 + c2` in the promotion and
+epilogue loops), which is only as right as my reading of the PTX fragment tables; it was emulated
+in numpy at smoke size against the reference, with the same tables.
 """
 
 import cutlass
@@ -25,18 +44,9 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32
 
-BM, BN, BK, NT = 128, 64, 16, 256
+BM, BN, KBLK, NT = 128, 64, 128, 256
+RC = 9  # 16-byte chunks per shared-memory row (8 data + 1 padding: 144-byte rows, conflict-free fragment reads)
 _CACHE = {}
-
-
-def _decode(word, b: int, sc):
-    """Byte b of `word` as e4m3, times sc (= block scale x 2^-10): exact integer decode, one rounding (traced inline)."""
-    c = (word >> (8 * b)) & 255
-    e = (c >> 3) & 15
-    h = (e + 15) >> 4  # 1 for normal numbers, 0 for subnormals
-    v = ((c & 7) + 8 * h) << (e + 1 - h)  # |code| x 2^10
-    iv = v - 2 * v * (c >> 7)
-    return iv.to(Float32) * sc
 
 
 @cute.kernel
@@ -46,86 +56,109 @@ def gate_up_kernel(mX: cute.Tensor, mXs: cute.Tensor, mG: cute.Tensor, mGs: cute
     bn, bm, _ = cute.arch.block_idx()
     M = mX.shape[0]
     N = mG.shape[0]
-    KW = mX.shape[1]  # K / 16
+    KB = mXs.shape[1]
     smem = cutlass.utils.SmemAllocator()
-    As = smem.allocate_tensor(Float32, cute.make_layout((BK, BM // 4, 4), stride=(BM, 4, 1)), byte_alignment=16)
-    Gs = smem.allocate_tensor(Float32, cute.make_layout((BK, BN // 4, 4), stride=(BN, 4, 1)), byte_alignment=16)
-    Us = smem.allocate_tensor(Float32, cute.make_layout((BK, BN // 4, 4), stride=(BN, 4, 1)), byte_alignment=16)
+    As = smem.allocate_tensor(Int32, cute.make_layout((BM, RC, 4), stride=(RC * 4, 4, 1)), byte_alignment=16)
+    Bs = smem.allocate_tensor(Int32, cute.make_layout((2 * BN, RC, 4), stride=(RC * 4, 4, 1)), byte_alignment=16)
     atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Int32, num_bits_per_copy=128)
-    vatom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
-    accg = cute.make_rmem_tensor(cute.make_layout(32), Float32)
-    accu = cute.make_rmem_tensor(cute.make_layout(32), Float32)
-    a0 = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-    a1 = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-    g0 = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-    u0 = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+    mma = cute.make_mma_atom(cute.nvgpu.warp.MmaFP8Op(cutlass.Float8E4M3FN, Float32, (16, 8, 32)))
     ld = cute.make_rmem_tensor(cute.make_layout(4), Int32)
-    ty = tidx // 16
-    tc = tidx % 16
-    for i in cutlass.range_constexpr(32):
-        accg[i] = Float32(0.0)
-        accu[i] = Float32(0.0)
-    for kb in range(KW):
-        kblk = kb // 8  # 128-wide scale block of this 16-wide K step
-        # staging: threads 0..127 one activation row, 128..191 one gate row, 192..255 one up row
-        if tidx < BM:
-            r = bm * BM + tidx
-            if r < M:
-                cute.copy(atom, mX[r, kb, None], ld)
-                sc = mXs[r, kblk] * Float32(0.0009765625)
-                for q in cutlass.range_constexpr(4):
-                    for b in cutlass.range_constexpr(4):
-                        As[q * 4 + b, tidx // 4, tidx % 4] = _decode(ld[q], b, sc)
+    zero = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+    afr = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(8)]  # [mi][h][half]: 8 words per row
+    bfr = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(2)]
+    aw = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Int32)
+    bw = cute.make_rmem_tensor(cute.make_layout((2, 1, 1)), Int32)
+    af = cute.recast_tensor(aw, cutlass.Float8E4M3FN)
+    bf = cute.recast_tensor(bw, cutlass.Float8E4M3FN)
+    blk = [cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32) for _ in range(16)]  # [sel][mi][ni]
+    tot = cute.make_rmem_tensor(cute.make_layout(64), Float32)  # [sel][mi][ni][4]
+    sa = cute.make_rmem_tensor(cute.make_layout(4), Float32)  # [mi][h]
+    warp = tidx // 32
+    lane = tidx % 32
+    g = lane // 4
+    t = lane % 4
+    wr = (warp % 4) * 32  # warp's first row in the CTA tile
+    wc = (warp // 4) * 32  # warp's first column in the 64-wide gate/up tile
+    nsb = (bn * BN) // 128  # weight scale row of this CTA's columns
+    for e in cutlass.range_constexpr(4):
+        zero[e] = Int32(0)
+    for i in cutlass.range_constexpr(64):
+        tot[i] = Float32(0.0)
+    for kb in range(KB):
+        # this block's scales: 4 activation rows per thread, one gate and one up weight block per CTA
+        for e in cutlass.range_constexpr(4):
+            srow = bm * BM + wr + (e // 2) * 16 + (e % 2) * 8 + g
+            if srow < M:
+                sa[e] = mXs[srow, kb]
             else:
-                for e in cutlass.range_constexpr(BK):
-                    As[e, tidx // 4, tidx % 4] = Float32(0.0)
-        elif tidx < BM + BN:
-            lr = tidx - BM
-            n = bn * BN + lr
-            if n < N:
-                cute.copy(atom, mG[n, kb, None], ld)
-                sc = mGs[n // 128, kblk] * Float32(0.0009765625)
-                for q in cutlass.range_constexpr(4):
-                    for b in cutlass.range_constexpr(4):
-                        Gs[q * 4 + b, lr // 4, lr % 4] = _decode(ld[q], b, sc)
-            else:
-                for e in cutlass.range_constexpr(BK):
-                    Gs[e, lr // 4, lr % 4] = Float32(0.0)
-        else:
-            lr = tidx - BM - BN
-            n = bn * BN + lr
-            if n < N:
-                cute.copy(atom, mU[n, kb, None], ld)
-                sc = mUs[n // 128, kblk] * Float32(0.0009765625)
-                for q in cutlass.range_constexpr(4):
-                    for b in cutlass.range_constexpr(4):
-                        Us[q * 4 + b, lr // 4, lr % 4] = _decode(ld[q], b, sc)
-            else:
-                for e in cutlass.range_constexpr(BK):
-                    Us[e, lr // 4, lr % 4] = Float32(0.0)
-        cute.arch.sync_threads()
-        for kk in cutlass.range_constexpr(BK):
-            cute.copy(vatom, As[kk, ty, None], a0)
-            cute.copy(vatom, As[kk, 16 + ty, None], a1)
-            cute.copy(vatom, Gs[kk, tc, None], g0)
-            cute.copy(vatom, Us[kk, tc, None], u0)
-            for i in cutlass.range_constexpr(4):
-                for j in cutlass.range_constexpr(4):
-                    accg[i * 4 + j] = accg[i * 4 + j] + a0[i] * g0[j]
-                    accg[16 + i * 4 + j] = accg[16 + i * 4 + j] + a1[i] * g0[j]
-                    accu[i * 4 + j] = accu[i * 4 + j] + a0[i] * u0[j]
-                    accu[16 + i * 4 + j] = accu[16 + i * 4 + j] + a1[i] * u0[j]
-        cute.arch.sync_threads()
-    # epilogue: out = silu(gate) * up in fp32, rounded once to bf16
-    for h2 in cutlass.range_constexpr(2):
+                sa[e] = Float32(0.0)
+        sbg = mGs[nsb, kb]
+        sbu = mUs[nsb, kb]
+        # stage the block's codes: 128 rows x 128 bytes of A and of B, 16 bytes per thread per step
         for i in cutlass.range_constexpr(4):
-            gr = bm * BM + h2 * 64 + ty * 4 + i
-            for j in cutlass.range_constexpr(4):
-                gc = bn * BN + tc * 4 + j
-                if gr < M and gc < N:
-                    g = accg[h2 * 16 + i * 4 + j]
-                    u = accu[h2 * 16 + i * 4 + j]
-                    mOut[gr, gc] = (g / (Float32(1.0) + cute.math.exp(-g)) * u).to(mOut.element_type)
+            c = i * NT + tidx
+            row = c // 8
+            ch = c % 8
+            ar = bm * BM + row
+            if ar < M:
+                cute.copy(atom, mX[ar, kb * 8 + ch, None], ld)
+                cute.copy(atom, ld, As[row, ch, None])
+            else:
+                cute.copy(atom, zero, As[row, ch, None])
+            nr = bn * BN + row % BN
+            if nr < N:
+                if row < BN:
+                    cute.copy(atom, mG[nr, kb * 8 + ch, None], ld)
+                else:
+                    cute.copy(atom, mU[nr, kb * 8 + ch, None], ld)
+                cute.copy(atom, ld, Bs[row, ch, None])
+            else:
+                cute.copy(atom, zero, Bs[row, ch, None])
+        cute.arch.sync_threads()
+        for q in cutlass.range_constexpr(16):
+            for e in cutlass.range_constexpr(4):
+                blk[q][e, 0, 0] = Float32(0.0)
+        # A fragments for the whole block: rows g and g+8 of each 16-row m-tile, words 8t..8t+7
+        for mh in cutlass.range_constexpr(4):
+            arow = wr + (mh // 2) * 16 + (mh % 2) * 8 + g
+            cute.copy(atom, As[arow, 2 * t, None], afr[mh * 2])
+            cute.copy(atom, As[arow, 2 * t + 1, None], afr[mh * 2 + 1])
+        for sel in cutlass.range_constexpr(2):
+            for ni in cutlass.range_constexpr(4):
+                brow = sel * BN + wc + ni * 8 + g
+                cute.copy(atom, Bs[brow, 2 * t, None], bfr[0])
+                cute.copy(atom, Bs[brow, 2 * t + 1, None], bfr[1])
+                for s in cutlass.range_constexpr(4):
+                    # k-step s uses words 2s and 2s+1 of the thread's 8: word w is afr[.. + w // 4][w % 4]
+                    bw[0, 0, 0] = bfr[(2 * s) // 4][(2 * s) % 4]
+                    bw[1, 0, 0] = bfr[(2 * s + 1) // 4][(2 * s + 1) % 4]
+                    for mi in cutlass.range_constexpr(2):
+                        aw[0, 0, 0] = afr[(mi * 2) * 2 + (2 * s) // 4][(2 * s) % 4]  # row g, k 0-15
+                        aw[1, 0, 0] = afr[(mi * 2 + 1) * 2 + (2 * s) // 4][(2 * s) % 4]  # row g+8, k 0-15
+                        aw[2, 0, 0] = afr[(mi * 2) * 2 + (2 * s + 1) // 4][(2 * s + 1) % 4]  # row g, k 16-31
+                        aw[3, 0, 0] = afr[(mi * 2 + 1) * 2 + (2 * s + 1) // 4][(2 * s + 1) % 4]  # row g+8, k 16-31
+                        acc = blk[sel * 8 + mi * 4 + ni]
+                        cute.gemm(mma, acc, af, bf, acc)
+        cute.arch.sync_threads()
+        # promote: tot += blk * x_scale[row] * w_scale (accumulator element h * 2 + c2 is row g + 8h)
+        for mi in cutlass.range_constexpr(2):
+            for ni in cutlass.range_constexpr(4):
+                for h in cutlass.range_constexpr(2):
+                    for c2 in cutlass.range_constexpr(2):
+                        j = mi * 16 + ni * 4 + h * 2 + c2
+                        tot[j] = tot[j] + blk[mi * 4 + ni][h * 2 + c2, 0, 0] * (sa[mi * 2 + h] * sbg)
+                        tot[32 + j] = tot[32 + j] + blk[8 + mi * 4 + ni][h * 2 + c2, 0, 0] * (sa[mi * 2 + h] * sbu)
+    # epilogue: out = silu(gate) * up in fp32, rounded once to bf16
+    for mi in cutlass.range_constexpr(2):
+        for ni in cutlass.range_constexpr(4):
+            for h in cutlass.range_constexpr(2):
+                for c2 in cutlass.range_constexpr(2):
+                    orow = bm * BM + wr + mi * 16 + h * 8 + g
+                    ocol = bn * BN + wc + ni * 8 + t * 2 + c2
+                    if orow < M and ocol < N:
+                        gv = tot[mi * 16 + ni * 4 + h * 2 + c2]
+                        uv = tot[32 + mi * 16 + ni * 4 + h * 2 + c2]
+                        mOut[orow, ocol] = (gv / (Float32(1.0) + cute.math.exp(-gv)) * uv).to(mOut.element_type)
 
 
 @cute.jit
@@ -138,20 +171,21 @@ def gate_up(mX: cute.Tensor, mXs: cute.Tensor, mG: cute.Tensor, mGs: cute.Tensor
     )
 
 
-def _kernel():
-    fn = _CACHE.get("gate_up")
+def _kernel(k: int):
+    """Compiled for one K (static, so the 16-byte loads are provably aligned); M and N are dynamic."""
+    fn = _CACHE.get(k)
     if fn is None:
-        m, n, kw, kb, nb = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
-        x = cute.runtime.make_fake_compact_tensor(Int32, (m, kw, 4), stride_order=(2, 1, 0), assumed_align=16)
-        xs = cute.runtime.make_fake_compact_tensor(Float32, (m, kb), stride_order=(1, 0))
-        w_g = cute.runtime.make_fake_compact_tensor(Int32, (n, kw, 4), stride_order=(2, 1, 0), assumed_align=16)
-        w_u = cute.runtime.make_fake_compact_tensor(Int32, (n, kw, 4), stride_order=(2, 1, 0), assumed_align=16)
-        ws_g = cute.runtime.make_fake_compact_tensor(Float32, (nb, kb), stride_order=(1, 0))
-        ws_u = cute.runtime.make_fake_compact_tensor(Float32, (nb, kb), stride_order=(1, 0))
+        m, n, nb = cute.sym_int(), cute.sym_int(), cute.sym_int()
+        x = cute.runtime.make_fake_compact_tensor(Int32, (m, k // 16, 4), stride_order=(2, 1, 0), assumed_align=16)
+        xs = cute.runtime.make_fake_compact_tensor(Float32, (m, k // KBLK), stride_order=(1, 0))
+        w_g = cute.runtime.make_fake_compact_tensor(Int32, (n, k // 16, 4), stride_order=(2, 1, 0), assumed_align=16)
+        w_u = cute.runtime.make_fake_compact_tensor(Int32, (n, k // 16, 4), stride_order=(2, 1, 0), assumed_align=16)
+        ws_g = cute.runtime.make_fake_compact_tensor(Float32, (nb, k // KBLK), stride_order=(1, 0))
+        ws_u = cute.runtime.make_fake_compact_tensor(Float32, (nb, k // KBLK), stride_order=(1, 0))
         out = cute.runtime.make_fake_compact_tensor(cutlass.BFloat16, (m, n), stride_order=(1, 0))
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         fn = cute.compile(gate_up, x, xs, w_g, ws_g, w_u, ws_u, out, stream, options="--enable-tvm-ffi")
-        _CACHE["gate_up"] = fn
+        _CACHE[k] = fn
     return fn
 
 
@@ -163,10 +197,10 @@ def _words(q):
 def solve(x, x_scale, w_gate, w_gate_scale, w_up, w_up_scale):
     m, k = x.shape
     n = w_gate.shape[0]
-    if k % 128 or n % 128 or tuple(w_up.shape) != (n, k):
+    if k % KBLK or n % 128 or tuple(w_up.shape) != (n, k):
         raise ValueError(f"need K and N multiples of 128 and matching gate/up weights, got x {tuple(x.shape)}, "
                          f"w_gate {tuple(w_gate.shape)}, w_up {tuple(w_up.shape)}")
     out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
-    _kernel()(_words(x), x_scale.contiguous(), _words(w_gate), w_gate_scale.contiguous(), _words(w_up),
-              w_up_scale.contiguous(), out)
+    _kernel(k)(_words(x), x_scale.contiguous(), _words(w_gate), w_gate_scale.contiguous(), _words(w_up),
+               w_up_scale.contiguous(), out)
     return out
