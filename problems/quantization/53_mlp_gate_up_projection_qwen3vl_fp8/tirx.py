@@ -1,18 +1,21 @@
 """Baseline (TIRx): fp8 gate/up projections + SiLU gating on fp8 tensor cores (mma.sync m16n8k32 e4m3), block scales in fp32.
 
 Strategy: one CTA (8 warps) computes a 128-row x 64-column tile of BOTH gate and up, so the
-activation tile is read once for the two GEMMs and the SiLU gating happens in registers. The K loop
-walks the 128-wide scale blocks. Per block the CTA copies the raw fp8 codes (the fp8 tensors are
-passed as int32 views, 4 codes per word, so no fp8 dtype crosses the FFI) of 128 activation rows and
-64 gate + 64 up weight rows into shared memory with 16-byte loads (rows padded to 144 bytes so the
-fragment reads below are bank-conflict free), then each warp (a 32-row x 32-column tile of gate and
-of up) runs `mma.sync.m16n8k32.row.col.f32.e4m3.e4m3.f32` on the codes into a per-block fp32
-accumulator, and adds it times x_scale[m, kb] * w_scale[n // 128, kb] to the running fp32
-accumulator (the block-scaled fp8 GEMM recipe: one fp32 promotion per 128-wide K block). The
-epilogue computes silu(gate) * up in fp32 and rounds once to bf16.
+activation tile is read once for the two GEMMs and the SiLU gating happens in registers. CTAs run
+M-fastest, so a wave of CTAs shares a few weight tiles and the whole fp8 activation (31 MB) stays
+in L2 while the weights stream from HBM once. The K loop walks the 128-wide scale blocks. Per
+block the CTA stores the raw fp8 codes (the fp8 tensors are passed as int32 views, 4 codes per
+word, so no fp8 dtype crosses the FFI) of 128 activation rows and 64 gate + 64 up weight rows into
+shared memory (rows padded to 144 bytes so the fragment reads below are bank-conflict free) from
+registers, where the previous iteration prefetched them with 16-byte loads while its tensor cores
+ran. Each warp (a 32-row x 32-column tile of gate and of up) runs
+`mma.sync.m16n8k32.row.col.f32.e4m3.e4m3.f32` on the codes into a per-block fp32 accumulator, and
+adds it times x_scale[m, kb] * w_scale[n // 128, kb] to the running fp32 accumulator (the
+block-scaled fp8 GEMM recipe: one fp32 promotion per 128-wide K block). The epilogue computes
+silu(gate) * up in fp32 and rounds once to bf16.
 
 K order inside a block is permuted, identically for A and B, so that each thread reads its
-fragments with two 16-byte shared loads per row per block: in k-step s (0..3) the thread with
+fragments with one 16-byte shared load per row per half block: in k-step s (0..3) the thread with
 t = lane % 4 feeds the mma's logical columns 4t..4t+3 from code word 8t + 2s and 16+4t..16+4t+3
 from word 8t + 2s + 1 (a bijection of the block's 32 words; the scale is uniform inside a block,
 so any common permutation gives the same sum). Fragment registers follow the PTX ISA tables for
@@ -21,9 +24,11 @@ g, D {row g: cols 2t, 2t+1; row g+8: cols 2t, 2t+1}, with g = lane // 4.
 
 Bound: compute. 2 x 2 x 8704 x 3584 x 18944 = 2.36 TFLOP; the H200's dense fp8 peak (~1979
 TFLOP/s, wgmma) gives ~1.2 ms. mma.sync is the pre-Hopper path (no wgmma, no TMA, one stage of
-shared memory, ~190 registers per thread so one CTA per SM), so expect well under half of that
-peak, a few ms: around eager (dequantise to bf16 + two cuBLAS GEMMs) rather than far above it.
-The previous commit holds the exact fp32 SIMT version of this kernel.
+shared memory with a register prefetch, 255 registers per thread (ptxas, no spills) so one CTA of
+8 warps per SM), so expect well under half of that peak, a few ms: around eager (dequantise to
+bf16 + two cuBLAS GEMMs) rather than far above it. What a faster version needs: wgmma (m64nNk32
+e4m3 from shared-memory descriptors) fed by TMA through a multi-stage mbarrier pipeline, i.e. the
+DeepGEMM design. Commit 84c0e11 holds an exact fp32 SIMT version of this kernel (no tensor cores).
 
 Numerics: codes are multiplied exactly on the tensor cores; each 128-wide block's partial sum
 (fp32, or the tensor core's internal accumulation) is scaled by x_scale * w_scale in fp32 and
@@ -31,9 +36,10 @@ added in fp32, so the result differs from the fp32 reference only by summation o
 tensor core's accumulation inside a block (far below the bf16-output tolerance).
 
 Risks not checked on a GPU: the fragment-to-register mapping (the lines building the mma
-operands: `afr[... 2 * s]` / `bfr[2 * s]` and the accumulator index `h * 2 + c` in the scale and
-epilogue loops), which is only as right as my reading of the PTX fragment tables; it was emulated
-in numpy at smoke size against the reference, with the same tables.
+operands: `afr[... 2 * s2]` / `bfr[2 * s2]` and the accumulator index `h * 2 + c2` in the
+promotion and epilogue loops), which is only as right as my reading of the PTX fragment tables; a
+numpy emulation of this kernel's index logic (per-lane registers through those tables) matched the
+reference at M = 40 and failed loudly when two A registers were swapped.
 """
 
 import torch
@@ -64,14 +70,16 @@ def _make(K: int):
         Usc = Tx.match_buffer(us_ptr, (NB, KB), "float32")
         O = Tx.match_buffer(o_ptr, (M, N), "bfloat16")
         Tx.device_entry()
-        bn, bm = Tx.cta_id([Tx.ceildiv(N, BN), Tx.ceildiv(M, BM)])
+        bm, bn = Tx.cta_id([Tx.ceildiv(M, BM), Tx.ceildiv(N, BN)])  # M fastest: a wave shares weight tiles, A stays in L2
         tx = Tx.thread_id([NT])
         As = Tx.alloc_shared((BM, RW), "int32")
         Bs = Tx.alloc_shared((2 * BN, RW), "int32")  # rows 0..63 gate, 64..127 up
         tot = Tx.alloc_local((64,), "float32")  # [gate/up][mi][ni][4]
         blk = Tx.alloc_local((64,), "float32")
-        afr = Tx.alloc_local((32,), "int32")  # [mi][h][8 words]
-        bfr = Tx.alloc_local((8,), "int32")
+        afr = Tx.alloc_local((16,), "int32")  # [mi][h][4 words of the current half block]
+        bfr = Tx.alloc_local((4,), "int32")
+        pa = Tx.alloc_local((16,), "int32")  # next block's A codes, 4 x 16 bytes
+        pb = Tx.alloc_local((16,), "int32")  # next block's B codes (chunks 0, 1: gate rows; 2, 3: up rows)
         sa = Tx.alloc_local((4,), "float32")  # [mi][h]
         warp: Tx.let[Tx.int32] = tx // 32
         lane: Tx.let[Tx.int32] = tx % 32
@@ -82,6 +90,13 @@ def _make(K: int):
         nsb: Tx.let[Tx.int32] = (bn * BN) // 128  # weight scale row of this CTA's columns
         for i in Tx.unroll(64):
             tot[i] = Tx.float32(0)
+        # prologue: block 0's codes into registers (16 bytes x 4 of A and x 4 of B per thread)
+        for i in Tx.unroll(4):
+            pa.vstore([i * 4], X.vload([Tx.min(bm * BM + (i * NT + tx) // 8, M - 1), ((i * NT + tx) % 8) * 4], dtype="int32x4"))
+            if i < 2:
+                pb.vstore([i * 4], G.vload([Tx.min(bn * BN + (i * NT + tx) // 8 % BN, N - 1), ((i * NT + tx) % 8) * 4], dtype="int32x4"))
+            else:
+                pb.vstore([i * 4], U.vload([Tx.min(bn * BN + (i * NT + tx) // 8 % BN, N - 1), ((i * NT + tx) % 8) * 4], dtype="int32x4"))
         for kb in Tx.serial(KB):
             # this block's scales: 4 activation rows per thread, one gate and one up weight block per CTA
             for e in Tx.unroll(4):
@@ -89,54 +104,55 @@ def _make(K: int):
                 sa[e] = Tx.if_then_else(srow < M, Xs[Tx.min(srow, M - 1), kb], Tx.float32(0))
             sbg: Tx.let[Tx.float32] = Gsc[nsb, kb]
             sbu: Tx.let[Tx.float32] = Usc[nsb, kb]
-            # stage the block's codes: 128 rows x 128 bytes of A and of B, 16 bytes per thread per step
+            # registers -> shared memory (rows past M or N hold zeros)
             for i in Tx.unroll(4):
-                c: Tx.let[Tx.int32] = i * NT + tx
-                row: Tx.let[Tx.int32] = c // 8
-                ch: Tx.let[Tx.int32] = c % 8
-                ar: Tx.let[Tx.int32] = bm * BM + row
-                if ar < M:
-                    As.vstore([row, ch * 4], X.vload([ar, kb * 32 + ch * 4], dtype="int32x4"))
+                row: Tx.let[Tx.int32] = (i * NT + tx) // 8
+                ch: Tx.let[Tx.int32] = (i * NT + tx) % 8
+                if bm * BM + row < M:
+                    As.vstore([row, ch * 4], pa.vload([i * 4], dtype="int32x4"))
                 else:
                     for e in Tx.unroll(4):
                         As[row, ch * 4 + e] = 0
-                nr: Tx.let[Tx.int32] = bn * BN + row % BN
-                if nr < N:
-                    if row < BN:
-                        Bs.vstore([row, ch * 4], G.vload([nr, kb * 32 + ch * 4], dtype="int32x4"))
-                    else:
-                        Bs.vstore([row, ch * 4], U.vload([nr, kb * 32 + ch * 4], dtype="int32x4"))
+                if bn * BN + row % BN < N:
+                    Bs.vstore([row, ch * 4], pb.vload([i * 4], dtype="int32x4"))
                 else:
                     for e in Tx.unroll(4):
                         Bs[row, ch * 4 + e] = 0
             Tx.cuda.cta_sync()
+            # prefetch the next block's codes into registers while this one is multiplied
+            if kb + 1 < KB:
+                for i in Tx.unroll(4):
+                    pa.vstore([i * 4], X.vload([Tx.min(bm * BM + (i * NT + tx) // 8, M - 1), (kb + 1) * 32 + ((i * NT + tx) % 8) * 4], dtype="int32x4"))
+                    if i < 2:
+                        pb.vstore([i * 4], G.vload([Tx.min(bn * BN + (i * NT + tx) // 8 % BN, N - 1), (kb + 1) * 32 + ((i * NT + tx) % 8) * 4], dtype="int32x4"))
+                    else:
+                        pb.vstore([i * 4], U.vload([Tx.min(bn * BN + (i * NT + tx) // 8 % BN, N - 1), (kb + 1) * 32 + ((i * NT + tx) % 8) * 4], dtype="int32x4"))
             for i in Tx.unroll(64):
                 blk[i] = Tx.float32(0)
-            # A fragments for the whole block: rows g and g+8 of each 16-row m-tile, words 8t..8t+7
-            for mh in Tx.unroll(4):
-                arow: Tx.let[Tx.int32] = wr + (mh // 2) * 16 + (mh % 2) * 8 + g
-                afr.vstore([mh * 8], As.vload([arow, t * 8], dtype="int32x4"))
-                afr.vstore([mh * 8 + 4], As.vload([arow, t * 8 + 4], dtype="int32x4"))
-            for sel in Tx.unroll(2):
-                for ni in Tx.unroll(4):
-                    brow: Tx.let[Tx.int32] = sel * BN + wc + ni * 8 + g
-                    bfr.vstore([0], Bs.vload([brow, t * 8], dtype="int32x4"))
-                    bfr.vstore([4], Bs.vload([brow, t * 8 + 4], dtype="int32x4"))
-                    for s in Tx.unroll(4):
-                        for mi in Tx.unroll(2):
-                            d: Tx.let[Tx.int32] = sel * 32 + mi * 16 + ni * 4
-                            Tx.ptx[MMA](
-                                blk[d], blk[d + 1], blk[d + 2], blk[d + 3],
-                                Tx.reinterpret("uint32", afr[(mi * 2) * 8 + 2 * s]),
-                                Tx.reinterpret("uint32", afr[(mi * 2 + 1) * 8 + 2 * s]),
-                                Tx.reinterpret("uint32", afr[(mi * 2) * 8 + 2 * s + 1]),
-                                Tx.reinterpret("uint32", afr[(mi * 2 + 1) * 8 + 2 * s + 1]),
-                                Tx.reinterpret("uint32", bfr[2 * s]),
-                                Tx.reinterpret("uint32", bfr[2 * s + 1]),
-                                blk[d], blk[d + 1], blk[d + 2], blk[d + 3],
-                            )
+            # two halves of the block: half hf holds words 8t + 4hf .. 8t + 4hf + 3 of each row (k-steps 2hf, 2hf + 1)
+            for hf in Tx.unroll(2):
+                for mh in Tx.unroll(4):  # A rows g and g+8 of each 16-row m-tile
+                    arow: Tx.let[Tx.int32] = wr + (mh // 2) * 16 + (mh % 2) * 8 + g
+                    afr.vstore([mh * 4], As.vload([arow, t * 8 + hf * 4], dtype="int32x4"))
+                for sel in Tx.unroll(2):
+                    for ni in Tx.unroll(4):
+                        brow: Tx.let[Tx.int32] = sel * BN + wc + ni * 8 + g
+                        bfr.vstore([0], Bs.vload([brow, t * 8 + hf * 4], dtype="int32x4"))
+                        for s2 in Tx.unroll(2):
+                            for mi in Tx.unroll(2):
+                                d: Tx.let[Tx.int32] = sel * 32 + mi * 16 + ni * 4
+                                Tx.ptx[MMA](
+                                    blk[d], blk[d + 1], blk[d + 2], blk[d + 3],
+                                    Tx.reinterpret("uint32", afr[(mi * 2) * 4 + 2 * s2]),  # row g, k 0-15
+                                    Tx.reinterpret("uint32", afr[(mi * 2 + 1) * 4 + 2 * s2]),  # row g+8, k 0-15
+                                    Tx.reinterpret("uint32", afr[(mi * 2) * 4 + 2 * s2 + 1]),  # row g, k 16-31
+                                    Tx.reinterpret("uint32", afr[(mi * 2 + 1) * 4 + 2 * s2 + 1]),  # row g+8, k 16-31
+                                    Tx.reinterpret("uint32", bfr[2 * s2]),
+                                    Tx.reinterpret("uint32", bfr[2 * s2 + 1]),
+                                    blk[d], blk[d + 1], blk[d + 2], blk[d + 3],
+                                )
             Tx.cuda.cta_sync()
-            # promote: tot += blk * x_scale[row] * w_scale (accumulator element h * 2 + c is row g + 8h)
+            # promote: tot += blk * x_scale[row] * w_scale (accumulator element h * 2 + c2 is row g + 8h)
             for mi in Tx.unroll(2):
                 for ni in Tx.unroll(4):
                     for h in Tx.unroll(2):
