@@ -1,21 +1,24 @@
 """Baseline (CuTe DSL): fp8 gate/up projections + SiLU gating on fp8 tensor cores (mma.sync m16n8k32 e4m3), block scales in fp32.
 
 Strategy: one CTA (8 warps) computes a 128-row x 64-column tile of BOTH gate and up, so the
-activation tile is read once for the two GEMMs and the SiLU gating happens in registers. The K loop
-walks the 128-wide scale blocks. Per block the CTA copies the raw fp8 codes (the fp8 tensors are
-passed as int32 views, 4 codes per word, so no fp8 dtype crosses the FFI) of 128 activation rows and
-64 gate + 64 up weight rows into shared memory with 128-bit copies (rows padded to 144 bytes so the
-fragment reads below are bank-conflict free), then each warp (a 32-row x 32-column tile of gate and
-of up) runs `cute.gemm` with the warp-level `MmaFP8Op` atom (mma.sync.m16n8k32.row.col.f32.e4m3.e4m3.f32)
-on the codes into a per-block fp32 accumulator, and adds it times x_scale[m, kb] * w_scale[n // 128, kb]
-to the running fp32 accumulator (the block-scaled fp8 GEMM recipe: one fp32 promotion per 128-wide
-K block). The epilogue computes silu(gate) * up in fp32 and rounds once to bf16.
+activation tile is read once for the two GEMMs and the SiLU gating happens in registers. CTAs run
+M-fastest, so a wave of CTAs shares a few weight tiles and the whole fp8 activation (31 MB) stays
+in L2 while the weights stream from HBM once. The K loop walks the 128-wide scale blocks. Per
+block the CTA stores the raw fp8 codes (the fp8 tensors are passed as int32 views, 4 codes per
+word, so no fp8 dtype crosses the FFI) of 128 activation rows and 64 gate + 64 up weight rows into
+shared memory (rows padded to 144 bytes so the fragment reads below are bank-conflict free) from
+registers, where the previous iteration prefetched them with 128-bit loads while its tensor cores
+ran. Each warp (a 32-row x 32-column tile of gate and of up) runs `cute.gemm` with the warp-level
+`MmaFP8Op` atom (mma.sync.m16n8k32.row.col.f32.e4m3.e4m3.f32) on the codes into a per-block fp32
+accumulator, and adds it times x_scale[m, kb] * w_scale[n // 128, kb] to the running fp32
+accumulator (the block-scaled fp8 GEMM recipe: one fp32 promotion per 128-wide K block). The
+epilogue computes silu(gate) * up in fp32 and rounds once to bf16.
 
 The operands of each atom call are rank-3 register tensors ((4,1,1) words for A, (2,1,1) for B,
 (4,1,1) fp32 for C/D) recast to Float8E4M3FN: the atom passes their registers to the instruction
 in order (checked in the generated PTX on the CPU), so word i of `aw` is the PTX fragment register
 a_i. K order inside a block is permuted, identically for A and B, so that each thread reads its
-fragments with two 128-bit shared loads per row per block: in k-step s (0..3) the thread with
+fragments with one 128-bit shared load per row per half block: in k-step s (0..3) the thread with
 t = lane % 4 feeds the mma's logical columns 4t..4t+3 from code word 8t + 2s and 16+4t..16+4t+3
 from word 8t + 2s + 1 (a bijection of the block's 32 words; the scale is uniform inside a block,
 so any common permutation gives the same sum). Fragment registers follow the PTX ISA tables for
@@ -24,9 +27,11 @@ g, D {row g: cols 2t, 2t+1; row g+8: cols 2t, 2t+1}, with g = lane // 4.
 
 Bound: compute. 2 x 2 x 8704 x 3584 x 18944 = 2.36 TFLOP; the H200's dense fp8 peak (~1979
 TFLOP/s, wgmma) gives ~1.2 ms. mma.sync is the pre-Hopper path (no wgmma, no TMA, one stage of
-shared memory, ~190 registers per thread so one CTA per SM), so expect well under half of that
-peak, a few ms: around eager (dequantise to bf16 + two cuBLAS GEMMs) rather than far above it.
-The first commit of this file holds an exact fp32 SIMT version.
+shared memory with a register prefetch, 255 registers per thread (ptxas, no spills) so one CTA of
+8 warps per SM), so expect well under half of that peak, a few ms: around eager (dequantise to
+bf16 + two cuBLAS GEMMs) rather than far above it. What a faster version needs: wgmma (m64nNk32
+e4m3, `cute.nvgpu.warpgroup`) fed by TMA through a multi-stage `PipelineTmaAsync`, i.e. the
+DeepGEMM design. Commit 84c0e11 holds an exact fp32 SIMT version of this kernel (no tensor cores).
 
 Numerics: codes are multiplied exactly on the tensor cores; each 128-wide block's partial sum is
 scaled by x_scale * w_scale in fp32 and added in fp32, so the result differs from the fp32
@@ -35,8 +40,10 @@ the bf16-output tolerance).
 
 Risks not checked on a GPU: the fragment-to-register mapping (the `aw[...]` / `bw[...]`
 assignments before `cute.gemm` and the accumulator index `h * 2 + c2` in the promotion and
-epilogue loops), which is only as right as my reading of the PTX fragment tables; it was emulated
-in numpy at smoke size against the reference, with the same tables.
+epilogue loops), which is only as right as my reading of the PTX fragment tables; a numpy
+emulation of the same index logic (per-lane registers through those tables) matched the reference
+at M = 40 and failed loudly when two A registers were swapped, and the generated PTX feeds the
+mma exactly those registers.
 """
 
 import cutlass
@@ -53,7 +60,7 @@ _CACHE = {}
 def gate_up_kernel(mX: cute.Tensor, mXs: cute.Tensor, mG: cute.Tensor, mGs: cute.Tensor, mU: cute.Tensor,
                    mUs: cute.Tensor, mOut: cute.Tensor):
     tidx, _, _ = cute.arch.thread_idx()
-    bn, bm, _ = cute.arch.block_idx()
+    bm, bn, _ = cute.arch.block_idx()  # M fastest: a wave shares weight tiles, the activation stays in L2
     M = mX.shape[0]
     N = mG.shape[0]
     KB = mXs.shape[1]
@@ -62,10 +69,11 @@ def gate_up_kernel(mX: cute.Tensor, mXs: cute.Tensor, mG: cute.Tensor, mGs: cute
     Bs = smem.allocate_tensor(Int32, cute.make_layout((2 * BN, RC, 4), stride=(RC * 4, 4, 1)), byte_alignment=16)
     atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Int32, num_bits_per_copy=128)
     mma = cute.make_mma_atom(cute.nvgpu.warp.MmaFP8Op(cutlass.Float8E4M3FN, Float32, (16, 8, 32)))
-    ld = cute.make_rmem_tensor(cute.make_layout(4), Int32)
     zero = cute.make_rmem_tensor(cute.make_layout(4), Int32)
-    afr = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(8)]  # [mi][h][half]: 8 words per row
-    bfr = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(2)]
+    pa = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(4)]  # next block's A codes, 4 x 16 bytes
+    pb = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(4)]  # next block's B codes (0, 1 gate; 2, 3 up)
+    afr = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(4)]  # [mi][h]: 4 words of the half block
+    bfr = cute.make_rmem_tensor(cute.make_layout(4), Int32)
     aw = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Int32)
     bw = cute.make_rmem_tensor(cute.make_layout((2, 1, 1)), Int32)
     af = cute.recast_tensor(aw, cutlass.Float8E4M3FN)
@@ -84,6 +92,15 @@ def gate_up_kernel(mX: cute.Tensor, mXs: cute.Tensor, mG: cute.Tensor, mGs: cute
         zero[e] = Int32(0)
     for i in cutlass.range_constexpr(64):
         tot[i] = Float32(0.0)
+    # prologue: block 0's codes into registers (rows past M or N are clamped here and zeroed in shared memory)
+    for i in cutlass.range_constexpr(4):
+        row = (i * NT + tidx) // 8
+        ch = (i * NT + tidx) % 8
+        cute.copy(atom, mX[cutlass.min(bm * BM + row, M - 1), ch, None], pa[i])
+        if cutlass.const_expr(i < 2):
+            cute.copy(atom, mG[cutlass.min(bn * BN + row % BN, N - 1), ch, None], pb[i])
+        else:
+            cute.copy(atom, mU[cutlass.min(bn * BN + row % BN, N - 1), ch, None], pb[i])
     for kb in range(KB):
         # this block's scales: 4 activation rows per thread, one gate and one up weight block per CTA
         for e in cutlass.range_constexpr(4):
@@ -94,51 +111,51 @@ def gate_up_kernel(mX: cute.Tensor, mXs: cute.Tensor, mG: cute.Tensor, mGs: cute
                 sa[e] = Float32(0.0)
         sbg = mGs[nsb, kb]
         sbu = mUs[nsb, kb]
-        # stage the block's codes: 128 rows x 128 bytes of A and of B, 16 bytes per thread per step
+        # registers -> shared memory
         for i in cutlass.range_constexpr(4):
-            c = i * NT + tidx
-            row = c // 8
-            ch = c % 8
-            ar = bm * BM + row
-            if ar < M:
-                cute.copy(atom, mX[ar, kb * 8 + ch, None], ld)
-                cute.copy(atom, ld, As[row, ch, None])
+            row = (i * NT + tidx) // 8
+            ch = (i * NT + tidx) % 8
+            if bm * BM + row < M:
+                cute.copy(atom, pa[i], As[row, ch, None])
             else:
                 cute.copy(atom, zero, As[row, ch, None])
-            nr = bn * BN + row % BN
-            if nr < N:
-                if row < BN:
-                    cute.copy(atom, mG[nr, kb * 8 + ch, None], ld)
-                else:
-                    cute.copy(atom, mU[nr, kb * 8 + ch, None], ld)
-                cute.copy(atom, ld, Bs[row, ch, None])
+            if bn * BN + row % BN < N:
+                cute.copy(atom, pb[i], Bs[row, ch, None])
             else:
                 cute.copy(atom, zero, Bs[row, ch, None])
         cute.arch.sync_threads()
+        # prefetch the next block's codes into registers while this one is multiplied
+        if kb + 1 < KB:
+            for i in cutlass.range_constexpr(4):
+                row = (i * NT + tidx) // 8
+                ch = (i * NT + tidx) % 8
+                cute.copy(atom, mX[cutlass.min(bm * BM + row, M - 1), (kb + 1) * 8 + ch, None], pa[i])
+                if cutlass.const_expr(i < 2):
+                    cute.copy(atom, mG[cutlass.min(bn * BN + row % BN, N - 1), (kb + 1) * 8 + ch, None], pb[i])
+                else:
+                    cute.copy(atom, mU[cutlass.min(bn * BN + row % BN, N - 1), (kb + 1) * 8 + ch, None], pb[i])
         for q in cutlass.range_constexpr(16):
             for e in cutlass.range_constexpr(4):
                 blk[q][e, 0, 0] = Float32(0.0)
-        # A fragments for the whole block: rows g and g+8 of each 16-row m-tile, words 8t..8t+7
-        for mh in cutlass.range_constexpr(4):
-            arow = wr + (mh // 2) * 16 + (mh % 2) * 8 + g
-            cute.copy(atom, As[arow, 2 * t, None], afr[mh * 2])
-            cute.copy(atom, As[arow, 2 * t + 1, None], afr[mh * 2 + 1])
-        for sel in cutlass.range_constexpr(2):
-            for ni in cutlass.range_constexpr(4):
-                brow = sel * BN + wc + ni * 8 + g
-                cute.copy(atom, Bs[brow, 2 * t, None], bfr[0])
-                cute.copy(atom, Bs[brow, 2 * t + 1, None], bfr[1])
-                for s in cutlass.range_constexpr(4):
-                    # k-step s uses words 2s and 2s+1 of the thread's 8: word w is afr[.. + w // 4][w % 4]
-                    bw[0, 0, 0] = bfr[(2 * s) // 4][(2 * s) % 4]
-                    bw[1, 0, 0] = bfr[(2 * s + 1) // 4][(2 * s + 1) % 4]
-                    for mi in cutlass.range_constexpr(2):
-                        aw[0, 0, 0] = afr[(mi * 2) * 2 + (2 * s) // 4][(2 * s) % 4]  # row g, k 0-15
-                        aw[1, 0, 0] = afr[(mi * 2 + 1) * 2 + (2 * s) // 4][(2 * s) % 4]  # row g+8, k 0-15
-                        aw[2, 0, 0] = afr[(mi * 2) * 2 + (2 * s + 1) // 4][(2 * s + 1) % 4]  # row g, k 16-31
-                        aw[3, 0, 0] = afr[(mi * 2 + 1) * 2 + (2 * s + 1) // 4][(2 * s + 1) % 4]  # row g+8, k 16-31
-                        acc = blk[sel * 8 + mi * 4 + ni]
-                        cute.gemm(mma, acc, af, bf, acc)
+        # two halves of the block: half hf holds words 8t + 4hf .. 8t + 4hf + 3 of each row (k-steps 2hf, 2hf + 1)
+        for hf in cutlass.range_constexpr(2):
+            for mh in cutlass.range_constexpr(4):  # A rows g and g+8 of each 16-row m-tile
+                arow = wr + (mh // 2) * 16 + (mh % 2) * 8 + g
+                cute.copy(atom, As[arow, 2 * t + hf, None], afr[mh])
+            for sel in cutlass.range_constexpr(2):
+                for ni in cutlass.range_constexpr(4):
+                    brow = sel * BN + wc + ni * 8 + g
+                    cute.copy(atom, Bs[brow, 2 * t + hf, None], bfr)
+                    for s2 in cutlass.range_constexpr(2):
+                        bw[0, 0, 0] = bfr[2 * s2]
+                        bw[1, 0, 0] = bfr[2 * s2 + 1]
+                        for mi in cutlass.range_constexpr(2):
+                            aw[0, 0, 0] = afr[mi * 2][2 * s2]  # row g, k 0-15
+                            aw[1, 0, 0] = afr[mi * 2 + 1][2 * s2]  # row g+8, k 0-15
+                            aw[2, 0, 0] = afr[mi * 2][2 * s2 + 1]  # row g, k 16-31
+                            aw[3, 0, 0] = afr[mi * 2 + 1][2 * s2 + 1]  # row g+8, k 16-31
+                            acc = blk[sel * 8 + mi * 4 + ni]
+                            cute.gemm(mma, acc, af, bf, acc)
         cute.arch.sync_threads()
         # promote: tot += blk * x_scale[row] * w_scale (accumulator element h * 2 + c2 is row g + 8h)
         for mi in cutlass.range_constexpr(2):
@@ -167,7 +184,7 @@ def gate_up(mX: cute.Tensor, mXs: cute.Tensor, mG: cute.Tensor, mGs: cute.Tensor
     M = mX.shape[0]
     N = mG.shape[0]
     gate_up_kernel(mX, mXs, mG, mGs, mU, mUs, mOut).launch(
-        grid=[(N + BN - 1) // BN, (M + BM - 1) // BM, 1], block=[NT, 1, 1], stream=stream
+        grid=[(M + BM - 1) // BM, (N + BN - 1) // BN, 1], block=[NT, 1, 1], stream=stream
     )
 
 
