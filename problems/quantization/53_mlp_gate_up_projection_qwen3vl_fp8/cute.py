@@ -1,4 +1,4 @@
-"""Baseline (CuTe DSL): fp8 gate/up projections + SiLU gating on fp8 tensor cores (mma.sync m16n8k32 e4m3), block scales in fp32.
+"""Baseline (CuTe DSL): fp8 gate/up projections + SiLU gating with mma.sync m16n8k32 e4m3 and fp32 block-scale promotion.
 
 Strategy: one CTA (8 warps) computes a 128-row x 64-column tile of BOTH gate and up, so the
 activation tile is read once for the two GEMMs and the SiLU gating happens in registers. CTAs run
@@ -25,13 +25,18 @@ so any common permutation gives the same sum). Fragment registers follow the PTX
 m16n8k32 with 8-bit types: A {row g, row g+8} x {k 0-15, k 16-31}, B {k 0-15, k 16-31} at column
 g, D {row g: cols 2t, 2t+1; row g+8: cols 2t, 2t+1}, with g = lane // 4.
 
-Bound: compute. 2 x 2 x 8704 x 3584 x 18944 = 2.36 TFLOP; the H200's dense fp8 peak (~1979
-TFLOP/s, wgmma) gives ~1.2 ms. mma.sync is the pre-Hopper path (no wgmma, no TMA, one stage of
-shared memory with a register prefetch, 255 registers per thread (ptxas, no spills) so one CTA of
-8 warps per SM), so expect well under half of that peak, a few ms: around eager (dequantise to
-bf16 + two cuBLAS GEMMs) rather than far above it. What a faster version needs: wgmma (m64nNk32
-e4m3, `cute.nvgpu.warpgroup`) fed by TMA through a multi-stage `PipelineTmaAsync`, i.e. the
-DeepGEMM design. Commit 84c0e11 holds an exact fp32 SIMT version of this kernel (no tensor cores).
+Bound: compute. 2 x 2 x 8704 x 3584 x 18944 = 2.36 TFLOP; the H200's dense fp8 peak (~1979 TFLOP/s,
+wgmma) gives ~1.2 ms. This kernel cannot get near it: `mma.sync ... e4m3` is an Ada (sm_89)
+instruction that sm_90 runs emulated. ptxas lowers each one to F2FP.F16.E4M3 conversions and two
+fp16 HMMA.16816.F32 (seen in the SASS of the sm_90a build: 128 HMMA and 224 F2FP per thread per
+128-wide block). The conversion is exact, so the numerics are unaffected, but the speed is the
+legacy fp16 mma.sync rate, well under the 989 TFLOP/s bf16 peak. On top of that: one stage of shared
+memory with a register prefetch, and 255 registers per thread (ptxas, no spills), so one CTA of 8
+warps per SM. Expect several ms, likely slower than eager (dequantise to bf16, then two cuBLAS bf16
+GEMMs on wgmma) and than torch.compile. Why: the missing piece is wgmma (m64nNk32 e4m3,
+`cute.nvgpu.warpgroup`) fed by TMA through a multi-stage `PipelineTmaAsync`, i.e. the DeepGEMM
+design; it was too risky to write without a GPU to test on.
+Commit 84c0e11 holds an exact fp32 SIMT version of this kernel (no tensor cores).
 
 Numerics: codes are multiplied exactly on the tensor cores; each 128-wide block's partial sum is
 scaled by x_scale * w_scale in fp32 and added in fp32, so the result differs from the fp32
@@ -71,7 +76,7 @@ def gate_up_kernel(mX: cute.Tensor, mXs: cute.Tensor, mG: cute.Tensor, mGs: cute
     mma = cute.make_mma_atom(cute.nvgpu.warp.MmaFP8Op(cutlass.Float8E4M3FN, Float32, (16, 8, 32)))
     zero = cute.make_rmem_tensor(cute.make_layout(4), Int32)
     pa = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(4)]  # next block's A codes, 4 x 16 bytes
-    pb = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(4)]  # next block's B codes (0, 1 gate; 2, 3 up)
+    pb = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(4)]  # next block's B: 0, 1 gate; 2, 3 up
     afr = [cute.make_rmem_tensor(cute.make_layout(4), Int32) for _ in range(4)]  # [mi][h]: 4 words of the half block
     bfr = cute.make_rmem_tensor(cute.make_layout(4), Int32)
     aw = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Int32)

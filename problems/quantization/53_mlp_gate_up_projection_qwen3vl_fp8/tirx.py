@@ -1,4 +1,4 @@
-"""Baseline (TIRx): fp8 gate/up projections + SiLU gating on fp8 tensor cores (mma.sync m16n8k32 e4m3), block scales in fp32.
+"""Baseline (TIRx): fp8 gate/up projections + SiLU gating with mma.sync m16n8k32 e4m3 and fp32 block-scale promotion.
 
 Strategy: one CTA (8 warps) computes a 128-row x 64-column tile of BOTH gate and up, so the
 activation tile is read once for the two GEMMs and the SiLU gating happens in registers. CTAs run
@@ -22,13 +22,18 @@ so any common permutation gives the same sum). Fragment registers follow the PTX
 m16n8k32 with 8-bit types: A {row g, row g+8} x {k 0-15, k 16-31}, B {k 0-15, k 16-31} at column
 g, D {row g: cols 2t, 2t+1; row g+8: cols 2t, 2t+1}, with g = lane // 4.
 
-Bound: compute. 2 x 2 x 8704 x 3584 x 18944 = 2.36 TFLOP; the H200's dense fp8 peak (~1979
-TFLOP/s, wgmma) gives ~1.2 ms. mma.sync is the pre-Hopper path (no wgmma, no TMA, one stage of
-shared memory with a register prefetch, 255 registers per thread (ptxas, no spills) so one CTA of
-8 warps per SM), so expect well under half of that peak, a few ms: around eager (dequantise to
-bf16 + two cuBLAS GEMMs) rather than far above it. What a faster version needs: wgmma (m64nNk32
-e4m3 from shared-memory descriptors) fed by TMA through a multi-stage mbarrier pipeline, i.e. the
-DeepGEMM design. Commit 84c0e11 holds an exact fp32 SIMT version of this kernel (no tensor cores).
+Bound: compute. 2 x 2 x 8704 x 3584 x 18944 = 2.36 TFLOP; the H200's dense fp8 peak (~1979 TFLOP/s,
+wgmma) gives ~1.2 ms. This kernel cannot get near it: `mma.sync ... e4m3` is an Ada (sm_89)
+instruction that sm_90 runs emulated. ptxas lowers each one to F2FP.F16.E4M3 conversions and two
+fp16 HMMA.16816.F32 (seen in the SASS of the sm_90a build: 128 HMMA and 224 F2FP per thread per
+128-wide block). The conversion is exact, so the numerics are unaffected, but the speed is the
+legacy fp16 mma.sync rate, well under the 989 TFLOP/s bf16 peak. On top of that: one stage of shared
+memory with a register prefetch, and 255 registers per thread (ptxas, no spills), so one CTA of 8
+warps per SM. Expect several ms, likely slower than eager (dequantise to bf16, then two cuBLAS bf16
+GEMMs on wgmma) and than torch.compile. Why: the missing piece is wgmma (m64nNk32 e4m3 from shared-
+memory descriptors) fed by TMA through a multi-stage mbarrier pipeline, i.e. the DeepGEMM design; it
+was too risky to write without a GPU to test on.
+Commit 84c0e11 holds an exact fp32 SIMT version of this kernel (no tensor cores).
 
 Numerics: codes are multiplied exactly on the tensor cores; each 128-wide block's partial sum
 (fp32, or the tensor core's internal accumulation) is scaled by x_scale * w_scale in fp32 and
@@ -70,7 +75,8 @@ def _make(K: int):
         Usc = Tx.match_buffer(us_ptr, (NB, KB), "float32")
         O = Tx.match_buffer(o_ptr, (M, N), "bfloat16")
         Tx.device_entry()
-        bm, bn = Tx.cta_id([Tx.ceildiv(M, BM), Tx.ceildiv(N, BN)])  # M fastest: a wave shares weight tiles, A stays in L2
+        # M fastest: a wave of CTAs shares a few weight tiles, and the activation stays in L2
+        bm, bn = Tx.cta_id([Tx.ceildiv(M, BM), Tx.ceildiv(N, BN)])
         tx = Tx.thread_id([NT])
         As = Tx.alloc_shared((BM, RW), "int32")
         Bs = Tx.alloc_shared((2 * BN, RW), "int32")  # rows 0..63 gate, 64..127 up
@@ -90,13 +96,16 @@ def _make(K: int):
         nsb: Tx.let[Tx.int32] = (bn * BN) // 128  # weight scale row of this CTA's columns
         for i in Tx.unroll(64):
             tot[i] = Tx.float32(0)
-        # prologue: block 0's codes into registers (16 bytes x 4 of A and x 4 of B per thread)
+        # prologue: block 0's codes into registers (rows past M or N are clamped here and zeroed in shared memory)
         for i in Tx.unroll(4):
-            pa.vstore([i * 4], X.vload([Tx.min(bm * BM + (i * NT + tx) // 8, M - 1), ((i * NT + tx) % 8) * 4], dtype="int32x4"))
+            r0: Tx.let[Tx.int32] = Tx.min(bm * BM + (i * NT + tx) // 8, M - 1)
+            n0: Tx.let[Tx.int32] = Tx.min(bn * BN + (i * NT + tx) // 8 % BN, N - 1)
+            w0: Tx.let[Tx.int32] = ((i * NT + tx) % 8) * 4
+            pa.vstore([i * 4], X.vload([r0, w0], dtype="int32x4"))
             if i < 2:
-                pb.vstore([i * 4], G.vload([Tx.min(bn * BN + (i * NT + tx) // 8 % BN, N - 1), ((i * NT + tx) % 8) * 4], dtype="int32x4"))
+                pb.vstore([i * 4], G.vload([n0, w0], dtype="int32x4"))
             else:
-                pb.vstore([i * 4], U.vload([Tx.min(bn * BN + (i * NT + tx) // 8 % BN, N - 1), ((i * NT + tx) % 8) * 4], dtype="int32x4"))
+                pb.vstore([i * 4], U.vload([n0, w0], dtype="int32x4"))
         for kb in Tx.serial(KB):
             # this block's scales: 4 activation rows per thread, one gate and one up weight block per CTA
             for e in Tx.unroll(4):
@@ -122,11 +131,14 @@ def _make(K: int):
             # prefetch the next block's codes into registers while this one is multiplied
             if kb + 1 < KB:
                 for i in Tx.unroll(4):
-                    pa.vstore([i * 4], X.vload([Tx.min(bm * BM + (i * NT + tx) // 8, M - 1), (kb + 1) * 32 + ((i * NT + tx) % 8) * 4], dtype="int32x4"))
+                    r1: Tx.let[Tx.int32] = Tx.min(bm * BM + (i * NT + tx) // 8, M - 1)
+                    n1: Tx.let[Tx.int32] = Tx.min(bn * BN + (i * NT + tx) // 8 % BN, N - 1)
+                    w1: Tx.let[Tx.int32] = (kb + 1) * 32 + ((i * NT + tx) % 8) * 4
+                    pa.vstore([i * 4], X.vload([r1, w1], dtype="int32x4"))
                     if i < 2:
-                        pb.vstore([i * 4], G.vload([Tx.min(bn * BN + (i * NT + tx) // 8 % BN, N - 1), (kb + 1) * 32 + ((i * NT + tx) % 8) * 4], dtype="int32x4"))
+                        pb.vstore([i * 4], G.vload([n1, w1], dtype="int32x4"))
                     else:
-                        pb.vstore([i * 4], U.vload([Tx.min(bn * BN + (i * NT + tx) // 8 % BN, N - 1), (kb + 1) * 32 + ((i * NT + tx) % 8) * 4], dtype="int32x4"))
+                        pb.vstore([i * 4], U.vload([n1, w1], dtype="int32x4"))
             for i in Tx.unroll(64):
                 blk[i] = Tx.float32(0)
             # two halves of the block: half hf holds words 8t + 4hf .. 8t + 4hf + 3 of each row (k-steps 2hf, 2hf + 1)
@@ -169,9 +181,8 @@ def _make(K: int):
                         ocol: Tx.let[Tx.int32] = bn * BN + wc + ni * 8 + t * 2 + c2
                         if orow < M and ocol < N:
                             gv: Tx.let[Tx.float32] = tot[mi * 16 + ni * 4 + h * 2 + c2]
-                            O[orow, ocol] = Tx.Cast(
-                                "bfloat16",
-                                gv / (Tx.float32(1) + Tx.exp(Tx.float32(0) - gv)) * tot[32 + mi * 16 + ni * 4 + h * 2 + c2])
+                            uv: Tx.let[Tx.float32] = tot[32 + mi * 16 + ni * 4 + h * 2 + c2]
+                            O[orow, ocol] = Tx.Cast("bfloat16", gv / (Tx.float32(1) + Tx.exp(Tx.float32(0) - gv)) * uv)
 
     return gate_up
 
