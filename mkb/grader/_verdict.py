@@ -100,6 +100,7 @@ class TimingFigures(_Figures):
     run_phases_s: dict[str, float] | None = None
     tail_us_median: float | None = None
     floor_tail_us_median: float | None = None
+    floor_tail_after_us_median: float | None = None  # empty calls' tails after the loop (the side-work check takes the later floor)
     host_us_median: float | None = None  # the candidate's host dispatch per call (not in the time; mkb.measure)
     eager_host_us_median: float | None = None
     side_work_us: float | None = None
