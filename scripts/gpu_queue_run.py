@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=480.0, help="start no new section after this many seconds")
     ap.add_argument("--sections", default="serial,queue,bench")
     ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--queue-jobs", choices=("all", "passing"), default="all",
+                    help="the queue pass grades every job, or only those that must pass (baselines and controls)")
+    ap.add_argument("--queue-rounds", type=int, default=1, help="times each queue job is pushed (medians compared per round)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     out = Path(a.out)
@@ -141,15 +144,18 @@ def main(argv: list[str] | None = None) -> int:
             q.pool.wait_warm(cfg.start_limit_s)
             t_push = time.monotonic()
 
+            qcases = [c for c in all_cases if a.queue_jobs == "all" or c.expected is None]
+            qjobs = [(c.key if a.queue_rounds == 1 else f"{c.key}#r{r}", c) for r in range(a.queue_rounds) for c in qcases]
+
             def thread_producer() -> None:
-                for c in all_cases[0::2]:
+                for key, c in qjobs[0::2]:
                     f = q.submit(GradeJob(c.problem, c.dsl, c.path, experiment="producer-thread"))
                     with lock:
-                        futs[c.key] = f
+                        futs[key] = f
 
             async def asyncio_producer() -> None:
-                mine = {c.key: asyncio.wrap_future(q.submit(GradeJob(c.problem, c.dsl, c.path, experiment="producer-asyncio")))
-                        for c in all_cases[1::2]}
+                mine = {key: asyncio.wrap_future(q.submit(GradeJob(c.problem, c.dsl, c.path, experiment="producer-asyncio")))
+                        for key, c in qjobs[1::2]}
                 await asyncio.gather(*mine.values(), return_exceptions=True)
                 with lock:
                     futs.update({k: f for k, f in mine.items()})
@@ -160,15 +166,15 @@ def main(argv: list[str] | None = None) -> int:
             aio.start()
             th.join()
             aio.join()
-            for c in all_cases:
-                f = futs[c.key]
+            for key, c in qjobs:
+                f = futs[key]
                 try:
                     v = f.result()
                 except Exception:  # noqa: BLE001
-                    summary["errors"].append({"what": f"queue {c.key}", "traceback": traceback.format_exc()})
+                    summary["errors"].append({"what": f"queue {key}", "traceback": traceback.format_exc()})
                     continue
-                summary["queue"][c.key] = row(c, v)
-                log(f"QUEUE  {c.key:55s} -> {v.reason or 'passed'} median={v.candidate_median_us} wait={v.queue_wait_s:.1f}s")
+                summary["queue"][key] = row(c, v) | {"key": key}
+                log(f"QUEUE  {key:58s} -> {v.reason or 'passed'} median={v.candidate_median_us} wait={v.queue_wait_s:.1f}s")
             summary["queue_push_to_last_s"] = time.monotonic() - t_push
             pair_cases = [c for c in all_cases if c.key.startswith("baseline/28/")]
             if pair_cases:
@@ -182,16 +188,18 @@ def main(argv: list[str] | None = None) -> int:
         writer.flush()
 
     # ---- 3. compare ----
-    for c in all_cases:
-        s, qv = summary["serial"].get(c.key), summary["queue"].get(c.key)
-        if s is None or qv is None:
+    by_key = {c.key: c for c in all_cases}
+    for qkey, qv in summary["queue"].items():
+        c = by_key[qkey.split("#")[0]]
+        s = summary["serial"].get(c.key)
+        if s is None:
             continue
         same = s["passed"] == qv["passed"] and s["reason"] == qv["reason"]
         rel = None
         if s["passed"] and qv["passed"] and s["candidate_median_us"] and qv["candidate_median_us"]:
             rel = abs(qv["candidate_median_us"] - s["candidate_median_us"]) / s["candidate_median_us"]
         expected_ok = (qv["passed"] if c.expected is None else (not qv["passed"] and qv["reason"] in c.expected))
-        summary["compare"].append({"key": c.key, "same_verdict": same, "median_rel_diff": rel,
+        summary["compare"].append({"key": qkey, "same_verdict": same, "median_rel_diff": rel,
                                    "median_within_tol": rel is None or rel <= MEDIAN_TOL, "expected_ok": expected_ok,
                                    "serial": s["reason"] or "passed", "queue": qv["reason"] or "passed"})
     cmp = summary["compare"]
@@ -206,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                            [p["eager_cached"] for p in summary["pair"]][1:] == [True] * (len(summary["pair"]) - 1))
         if summary["pair"] else None,
     }
+    red = [(c, summary["serial"].get(c.key)) for c in all_cases if c.expected is not None]
+    summary["result"]["redteam_serial_rejected"] = sum(1 for c, v in red if v and not v["passed"] and v["reason"] in c.expected)
+    summary["result"]["redteam_serial_forms"] = sum(1 for c, v in red if v)
+    for c, v in red:
+        if v and not (not v["passed"] and v["reason"] in c.expected):
+            log(f"HOLE   {c.key:55s} serial={v['reason'] or 'passed'} expected one of {c.expected}")
     for r in cmp:
         if not (r["same_verdict"] and r["median_within_tol"] and r["expected_ok"]):
             log(f"DIFF   {r['key']:55s} serial={r['serial']} queue={r['queue']} median_rel_diff={r['median_rel_diff']} "
