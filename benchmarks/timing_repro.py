@@ -8,9 +8,13 @@ own primitives (`mkb.measure`: pre-made fresh input sets, the read flush, `strea
 that each remove one suspect:
 
 - `policy`: exactly the grader's window.
-- `queued`: a GPU sleep of ~1 ms is enqueued after the flush, before the start event, so the host's
-  dispatch of the call is always finished before the window opens: device time only. If `policy`
-  spreads and `queued` does not, the spread is the host's dispatch outrunning the flush.
+- `nohold`: the v2 window (flush only, ~100 us, then start): the host's dispatch of the call is in the
+  window wherever it outruns the flush.
+- `sleep`: a single-thread GPU sleep (~1 ms) instead of the SM hold: device time too, but the rest of
+  the GPU is idle before the window opens.
+With `--side`, a pseudo-kernel `side` (a bf16 GEMM launched on a second stream that the current stream
+then waits for) shows what the hold is for: under `sleep` its GEMM runs before the window opens and is
+not timed; under `policy` it is.
 
 Every grading reads the SM clock, temperature and power (nvidia-smi) before and after its calls: if the
 medians follow the clock, the spread is the GPU's clock state.
@@ -77,15 +81,12 @@ def grading(fn, make, *, n: int, warm: int, seed0: int, variant: str, flusher: L
         host.append((time.perf_counter() - t0) * 1e6)
         return out
 
-    def flush():
-        flusher.flush()
-        if variant == "queued":
-            torch.cuda._sleep(2_000_000)  # ~1 ms at 1.98 GHz: the call is enqueued before the window opens
+    hold = {"policy": True, "nohold": None, "sleep": lambda: torch.cuda._sleep(2_000_000)}[variant]
 
     before = smi()
     for i in range(warm + n):
         args = stream(i)
-        out, us, _tail = stream_window(lambda: call(args), flush=flush, device=DEV)
+        out, us, _tail = stream_window(lambda: call(args), flush=flusher.flush, device=DEV, hold=hold)
         del out
         if i >= warm:
             times.append(us)
@@ -103,13 +104,14 @@ def grading(fn, make, *, n: int, warm: int, seed0: int, variant: str, flusher: L
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--problems", type=int, nargs="+", default=[25, 72])
-    ap.add_argument("--variants", default="policy,queued")
+    ap.add_argument("--variants", default="policy,nohold")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--warm", type=int, default=10)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/timing-repro"))
     ap.add_argument("--budget-s", type=float, default=200.0)
     ap.add_argument("--kernels", default=None, help="only these (eager, cute, tirx); default all")
+    ap.add_argument("--side", action="store_true", help="also time the side-stream pseudo-kernel (see the docstring)")
     ap.add_argument("--phases", default="base", help="base[,harness][,profiler]: process states, in this order")
     a = ap.parse_args(argv)
     from mkb.dsl import get_backend
@@ -145,6 +147,17 @@ def main(argv: list[str] | None = None) -> None:
         del x
         fns_of[p] = {k: f for k, f in fns.items() if a.kernels is None or k in a.kernels.split(",")}
         makes[p] = make
+    if a.side:
+        def side(x, w):
+            s2 = torch.cuda.Stream()
+            with torch.cuda.stream(s2):
+                y = x @ w
+            torch.cuda.current_stream().wait_stream(s2)
+            return y
+
+        makes[0] = lambda s: (torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16, generator=torch.Generator(DEV).manual_seed(s)),
+                              torch.randn(8192, 4096, device=DEV, dtype=torch.bfloat16, generator=torch.Generator(DEV).manual_seed(s + 1)))
+        fns_of[0] = {"side": side}
     for phase in a.phases.split(","):
         if phase == "harness":
             import mkb.grader._harness  # noqa: F401  - what a worker imports before any timing
@@ -155,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             profile_call(lambda: buf.fill_(1.0), torch.cuda.synchronize)
         elif phase != "base":
             raise SystemExit(f"unknown phase {phase!r}")
-        for p in a.problems:
+        for p in ([0] if a.side else []) + a.problems:
             make = makes[p]
             for name, fn in fns_of[p].items():
                 for variant in a.variants.split(","):

@@ -20,7 +20,7 @@ _TORCH_SPACES = (
 )
 _CLASS_SPACES = (
     ("torch", "Tensor"), ("torch._C", "TensorBase"), ("torch.cuda", "Event"), ("torch.cuda", "Stream"),
-    ("torch.profiler", "profile"), ("mkb.grader._provenance", "CopyWatch"),
+    ("torch.profiler", "profile"), ("mkb.grader._provenance", "CopyWatch"), ("mkb.measure._timing", "SmHold"),
 )
 _HARNESS_SPACES = (
     "time", "mkb.grader._harness", "mkb.grader._guards", "mkb.grader._trace", "mkb.grader._protocol",

@@ -28,7 +28,7 @@ from mkb.grader._trace import CallLimits, call_figures, classify, profile_call
 from mkb.grader._verdict import CompileFigures, IntegrityFigures, TimingFigures, VerificationFigures, timing_decided
 from mkb.measure import (
     MIN_TIMED, TIMING_POLICY, UPSTREAM_POLICY, InputStream, L2Flusher, LoopRecord, UnsupportedGpu, clone_inputs, compare,
-    SmClock, expect, gpu_state, identify_gpu, inputs_unchanged, side_work_us, stream_window as _stream_window, summarize,
+    SmClock, expect, gpu_state, sm_hold, identify_gpu, inputs_unchanged, side_work_us, stream_window as _stream_window, summarize,
     tensor_bytes, time_upstream, timed_loop,
 )
 from mkb.reasons import Reason
@@ -57,12 +57,16 @@ SIDE_WORK_FRACTION = 0.1
 
 def warm_start(device: str) -> None:
     """Work that does not depend on the job, done while the worker waits for one: the profiler's (CUPTI)
-    first-use initialisation and the harness stream's id as the profiler names it."""
+    first-use initialisation, the harness stream's id as the profiler names it, and the timing window's
+    SM hold (compiled by NVRTC on first use)."""
     if device == "cuda" and "streams" not in _WARM:
         t0 = _perf()
         _WARM["streams"] = _Device("cuda").harness_streams()
         _WARM["profiler_init_s"] = _perf() - t0
         _WARM["sm_clock"] = SmClock()
+        t0 = _perf()
+        sm_hold()
+        _WARM["hold_compile_s"] = _perf() - t0
 
 
 class _Phases:

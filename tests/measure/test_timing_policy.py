@@ -22,3 +22,70 @@ def test_the_policy_is_named_in_every_summary():
     t = summarize([1.0, 2.0, 3.0], tail_us_median=5.0)
     assert t.policy == TIMING_POLICY and t.tail_us_median == 5.0
     assert FLUSH_KIND in TIMING_POLICY
+
+
+class _FakeGpu:
+    """The window's CUDA primitives as a log: which step happened in which order, and when the flush 'ends'."""
+
+    def __init__(self, flush_polls: int = 3) -> None:
+        self.log: list[str] = []
+        self.polls_left = flush_polls
+
+    def install(self, monkeypatch) -> None:
+        import mkb.measure._timing as T
+
+        gpu = self
+
+        class Ev:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.name = "timed" if enable_timing else "flushed"
+
+        def record(ev):
+            gpu.log.append(f"record:{ev.name}")
+
+        def query(ev):
+            gpu.polls_left -= 1
+            done = gpu.polls_left <= 0
+            gpu.log.append(f"query:{done}")
+            return done
+
+        monkeypatch.setattr(T, "_sync", lambda device=None: gpu.log.append("sync"))
+        monkeypatch.setattr(T, "_Event", Ev)
+        monkeypatch.setattr(T, "_record", record)
+        monkeypatch.setattr(T, "_Event_query", query)
+        monkeypatch.setattr(T, "_elapsed", lambda a, b: 0.001)
+        monkeypatch.setattr(T, "_ev_sync", lambda ev: gpu.log.append("ev_sync"))
+        monkeypatch.setattr(T, "wait_device", lambda device=None: gpu.log.append("wait"))
+
+
+def test_the_call_is_dispatched_only_once_the_flush_ended_and_the_hold_is_enqueued(monkeypatch):
+    """Work the call puts on another stream must find every SM held: the host waits for the flush's end
+    (the hold is next in the stream) before it calls fn, and the start event follows the hold."""
+    from mkb.measure import stream_window
+
+    gpu = _FakeGpu(flush_polls=3)
+    gpu.install(monkeypatch)
+    result, us, tail = stream_window(lambda: gpu.log.append("fn") or 7, flush=lambda: gpu.log.append("flush"),
+                                     hold=lambda: gpu.log.append("hold"))
+    assert result == 7 and us == pytest.approx(1.0) and tail == pytest.approx(1.0)
+    assert gpu.log[:4] == ["sync", "flush", "record:flushed", "hold"]
+    i_fn = gpu.log.index("fn")
+    assert gpu.log.index("record:timed") < i_fn  # start before the call
+    assert gpu.log[i_fn - 1] == "query:True" and gpu.log.count("query:False") == 2  # the host waited for the flush
+    assert gpu.log[i_fn + 1:] == ["record:timed", "wait", "record:timed", "ev_sync"]
+
+
+def test_without_a_hold_the_host_does_not_wait(monkeypatch):
+    from mkb.measure import stream_window
+
+    gpu = _FakeGpu()
+    gpu.install(monkeypatch)
+    stream_window(lambda: gpu.log.append("fn"), flush=lambda: gpu.log.append("flush"), hold=None)
+    assert gpu.log[:4] == ["sync", "flush", "record:timed", "fn"] and not any(e.startswith("query") for e in gpu.log)
+
+
+def test_the_host_dispatch_of_every_timed_call_is_recorded_beside_its_time():
+    from mkb.measure import perf_window, timed_loop
+
+    rec = timed_loop(lambda x: x, lambda i: (i,), warmup=2, timed=5, window=perf_window)
+    assert len(rec.host_us) == len(rec.times_us) == 5 and all(h >= 0 for h in rec.host_us)
