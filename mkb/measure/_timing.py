@@ -101,7 +101,6 @@ FLUSH_KIND = "read"
 FLUSH_FACTOR = 6.0  # x L2: long enough (~100 us of reads on an H200) to hide the host's dispatch of the call
 SPIN_WAIT = True  # the tail's wait spins on the current stream first (see wait_device)
 HOLD_US = 1000.0  # how long `SmHold` keeps every SM busy before the window opens (at the GPU's maximum clock)
-_JIT_ELEMENTS_PER_THREAD = 4  # jiterator's thread_work_size: each thread spins once per element it owns
 _HOLD_CODE = ("template <typename T> T mkb_hold(T x, T cycles) { long long t0 = clock64(); "
               "while ((T)(clock64() - t0) < cycles) { } return x; }")
 
@@ -129,15 +128,43 @@ class SmHold:
         self.device = torch.device(device if device is not None else "cuda")
         props = torch.cuda.get_device_properties(self.device)
         self.threads = int(props.multi_processor_count) * int(getattr(props, "max_threads_per_multi_processor", 2048))
-        self._x = torch.zeros(self.threads * _JIT_ELEMENTS_PER_THREAD, dtype=torch.float32, device=self.device)
         self._fn = torch.cuda.jiterator._create_jit_fn(_HOLD_CODE, cycles=0.0)
         from mkb.measure._device import SmClock
 
         mhz = SmClock(self.device).max_mhz or 1980.0
+        self.per_thread = self._elements_per_thread()
+        self._x = torch.zeros(self.threads * self.per_thread, dtype=torch.float32, device=self.device)
         self.us = HOLD_US if us is None else float(us)
-        self.cycles = float(int(self.us * mhz / _JIT_ELEMENTS_PER_THREAD))
-        self._fn(self._x, cycles=1.0)  # compile now, not inside a timing loop
+        self.cycles = float(int(self.us * mhz / self.per_thread))
+
+    def _elements_per_thread(self) -> int:
+        """How many elements one jiterator thread spins through (its work size, 8 in torch 2.11; a torch
+        detail, so measured): the smallest k for which 2k elements per slot take twice as long as k
+        (one wave -> two waves). The grid is then exactly one full wave."""
+        ev0, ev1 = _Event(enable_timing=True), _Event(enable_timing=True)
+
+        def us_for(k: int) -> float:
+            x = torch.zeros(self.threads * k, dtype=torch.float32, device=self.device)
+            best = math.inf
+            for _ in range(3):
+                _record(ev0)
+                self._fn(x, cycles=20_000.0)
+                _record(ev1)
+                _ev_sync(ev1)
+                best = min(best, _elapsed(ev0, ev1))
+            return best
+
+        warm = torch.zeros(self.threads, dtype=torch.float32, device=self.device)
+        for _ in range(4):  # compile (NVRTC), then busy the GPU so its clock is up before the ratios are taken
+            self._fn(warm, cycles=1_000_000.0)
         _sync(self.device)
+        k, t = 1, us_for(1)
+        while k < 64:
+            t2 = us_for(2 * k)
+            if t2 > 1.5 * t:
+                return k
+            k, t = 2 * k, t2
+        raise RuntimeError("SmHold: could not find the spin kernel's elements per thread (no doubling up to 64)")
 
     def __call__(self) -> None:
         self._fn(self._x, cycles=self.cycles)
