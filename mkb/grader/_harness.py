@@ -109,6 +109,10 @@ class _Device:
         result = fn()
         return result, (_perf() - t0) * 1e6, 0.0
 
+    def hold(self) -> Any:
+        """The window's SM hold (None on the CPU), which a timing loop sets from its warm-ups."""
+        return sm_hold() if self.kind == "cuda" else None
+
     def warm_clocks(self, seconds: float) -> None:
         """Busy the GPU until it has boosted (an idle H200 sits at 345 MHz), for at most `seconds`.
 
@@ -336,12 +340,13 @@ class _Evaluation:
             dev.warm_clocks(cfg.clock_warm_s)
             ph.mark("clock_warm")
             rec = timed_loop(eager_fn, e_stream, warmup=plan.n_warm, timed=eager_n,
-                             window=lambda f: dev.window(f, self.flush))
+                             window=lambda f: dev.window(f, self.flush), hold=dev.hold())
             del e_stream
             eager = summarize(rec.times_us, n_warmup=plan.n_warm)
             eager_fig = self.fresh["eager"] = {"median_us": eager.median_us, "iqr_us": eager.iqr_us, "cv": eager.cv,
                                                "n_timed": eager.n_timed, "n_warmup": plan.n_warm, "measured_unix": time.time(),
-                                               "host_us_median": statistics.median(rec.host_us) if rec.host_us else None}
+                                               "host_us_median": statistics.median(rec.host_us) if rec.host_us else None,
+                                               "hold_us": rec.hold_us}
             ph.mark("eager_timing")
         if floor_fig is None:
             floor_times = sorted(dev.window(lambda: None, self.flush)[1] for _ in range(30))
@@ -558,7 +563,7 @@ class _Evaluation:
         ph.mark("clock_warm")
         rec = timed_loop(lambda *args: _call(solve, args, "timing"), c_stream, warmup=n_warm, timed=n_timed,
                          window=lambda f: dev.window(f, flush), before_call=before_call, after_call=after_call,
-                         between_calls=between_calls)
+                         between_calls=between_calls, hold=dev.hold())
         times, tails = rec.times_us, rec.tails_us
         if rec.stopped_after is not None:
             # the integrity calls planned after the stop still run: stopping early never skips a check
@@ -632,7 +637,7 @@ class _Evaluation:
             tail_us_median=float(sorted(tails)[len(tails) // 2]) if tails else None,
             floor_tail_us_median=float(sorted(floor_tails)[len(floor_tails) // 2]) if floor_tails else None,
             floor_tail_after_us_median=statistics.median(floor_tails_after) if floor_tails_after else None,
-            host_us_median=statistics.median(rec.host_us) if rec.host_us else None,
+            host_us_median=statistics.median(rec.host_us) if rec.host_us else None, hold_us=rec.hold_us,
             eager_host_us_median=eager.get("host_us_median"),
             side_work_us=left_behind, quiet_wait_s=dict(quiet.waited_s),
             quiet_windows_monotonic={k: [round(x, 6) for x in v] for k, v in quiet.windows.items()},

@@ -103,6 +103,7 @@ class TimingFigures(_Figures):
     floor_tail_after_us_median: float | None = None  # empty calls' tails after the loop (the side-work check takes the later floor)
     host_us_median: float | None = None  # the candidate's host dispatch per call (not in the time; mkb.measure)
     eager_host_us_median: float | None = None
+    hold_us: float | None = None  # the SM hold in front of each timed window (mkb.measure.timed_loop's rule)
     side_work_us: float | None = None
     quiet_wait_s: dict[str, float] | None = None
     quiet_windows_monotonic: dict[str, list[float]] | None = None

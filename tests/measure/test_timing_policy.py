@@ -89,3 +89,41 @@ def test_the_host_dispatch_of_every_timed_call_is_recorded_beside_its_time():
 
     rec = timed_loop(lambda x: x, lambda i: (i,), warmup=2, timed=5, window=perf_window)
     assert len(rec.host_us) == len(rec.times_us) == 5 and all(h >= 0 for h in rec.host_us)
+
+
+class _FakeHold:
+    def __init__(self) -> None:
+        self.default_us = 1000.0
+        self.us = 1000.0
+        self.seen: list[float] = []
+
+    def set_us(self, us: float) -> None:
+        self.us = us
+        self.seen.append(us)
+
+
+def test_the_timed_calls_run_behind_a_hold_of_twice_the_warm_ups_dispatch_within_bounds(monkeypatch):
+    """A 40 us dispatch must not pay a millisecond per call; a slow one must stay hidden; one host hiccup
+    in the warm-ups does not set it; the default returns after. (A fake clock: the loop's perf_counter.)"""
+    import mkb.measure._timing as T
+    from mkb.measure import HOLD_MAX_US, HOLD_MIN_US, perf_window, timed_loop
+
+    clock = [0.0]
+    monkeypatch.setattr(T.time, "perf_counter", lambda: clock[0])
+    cases = ((lambda k: 40e-6, HOLD_MIN_US), (lambda k: 450e-6, 900.0), (lambda k: 5e-3, HOLD_MAX_US),
+             (lambda k: 30e-3 if k == 0 else 100e-6, 200.0))  # one 30 ms hiccup among 5 warm-ups
+    for dispatch_s, expect in cases:
+        hold = _FakeHold()
+        holds_at_call: list[float] = []
+        n = [0]
+
+        def fn(i, dispatch_s=dispatch_s, hold=hold):
+            holds_at_call.append(hold.us)
+            clock[0] += dispatch_s(n[0])
+            n[0] += 1
+            return i
+
+        rec = timed_loop(fn, lambda i: (i,), warmup=5, timed=4, window=perf_window, hold=hold)
+        assert holds_at_call[:5] == [1000.0] * 5  # warm-ups behind the default
+        assert holds_at_call[5:] == pytest.approx([expect] * 4) and rec.hold_us == pytest.approx(expect)
+        assert hold.us == hold.default_us  # restored
