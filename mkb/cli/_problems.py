@@ -134,6 +134,37 @@ def register(app: typer.Typer) -> None:
             return
         typer.echo(render_markdown(rows) if markdown else render_text(rows), nl=False)
 
+    @group.command("speed-table")
+    def speed_table(
+        write: bool = typer.Option(False, "--write", help="Write the table into --out (between its markers)."),
+        check: bool = typer.Option(False, "--check", help="Exit 1 when --out's table differs from the datasets (for CI)."),
+        out: Optional[Path] = typer.Option(None, "--out", help="The README holding the table (default: problems/README.md)."),
+        store: Optional[list[str]] = typer.Option(None, "--store", help="Datasets to read (repeatable; default: every events/h200-*)."),
+    ) -> None:
+        """Per baseline: median us, speedup vs eager and vs torch.compile, fraction of speed of light, from the GPU datasets."""
+        from mkb.cli._exit import BAD_INPUT, CHECK_FAILED, fail
+        from mkb.problems._loader import problems_root
+        from mkb.problems._speed import default_stores, render_markdown, render_readme, speed_rows
+
+        stores = list(store) if store else default_stores()
+        if not stores:
+            fail(BAD_INPUT, "no dataset to read\nhint: pass --store, or run from a checkout with events/h200-*")
+        rows, missing = speed_rows(stores)
+        if not (write or check):
+            typer.echo(render_markdown(rows, missing), nl=False)
+            return
+        target = out or (problems_root() / "README.md")
+        current = target.read_text() if target.exists() else ""
+        text = render_readme(current, rows, missing)
+        if check:
+            if current != text:
+                typer.echo(f"{target} is out of date\nhint: run `mkb-run problems speed-table --write`", err=True)
+                raise typer.Exit(CHECK_FAILED)
+            typer.echo(f"{target} is up to date")
+            return
+        target.write_text(text)
+        typer.echo(f"wrote {target}")
+
     @app.command("characterise")
     def characterise(
         store: Optional[str] = typer.Option(None, "--store", help="Event store URL (default: MKB_STORE or events/local)."),
