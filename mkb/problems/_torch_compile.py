@@ -37,8 +37,10 @@ STATUSES: tuple[str, ...] = ("ok", "compile_error", "runtime_error", "mismatch",
 DEFAULT_COMPILER = "mkb.problems._torch_compile:torch_compile"
 SETUP_LIMIT_S = 300.0  # active seconds a worker may take to import and make its inputs before it compiles
 TIMING_LIMIT_S = 240.0  # seconds a worker may hold the quiet GPU (correct kernels take a few)
+WARM_LIMIT_S = 240.0  # the warm-up compile's limit; past it the run goes on without (each problem then pays the build)
 KILL_MARGIN_S = 15.0  # the run stops this long before its budget: kill, join, flush, print
 MIN_START_S = 45.0  # no worker starts with less budget than this left (it could not finish)
+MAX_DEFAULT_CONCURRENCY = 12  # 3/4 of a 16-core host: each worker holds a CUDA context and ~3 GB of host memory
 
 
 def torch_compile(fn: Callable[..., Any], *, mode: str, backend: str = "inductor") -> Callable[..., Any]:
@@ -221,7 +223,8 @@ def _worker(conn: Any, task: Task, cfg: Config) -> None:
 
         dev = torch.device(cfg.device)
         if dev.type == "cuda":
-            torch.cuda.set_device(dev)
+            if dev.index is not None:
+                torch.cuda.set_device(dev)
             torch.backends.cuda.matmul.allow_tf32 = False  # the eager baseline's numerics, as characterised
             torch.backends.cudnn.allow_tf32 = False
         problem = get_problem(task.problem)
@@ -371,12 +374,31 @@ def run_tasks(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callabl
     t_start = time.monotonic()
     deadline = t_start + budget_s - kill_margin_s
     mpc = mp.get_context("spawn")
-    if cfg.cache_dir:  # workers inherit the environment at spawn: one cache for the run
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cfg.cache_dir) / "inductor")
-        os.environ["TRITON_CACHE_DIR"] = str(Path(cfg.cache_dir) / "triton")
-    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(cfg.compile_threads)
-    if warm:
-        rep.warm_s = _warm(mpc, cfg, deadline - min_start_s, log)
+    env = {"TORCHINDUCTOR_COMPILE_THREADS": str(cfg.compile_threads)}
+    if cfg.cache_dir:  # one cache for the run
+        env.update(TORCHINDUCTOR_CACHE_DIR=str(Path(cfg.cache_dir) / "inductor"), TRITON_CACHE_DIR=str(Path(cfg.cache_dir) / "triton"))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # workers inherit the environment at spawn; restored when the run ends
+    try:
+        return _run(tasks, cfg, ctx, emit=emit, rep=rep, t_start=t_start, deadline=deadline, mpc=mpc, warm=warm, log=log,
+                    min_start_s=min_start_s)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callable[[dict[str, Any]], None], rep: RunReport,
+         t_start: float, deadline: float, mpc: Any, warm: bool, log: Callable[[str], None], min_start_s: float) -> RunReport:
+    warm_proc = warm_conn = None
+    if warm:  # the toolchain's one-off builds, while the first workers import; nobody compiles before it ends
+        warm_conn, b = mpc.Pipe()
+        warm_proc = mpc.Process(target=_warm_worker, args=(b, cfg), daemon=False, name="tc-warm")
+        warm_proc.start()
+        b.close()
+    warm_t0 = time.monotonic()
     pending = list(tasks)
     slots: list[_Slot] = []
     holder: _Slot | None = None
@@ -438,12 +460,31 @@ def run_tasks(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callabl
                 _signal_group(o.proc.pid, signal.SIGCONT)
                 o.pauses[-1][1] = now
 
+    def end_warm(res: dict[str, Any] | None) -> None:
+        nonlocal warm_proc, warm_conn
+        _signal_group(warm_proc.pid, signal.SIGKILL)
+        warm_proc.join(timeout=10)
+        warm_conn.close()
+        warm_proc = warm_conn = None
+        if res is None or res.get("status") != "ok":
+            log(f"warm-up compile failed or timed out ({(res or {}).get('error', 'no result')!s:.300}); "
+                "the first compiles pay the toolchain build")
+        else:
+            rep.warm_s = float(res["seconds"])
+            log(f"warm-up compile: {res['seconds']:.1f} s (toolchain stubs built into the shared cache), "
+                f"done {time.monotonic() - warm_t0:.1f} s after the start")
+        for o in slots:
+            if o.state == "setup":
+                o.conn.send("compile")
+
     try:
         while pending or slots:
             now = time.monotonic()
             if now >= deadline:
                 rep.stopped_by_budget = True
                 break
+            if warm_proc is not None and (now - warm_t0 > WARM_LIMIT_S or not warm_proc.is_alive() and not warm_conn.poll()):
+                end_warm(None)
             # start workers while there is room and budget (never while a worker holds the quiet GPU)
             while holder is None and pending and len(slots) < cfg.concurrency and deadline - now > min_start_s:
                 task = pending.pop(0)
@@ -456,8 +497,14 @@ def run_tasks(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callabl
                 if pending:  # too little budget left to start another
                     rep.stopped_by_budget = True
                 break
-            ready = wait_conns([s.conn for s in slots], timeout=0.2)
+            ready = wait_conns([s.conn for s in slots] + ([warm_conn] if warm_conn is not None else []), timeout=0.2)
             now = time.monotonic()
+            if warm_conn is not None and warm_conn in ready:
+                try:
+                    res = warm_conn.recv()[1]
+                except (EOFError, OSError):
+                    res = None
+                end_warm(res)
             for s in [x for x in slots if x.conn in ready]:
                 try:
                     kind, msg = s.conn.recv()
@@ -465,7 +512,8 @@ def run_tasks(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callabl
                     kind, msg = "died", {}
                 if kind == "setup":
                     s.state = "setup"
-                    s.conn.send("compile")
+                    if warm_proc is None:  # else sent when the warm-up ends
+                        s.conn.send("compile")
                 elif kind == "compiling":
                     s.state, s.t0 = "compiling", msg["t0"]
                 elif kind == "compiled":
@@ -492,7 +540,7 @@ def run_tasks(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callabl
                 over = None
                 if s.state == "compiling" and s.t0 is not None and s.active_since(s.t0, now) > s.task.cap_s:
                     over = ("timeout", "CompileTimeout", f"compile ran past its cap of {s.task.cap_s:.0f} s")
-                elif s.state in ("starting", "setup") and s.active_since(s.started, now) > cfg.setup_limit_s:
+                elif s.state == "starting" and s.active_since(s.started, now) > cfg.setup_limit_s:
                     over = ("runtime_error", "SetupTimeout", f"import and inputs ran past {cfg.setup_limit_s:.0f} s")
                 elif s.state == "timing" and s.timing_since is not None and now - s.timing_since > cfg.timing_limit_s:
                     over = ("runtime_error", "TimingTimeout", f"timing ran past {cfg.timing_limit_s:.0f} s")
@@ -517,33 +565,14 @@ def run_tasks(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callabl
                 else:
                     resume_all(now)
     finally:
+        if warm_proc is not None:
+            _signal_group(warm_proc.pid, signal.SIGKILL)
+            warm_proc.join(timeout=10)
         for s in list(slots):  # the budget ran out (or the run failed): their tasks are left for the next run
             rep.unfinished.append(s.task)
             close(s, kill=True)
         rep.unfinished.extend(pending)
     return rep
-
-
-def _warm(mpc: Any, cfg: Config, deadline: float, log: Callable[[str], None]) -> float | None:
-    a, b = mpc.Pipe()
-    proc = mpc.Process(target=_warm_worker, args=(b, cfg), daemon=False, name="tc-warm")
-    proc.start()
-    b.close()
-    t0 = time.monotonic()
-    res = None
-    if a.poll(max(1.0, min(240.0, deadline - time.monotonic()))):
-        try:
-            res = a.recv()[1]
-        except (EOFError, OSError):
-            res = None
-    _signal_group(proc.pid, signal.SIGKILL)
-    proc.join(timeout=10)
-    a.close()
-    if res is None or res.get("status") != "ok":
-        log(f"warm-up compile failed or timed out ({(res or {}).get('error', 'no result')!s:.300}); the first compiles pay the toolchain build")
-        return None
-    log(f"warm-up compile: {res['seconds']:.1f} s (toolchain stubs built into the shared cache) in {time.monotonic() - t0:.1f} s")
-    return float(res["seconds"])
 
 
 def run_torch_compile(*, store: str | None = None, size: str = "full", device: str | None = None,
@@ -569,8 +598,8 @@ def run_torch_compile(*, store: str | None = None, size: str = "full", device: s
     caps = {**DEFAULT_CAP_S, **(caps or {})}
     ps = [get_problem(k) for k in only] if only else list(problems(family=family))
     ctx = detect_context(dev)
-    n_cpu = os.cpu_count() or 2
-    conc = max(1, concurrency if concurrency is not None else (n_cpu * 3) // 4)
+    n_cpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    conc = max(1, concurrency if concurrency is not None else min(MAX_DEFAULT_CONCURRENCY, (n_cpu * 3) // 4))
     cache = cache_dir or tempfile.mkdtemp(prefix="mkb-torch-compile-cache-")
     cfg = Config(size=size, device=dev, backend=backend, compiler=compiler, share_s=share_s, cache_dir=cache,
                  compile_threads=compile_threads, concurrency=conc)
