@@ -4,7 +4,7 @@
 On the GPU host (torch, triton, pyarrow, fsspec, typer, rich; no polars), resuming into the committed dataset:
 
     PYTHONPATH=$PWD python scripts/torch_compile.py --store events/h200-torch-compile --budget-s 500 \\
-        --pack $OUT/h200-torch-compile.tar 2>&1 | tee $OUT/run.log
+        --pack $OUT/h200-torch-compile.tar --worker-log $OUT/workers.log 2>&1 | tee $OUT/run.log
 
 Problems whose (problem hash, torch version, GPU model, mode) the store already holds are skipped, so a second
 call continues where the first stopped. --pack tars the whole store (a `kind=...` folder cannot travel back
@@ -12,7 +12,7 @@ from the device as is); --summary writes one JSON line per row recorded by this 
 
 Options: --size full|smoke, --device cuda|cpu, --family F, --problem N (repeatable), --mode M (repeatable),
 --cap-default-s S, --cap-autotune-s S, --budget-s S, --concurrency N, --compile-threads N, --pack FILE.tar,
---summary FILE.jsonl.
+--summary FILE.jsonl, --worker-log FILE.
 """
 
 from __future__ import annotations
@@ -42,12 +42,13 @@ def main() -> None:
     ap.add_argument("--compiler", default=DEFAULT_COMPILER, help="module:function standing in for torch.compile (tests).")
     ap.add_argument("--pack", default=None, help="Tar the --store folder into this one file when done (also after a failure).")
     ap.add_argument("--summary", default=None, help="One JSON line per row this call recorded.")
+    ap.add_argument("--worker-log", default=None, help="The workers' stdout/stderr (inductor's autotune tables), apart from the run's log.")
     a = ap.parse_args()
     rep = None
     try:
         rep = run_torch_compile(store=a.store, size=a.size, device=a.device, family=a.family, only=a.problem,
                                 modes=tuple(a.mode) if a.mode else MODES, budget_s=a.budget_s, concurrency=a.concurrency,
-                                compile_threads=a.compile_threads, backend=a.backend, compiler=a.compiler,
+                                compile_threads=a.compile_threads, backend=a.backend, compiler=a.compiler, worker_log=a.worker_log,
                                 caps={"default": a.cap_default_s, "max-autotune-no-cudagraphs": a.cap_autotune_s})
         print(main_summary(rep), flush=True)
     finally:

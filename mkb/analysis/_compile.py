@@ -14,7 +14,8 @@ MODE_KEYS: dict[str, str] = {"default": "default", "max-autotune-no-cudagraphs":
 KEYS = ["problem", "problem_hash", "size", "machine"]
 
 _EMPTY = {
-    "problem": pl.Int64, "problem_hash": pl.Utf8, "size": pl.Utf8, "machine": pl.Utf8, "compile_us": pl.Float64,
+    "problem": pl.Int64, "problem_hash": pl.Utf8, "size": pl.Utf8, "machine": pl.Utf8, "problem_name": pl.Utf8, "family": pl.Utf8,
+    "compile_us": pl.Float64,
     "compile_mode": pl.Utf8, "compile_speedup_over_eager": pl.Float64, "compile_eager_us": pl.Float64,
     **{f"{k}_{c}": t for k in MODE_KEYS.values() for c, t in (("status", pl.Utf8), ("us", pl.Float64), ("compile_s", pl.Float64),
                                                               ("error_class", pl.Utf8))},
@@ -29,7 +30,9 @@ def compile_times(tc: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
         return pl.DataFrame(schema=_EMPTY)
     newest = (tc.with_columns(machine=pl.coalesce("gpu_model", "gpu")).sort("ts")
               .unique(subset=[*KEYS, "mode"], keep="last"))
-    out = newest.select(KEYS).unique()
+    out = newest.group_by(KEYS).agg(pl.col("problem_name").drop_nulls().last(), pl.col("family").drop_nulls().last()) \
+        if {"problem_name", "family"} <= set(newest.columns) else newest.select(KEYS).unique().with_columns(
+            problem_name=pl.lit(None, pl.Utf8), family=pl.lit(None, pl.Utf8))
     for mode, key in MODE_KEYS.items():
         m = newest.filter(pl.col("mode") == mode).select(
             *KEYS, pl.col("status").alias(f"{key}_status"), pl.when(pl.col("ok")).then(pl.col("median_us")).alias(f"{key}_us"),

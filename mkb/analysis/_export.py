@@ -99,7 +99,8 @@ def problems_table(store: str) -> pl.DataFrame:
     c = c.with_columns(machine=pl.col("gpu").map_elements(machine, return_dtype=pl.Utf8))
     keys = ["problem", "problem_hash", "size", "machine"]
     out = c.join(ct, on=keys, how="full", coalesce=True)
-    out = out.with_columns(gpu=pl.coalesce("gpu", "machine"),
+    out = out.with_columns(gpu=pl.coalesce("gpu", "machine"), problem_name=pl.coalesce("problem_name", "problem_name_right"),
+                           family=pl.coalesce("family", "family_right"),
                            speedup_compile_vs_eager=pl.col("compile_speedup_over_eager"))
     cols = [*CHAR_COLS, "compile_us", "compile_mode", "speedup_compile_vs_eager",
             *[f"{k}_{x}" for k in MODE_KEYS.values() for x in ("status", "us", "compile_s", "error_class")]]

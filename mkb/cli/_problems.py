@@ -193,6 +193,7 @@ def register(app: typer.Typer) -> None:
         concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Compile workers at once (default 3/4 of the cores)."),
         compile_threads: int = typer.Option(1, "--compile-threads", help="TORCHINDUCTOR_COMPILE_THREADS per worker."),
         cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="The run's shared inductor/triton cache (default: a fresh temp dir)."),
+        worker_log: Optional[str] = typer.Option(None, "--worker-log", help="Where the workers' output goes (default: this terminal)."),
     ) -> None:
         """torch.compile each problem's eager (per mode), check it, time it beside eager on a quiet GPU: torch_compile events.
 
@@ -204,7 +205,7 @@ def register(app: typer.Typer) -> None:
         try:
             run_torch_compile(store=store, size=size, device=device, family=family, only=problem,
                                     modes=tuple(mode) if mode else MODES, budget_s=budget_s, concurrency=concurrency,
-                                    compile_threads=compile_threads, cache_dir=cache_dir,
+                                    compile_threads=compile_threads, cache_dir=cache_dir, worker_log=worker_log,
                                     caps={"default": cap_default_s, "max-autotune-no-cudagraphs": cap_autotune_s})
         except ValueError as exc:
             fail(BAD_INPUT, str(exc))

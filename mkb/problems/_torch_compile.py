@@ -94,6 +94,7 @@ class Config:
     cache_dir: str | None = None
     compile_threads: int = 1
     concurrency: int = 1
+    worker_log: str | None = None  # the workers' stdout/stderr (inductor's autotune tables, warnings) go here, not the run's log
 
     @property
     def backend_label(self) -> str:
@@ -194,12 +195,22 @@ def _counters() -> tuple[int | None, int | None]:
         return None, None
 
 
-def _worker(conn: Any, task: Task, cfg: Config) -> None:
-    """One (problem, mode) in a fresh process: set up, compile when told, check, time when told, report."""
+def _start_worker(cfg: Config, name: str) -> None:
     try:
         os.setsid()  # its own process group: the parent pauses and kills it with everything it starts
     except OSError:
         pass
+    if cfg.worker_log:
+        fd = os.open(cfg.worker_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        print(f"=== {name} (pid {os.getpid()})", flush=True)
+
+
+def _worker(conn: Any, task: Task, cfg: Config) -> None:
+    """One (problem, mode) in a fresh process: set up, compile when told, check, time when told, report."""
+    _start_worker(cfg, f"{task.problem} {task.mode}")
     t_begin = time.monotonic()
     out: dict[str, Any] = {}
 
@@ -296,10 +307,7 @@ def _worker(conn: Any, task: Task, cfg: Config) -> None:
 
 def _warm_worker(conn: Any, cfg: Config) -> None:
     """Builds the toolchain's one-off pieces into the shared cache (a trivial compile), so no problem pays them."""
-    try:
-        os.setsid()
-    except OSError:
-        pass
+    _start_worker(cfg, "warm-up")
     try:
         import torch
 
@@ -581,7 +589,7 @@ def run_torch_compile(*, store: str | None = None, size: str = "full", device: s
                       compile_threads: int = 1, backend: str = "inductor", compiler: str = DEFAULT_COMPILER,
                       cache_dir: str | None = None, share_s: float = 4.0, write: bool = True, warm: bool = True,
                       log: Callable[[str], None] = print, kill_margin_s: float = KILL_MARGIN_S,
-                      min_start_s: float = MIN_START_S) -> RunReport:
+                      min_start_s: float = MIN_START_S, worker_log: str | None = None) -> RunReport:
     """Resume the torch.compile characterisation of the selected problems into `store` within `budget_s`."""
     import tempfile
 
@@ -602,7 +610,7 @@ def run_torch_compile(*, store: str | None = None, size: str = "full", device: s
     conc = max(1, concurrency if concurrency is not None else min(MAX_DEFAULT_CONCURRENCY, (n_cpu * 3) // 4))
     cache = cache_dir or tempfile.mkdtemp(prefix="mkb-torch-compile-cache-")
     cfg = Config(size=size, device=dev, backend=backend, compiler=compiler, share_s=share_s, cache_dir=cache,
-                 compile_threads=compile_threads, concurrency=conc)
+                 compile_threads=compile_threads, concurrency=conc, worker_log=worker_log)
     done = recorded(store, size=size, ctx=ctx, backend=cfg.backend_label) if write else {}
     todo, skipped = plan(ps, modes=modes, caps=caps, done=done)
     log(f"torch.compile characterisation: {len(todo)} to run, {len(skipped)} already recorded "

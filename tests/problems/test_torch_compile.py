@@ -120,12 +120,12 @@ def test_the_gpu_script_records_packs_and_summarises(tmp_path):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
-    store, pack, summary = tmp_path / "ds", tmp_path / "ds.tar", tmp_path / "summary.jsonl"
+    store, pack, summary, wlog = tmp_path / "ds", tmp_path / "ds.tar", tmp_path / "summary.jsonl", tmp_path / "workers.log"
     env = {"PYTHONPATH": f"{repo}{os.pathsep}{Path(__file__).parent}", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
            "MKB_FAKE_COMPILE": json.dumps({"28": "dynamo"})}
     cmd = [sys.executable, str(repo / "scripts" / "torch_compile.py"), "--size", "smoke", "--device", "cpu", "--problem", "28",
            "--mode", "default", "--compiler", FAKE, "--concurrency", "1", "--budget-s", "200", "--store", str(store),
-           "--pack", str(pack), "--summary", str(summary)]
+           "--pack", str(pack), "--summary", str(summary), "--worker-log", str(wlog)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     with tarfile.open(pack) as tar:
@@ -133,5 +133,6 @@ def test_the_gpu_script_records_packs_and_summarises(tmp_path):
     rows = [json.loads(x) for x in summary.read_text().splitlines()]
     assert [(x["problem"], x["mode"], x["status"]) for x in rows] == [(28, "default", "ok")]
     assert "all selected tasks recorded" in r.stdout
+    assert "=== warm-up" in wlog.read_text() and "=== 28_" in wlog.read_text()  # the workers' output, apart from the run's
     r2 = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)  # a second call resumes: nothing left
     assert r2.returncode == 0 and "0 to run, 1 already recorded" in r2.stdout, r2.stdout[-2000:] + r2.stderr[-2000:]
