@@ -36,7 +36,7 @@ DEFAULT_CAP_S: dict[str, float] = {"default": 240.0, "max-autotune-no-cudagraphs
 STATUSES: tuple[str, ...] = ("ok", "compile_error", "runtime_error", "mismatch", "timeout")
 DEFAULT_COMPILER = "mkb.problems._torch_compile:torch_compile"
 SETUP_LIMIT_S = 300.0  # active seconds a worker may take to import and make its inputs before it compiles
-TIMING_LIMIT_S = 240.0  # seconds a worker may hold the quiet GPU (correct kernels take a few)
+TIMING_LIMIT_S = 60.0  # seconds a worker may hold the quiet GPU, or check its draw (a timing takes a few; every other worker waits)
 WARM_LIMIT_S = 240.0  # the warm-up compile's limit; past it the run goes on without (each problem then pays the build)
 KILL_MARGIN_S = 15.0  # the run stops this long before its budget: kill, join, flush, print
 MIN_START_S = 45.0  # no worker starts with less budget than this left (it could not finish)
@@ -550,6 +550,8 @@ def _run(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callable[[di
                     over = ("timeout", "CompileTimeout", f"compile ran past its cap of {s.task.cap_s:.0f} s")
                 elif s.state == "starting" and s.active_since(s.started, now) > cfg.setup_limit_s:
                     over = ("runtime_error", "SetupTimeout", f"import and inputs ran past {cfg.setup_limit_s:.0f} s")
+                elif s.state == "checking" and s.t1 is not None and s.active_since(s.t1, now) > cfg.timing_limit_s:
+                    over = ("runtime_error", "CheckTimeout", f"the correctness draw ran past {cfg.timing_limit_s:.0f} s")
                 elif s.state == "timing" and s.timing_since is not None and now - s.timing_since > cfg.timing_limit_s:
                     over = ("runtime_error", "TimingTimeout", f"timing ran past {cfg.timing_limit_s:.0f} s")
                 if over is not None:

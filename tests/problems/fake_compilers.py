@@ -28,6 +28,8 @@ def fake(fn, *, mode: str, backend: str):
         from mkb.problems._torch_compile import torch_compile
 
         return torch_compile(fn, mode=mode, backend="eager")
+    if how == "die":  # the process ends in the middle of the compile, as a segfault in a compiler would end it
+        os._exit(3)
     if how == "wrong":
         return lambda *a: fn(*a) * 1.5 + 1.0
     if how in ("busy", "hang"):

@@ -82,8 +82,31 @@ def test_budget_stop_leaves_the_task_for_the_next_run_and_the_cap_records_a_time
     # the same cap: settled; a larger one: tried again
     same = _run(store, ["24"], {"24": "ok"}, monkeypatch, caps={"default": 2.0})
     assert not same.rows and len(same.skipped) == 1
-    bigger = _run(store, ["24"], {"24": "ok"}, monkeypatch, caps={"default": 60.0})
-    assert [r["status"] for r in bigger.rows] == ["ok"]
+    bigger = _run(store, ["24", "23"], {"24": "ok", "23": "die"}, monkeypatch, caps={"default": 60.0})
+    by = {r["problem"]: r for r in bigger.rows}
+    assert by[24]["status"] == "ok"
+    assert by[23]["status"] == "compile_error" and by[23]["error_class"] == "WorkerDied(3)"  # recorded, the run went on
+
+
+def test_what_was_recorded_is_read_without_polars(tmp_path, monkeypatch):
+    """The resume reads the store on the GPU host, which has pyarrow but no polars."""
+    import subprocess
+    import sys
+
+    from mkb.events import EventWriter
+
+    store = tmp_path / "ds"
+    p = get_problem(28)
+    with EventWriter(str(store)) as w:
+        w.emit("torch_compile", problem=28, problem_name=p.slug, family=p.family, problem_hash=p.hash, size="smoke", mode="default",
+               backend="inductor", gpu="cpu", torch_version="9.9", status="timeout", ok=False, compile_cap_s=30.0)
+    code = ("import sys; sys.modules['polars'] = None\n"
+            "from mkb.problems._torch_compile import Context, recorded\n"
+            f"d = recorded({str(store)!r}, size='smoke', ctx=Context('cpu', None, '9.9', None), backend='inductor')\n"
+            "print(sorted((m, v) for (h, m), v in d.items()))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[('default', [('timeout', None, 30.0)])]"
 
 
 def test_plan_is_mode_major_and_only_final_outcomes_settle_a_key():
