@@ -446,7 +446,10 @@ def _run(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callable[[di
     def record(s: _Slot, res: dict[str, Any]) -> None:
         nonlocal n_done
         row = row_for(s, res)
-        emit(row)
+        try:
+            emit(row)
+        except Exception as exc:  # noqa: BLE001 - one unwritable row must not end the run; it stays in the report
+            log(f"could not record {s.task.problem} {s.task.mode}: {type(exc).__name__}: {exc}")
         rep.rows.append(row)
         n_done += 1
         t = s.task
