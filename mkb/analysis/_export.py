@@ -73,14 +73,38 @@ def export_dataset(store: str, out: str, *, tables=None, redact: bool = False) -
     return kinds
 
 
+CHAR_COLS = ("problem", "problem_name", "family", "problem_hash", "size", "gpu", "ok", "eager_median_us", "peak_memory_bytes",
+             "fp64_gap", "sol_us", "sol_ratio", "within_band", "error")
+
+
 def problems_table(store: str) -> pl.DataFrame:
-    """The characterisation summary: one row per (problem, size, gpu), the latest measurement."""
+    """The characterisation summary: one row per (problem, size, gpu), the latest measurement, with torch.compile
+    beside it (the speed a user gets without an agent; mkb.analysis._compile) where the store measured it for the
+    same problem hash and GPU model. A problem with torch.compile rows but no characterisation still gets a row."""
+    from mkb.analysis._compile import MODE_KEYS, compile_times
+    from mkb.peaks import gpu_peaks
+
     c = read("characterisation", store)
-    if c.height == 0:
+    ct = compile_times(read("torch_compile", store))
+    if c.height == 0 and ct.height == 0:
         return c
-    c = c.sort("ts").unique(subset=["problem", "size", "gpu"], keep="last")
-    return c.select("problem", "problem_name", "family", "size", "gpu", "ok", "eager_median_us", "peak_memory_bytes",
-                    "fp64_gap", "sol_us", "sol_ratio", "within_band", "error").sort("problem", "size")
+    c = c.sort("ts").unique(subset=["problem", "size", "gpu"], keep="last").select(CHAR_COLS)
+
+    def machine(g: str | None) -> str | None:
+        try:
+            return gpu_peaks(g or "").model
+        except KeyError:
+            return g
+
+    c = c.with_columns(machine=pl.col("gpu").map_elements(machine, return_dtype=pl.Utf8))
+    keys = ["problem", "problem_hash", "size", "machine"]
+    out = c.join(ct, on=keys, how="full", coalesce=True)
+    out = out.with_columns(gpu=pl.coalesce("gpu", "machine"), problem_name=pl.coalesce("problem_name", "problem_name_right"),
+                           family=pl.coalesce("family", "family_right"),
+                           speedup_compile_vs_eager=pl.col("compile_speedup_over_eager"))
+    cols = [*CHAR_COLS, "compile_us", "compile_mode", "speedup_compile_vs_eager",
+            *[f"{k}_{x}" for k in MODE_KEYS.values() for x in ("status", "us", "compile_s", "error_class")]]
+    return out.select(cols).sort("problem", "size", "gpu")
 
 
 

@@ -80,7 +80,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
     store = store if isinstance(store, Store) else resolve_store(store)
     skipped: dict[str, str] = {}
     scans = {}
-    for kind in ("attempt_started", "attempt_finished", "verdict", "annotation", "characterisation", "skill"):
+    for kind in ("attempt_started", "attempt_finished", "verdict", "annotation", "characterisation", "skill", "torch_compile"):
         r = ScanReport()
         # no event_id de-duplication here: every kind is reduced to one row per attempt (latest) below,
         # which a duplicated event cannot change, and it saves a hash pass over every row
@@ -104,11 +104,10 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
     # skills whose hygiene checks raised a flag the sensitivity row leaves out
     skill_flags = scans["skill"].select(skill_sha256="sha256", skill_flagged=pl.col("hygiene_flags").list.eval(
         pl.element().is_in(list(SENSITIVE_FLAGS))).list.any().fill_null(False)).group_by("skill_sha256").agg(pl.col("skill_flagged").any())
-    char_cols = scans["characterisation"].collect_schema().names()
     char = scans["characterisation"].filter((pl.col("size") == "full") & pl.col("ok").fill_null(False)).select(
-        "ts", "problem", "gpu", "flops", "bytes", "peak",
-        (pl.col("compile_median_us") if "compile_median_us" in char_cols else pl.lit(None, pl.Float64)).alias("compile_us"))
-    started, fin, ver, ann, char, skill_flags = pl.collect_all([started, fin, ver, ann, char, skill_flags], engine=ENGINE)
+        "ts", "problem", "gpu", "flops", "bytes", "peak")
+    tc = scans["torch_compile"].filter(pl.col("size") == "full")
+    started, fin, ver, ann, char, skill_flags, tc = pl.collect_all([started, fin, ver, ann, char, skill_flags, tc], engine=ENGINE)
     counts = {"attempt_started": started.height, "attempt_finished": fin.height, "verdict": ver.height, "annotation": ann.height}
     started = _latest(started, keep="first").drop("ts").lazy()
     fin = _latest(fin, keep="last").drop("ts").lazy()
@@ -139,7 +138,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
     a = a.with_columns(speedup=pl.when(pl.col("passed")).then(pl.col("v_speedup")))
     r_exprs = [(pl.col("passed") & (pl.col("speedup") >= t).fill_null(False)).alias(c) for t, c in zip(THRESHOLDS, R_COLS)]
     a = a.with_columns(r_exprs).with_columns(S=20.0 * pl.sum_horizontal([pl.col(c).cast(pl.Int32) for c in R_COLS]))
-    a = _add_sol(a, char).with_columns(candidate_us=pl.col("v_candidate_us"))
+    a = _add_sol(a, char, tc).with_columns(candidate_us=pl.col("v_candidate_us"))
     a = a.with_columns(
         s_mismatch=(pl.col("v_s").is_not_null() & ((pl.col("v_s") - pl.col("S")).abs() > 1e-6)),
         excluded=pl.when(pl.col("status") == "unfinished").then(pl.lit("unfinished"))
@@ -164,36 +163,45 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
     return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts)
 
 
-def _add_sol(a: pl.LazyFrame, char: pl.DataFrame) -> pl.LazyFrame:
-    """S_sol and S over torch.compile (mkb.scoring), from the characterisation's FLOPs, bytes and peak class.
+def _add_sol(a: pl.LazyFrame, char: pl.DataFrame, tc: pl.DataFrame | None = None) -> pl.LazyFrame:
+    """S_sol and S over torch.compile (mkb.scoring), from the characterisation's FLOPs, bytes and peak class and
+    the `torch_compile` events (mkb.analysis._compile: the faster ok mode).
 
     The speed of light is recomputed for the GPU that timed each attempt (`mkb.peaks`), so a characterisation
-    measured on one GPU model serves attempts graded on another. Null where the store holds no characterisation
-    of the problem (S_sol) or no torch.compile time (S_compile): absent, never a fabricated zero.
+    measured on one GPU model serves attempts graded on another. The torch.compile time is a time, so it is
+    taken only from the attempt's GPU model and the attempt's problem hash. Null where the store holds no
+    characterisation of the problem (S_sol) or no torch.compile time (S_compile): absent, never a fabricated zero.
     """
+    from mkb.analysis._compile import compile_times
     from mkb.peaks import gpu_peaks
 
-    if char.height == 0:
-        return a.with_columns(sol_us=pl.lit(None, pl.Float64), sol_fraction=pl.lit(None, pl.Float64),
-                              S_sol=pl.lit(None, pl.Float64), speedup_compile=pl.lit(None, pl.Float64),
-                              S_compile=pl.lit(None, pl.Float64))
-    # one row per problem: its latest full-size characterisation (FLOPs and bytes do not depend on the GPU)
-    char = char.sort("ts").unique(subset="problem", keep="last").drop("ts", "gpu")
     gpus = a.select("gpu").unique().collect(engine=ENGINE)["gpu"].to_list()
-    rows = []
+    models = {}
     for g in gpus:
         try:
-            peaks = gpu_peaks(g or "")
+            models[g] = gpu_peaks(g or "")
         except KeyError:
-            continue  # no peaks for this GPU model: its attempts get no S_sol
-        for r in char.iter_rows(named=True):
-            try:
-                sol = max(r["flops"] / peaks.compute(r["peak"]), r["bytes"] / peaks.hbm_bytes_per_s) * 1e6
-            except (TypeError, ValueError):
+            models[g] = None  # no peaks for this GPU model: its attempts get no S_sol
+    rows = []
+    if char.height:
+        # one row per problem: its latest full-size characterisation (FLOPs and bytes do not depend on the GPU)
+        char = char.sort("ts").unique(subset="problem", keep="last").drop("ts", "gpu")
+        for g, peaks in models.items():
+            if peaks is None:
                 continue
-            rows.append({"gpu": g, "problem": r["problem"], "sol_us": sol, "compile_us": r["compile_us"]})
-    sol = pl.DataFrame(rows, schema={"gpu": pl.Utf8, "problem": pl.Int64, "sol_us": pl.Float64, "compile_us": pl.Float64})
+            for r in char.iter_rows(named=True):
+                try:
+                    sol = max(r["flops"] / peaks.compute(r["peak"]), r["bytes"] / peaks.hbm_bytes_per_s) * 1e6
+                except (TypeError, ValueError):
+                    continue
+                rows.append({"gpu": g, "problem": r["problem"], "sol_us": sol})
+    sol = pl.DataFrame(rows, schema={"gpu": pl.Utf8, "problem": pl.Int64, "sol_us": pl.Float64})
+    ct = compile_times(tc if tc is not None else pl.DataFrame())
+    machine = pl.DataFrame({"gpu": list(models), "machine": [p.model if p is not None else g for g, p in models.items()]},
+                           schema={"gpu": pl.Utf8, "machine": pl.Utf8})
+    comp = machine.join(ct.filter(pl.col("size") == "full").select("machine", "problem_hash", "compile_us"), on="machine").drop("machine")
     a = a.join(sol.lazy().with_columns(pl.col("problem").cast(a.collect_schema()["problem"])), on=["gpu", "problem"], how="left")
+    a = a.join(comp.lazy(), on=["gpu", "problem_hash"], how="left")
     cand = pl.when(pl.col("v_candidate_us") > 0).then(pl.col("v_candidate_us"))
     frac = pl.when(pl.col("sol_us") > 0).then(pl.col("sol_us") / cand)
     hits = [(pl.col("passed") & ((frac >= f).fill_null(False) if f > 0 else pl.lit(True))).cast(pl.Int32) for f in SOL_THRESHOLDS]

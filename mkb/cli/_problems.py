@@ -1,4 +1,4 @@
-"""`mkb-run problems ...` (list, show, prompt, audit, diff-upstream) and `mkb-run characterise`."""
+"""`mkb-run problems ...` (list, show, prompt, audit, diff-upstream, speed-table), `mkb-run characterise` and `mkb-run torch-compile`."""
 
 from __future__ import annotations
 
@@ -134,6 +134,37 @@ def register(app: typer.Typer) -> None:
             return
         typer.echo(render_markdown(rows) if markdown else render_text(rows), nl=False)
 
+    @group.command("speed-table")
+    def speed_table(
+        write: bool = typer.Option(False, "--write", help="Write the table into --out (between its markers)."),
+        check: bool = typer.Option(False, "--check", help="Exit 1 when --out's table differs from the datasets (for CI)."),
+        out: Optional[Path] = typer.Option(None, "--out", help="The README holding the table (default: problems/README.md)."),
+        store: Optional[list[str]] = typer.Option(None, "--store", help="Datasets to read (repeatable; default: every events/h200-*)."),
+    ) -> None:
+        """Per baseline: median us, speedup vs eager and vs torch.compile, fraction of speed of light, from the GPU datasets."""
+        from mkb.cli._exit import BAD_INPUT, CHECK_FAILED, fail
+        from mkb.problems._loader import problems_root
+        from mkb.problems._speed import default_stores, render_markdown, render_readme, speed_rows
+
+        stores = list(store) if store else default_stores()
+        if not stores:
+            fail(BAD_INPUT, "no dataset to read\nhint: pass --store, or run from a checkout with events/h200-*")
+        rows, missing = speed_rows(stores)
+        if not (write or check):
+            typer.echo(render_markdown(rows, missing), nl=False)
+            return
+        target = out or (problems_root() / "README.md")
+        current = target.read_text() if target.exists() else ""
+        text = render_readme(current, rows, missing)
+        if check:
+            if current != text:
+                typer.echo(f"{target} is out of date\nhint: run `mkb-run problems speed-table --write`", err=True)
+                raise typer.Exit(CHECK_FAILED)
+            typer.echo(f"{target} is up to date")
+            return
+        target.write_text(text)
+        typer.echo(f"wrote {target}")
+
     @app.command("characterise")
     def characterise(
         store: Optional[str] = typer.Option(None, "--store", help="Event store URL (default: MKB_STORE or events/local)."),
@@ -147,3 +178,34 @@ def register(app: typer.Typer) -> None:
         from mkb.problems._characterise import run_characterisation
 
         run_characterisation(store=store, size=size, device=device, family=family, only=problem, budget_s=budget_s)
+
+    @app.command("torch-compile")
+    def torch_compile_cmd(
+        store: Optional[str] = typer.Option(None, "--store", help="Event store URL (default: MKB_STORE or events/local)."),
+        size: str = typer.Option("full", help="full (GPU) or smoke."),
+        device: Optional[str] = typer.Option(None, help="cuda (default when available) or cpu."),
+        family: Optional[str] = typer.Option(None, "--family", "-f"),
+        problem: Optional[list[str]] = typer.Option(None, "--problem", "-p", help="Only these problems (repeatable)."),
+        mode: Optional[list[str]] = typer.Option(None, "--mode", "-m", help="default, max-autotune-no-cudagraphs (repeatable; default both)."),
+        cap_default_s: float = typer.Option(240.0, "--cap-default-s", help="Per-problem compile cap of mode default."),
+        cap_autotune_s: float = typer.Option(150.0, "--cap-autotune-s", help="Per-problem compile cap of max-autotune-no-cudagraphs."),
+        budget_s: float = typer.Option(480.0, "--budget-s", help="Wall-clock budget: stops cleanly before it; the next run resumes."),
+        concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Compile workers at once (default 3/4 of the cores)."),
+        compile_threads: int = typer.Option(1, "--compile-threads", help="TORCHINDUCTOR_COMPILE_THREADS per worker."),
+        cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="The run's shared inductor/triton cache (default: a fresh temp dir)."),
+        worker_log: Optional[str] = typer.Option(None, "--worker-log", help="Where the workers' output goes (default: this terminal)."),
+    ) -> None:
+        """torch.compile each problem's eager (per mode), check it, time it beside eager on a quiet GPU: torch_compile events.
+
+        Resumable: what the store already holds for this problem hash, torch version, GPU model and mode is skipped.
+        """
+        from mkb.cli._exit import BAD_INPUT, fail
+        from mkb.problems._torch_compile import MODES, run_torch_compile
+
+        try:
+            run_torch_compile(store=store, size=size, device=device, family=family, only=problem,
+                                    modes=tuple(mode) if mode else MODES, budget_s=budget_s, concurrency=concurrency,
+                                    compile_threads=compile_threads, cache_dir=cache_dir, worker_log=worker_log,
+                                    caps={"default": cap_default_s, "max-autotune-no-cudagraphs": cap_autotune_s})
+        except ValueError as exc:
+            fail(BAD_INPUT, str(exc))

@@ -72,7 +72,7 @@ def _load(store, stratify: bool):
     if t.attempts.height == 0:
         counts = _counts(store)
         console.print(f"store {t.store}: no attempts (events: {counts or 'none'})")
-        if counts.get("characterisation"):
+        if counts.get("characterisation") or counts.get("torch_compile"):
             console.print("this is a characterisation dataset; its problems:")
             _print_problems(store)
         elif counts.get("verdict"):
@@ -208,7 +208,7 @@ def main_callback(ctx: typer.Context, store: Optional[str] = STORE) -> None:
     console.print(f"store {resolve_store(store).url}: events {counts or 'none'}")
     if counts.get("attempt_started"):
         console.print("commands: lift, standing, models, attempts, report, export (see --help)")
-    elif counts.get("characterisation"):
+    elif counts.get("characterisation") or counts.get("torch_compile"):
         _print_problems(store)
     else:
         console.print("hint: write a demo dataset with `mkb-analyze synth --store DIR`")
@@ -559,14 +559,28 @@ def _print_problems(store) -> None:
         console.print("no characterisation events")
         return
     tbl = Table(title=f"Problems ({p.height} measurements)")
-    for c in ("problem", "name", "family", "size", "gpu", "ok", "eager us", "peak MiB", "fp64 gap", "SOL us", "SOL ratio", "in band"):
+    for c in ("problem", "name", "family", "size", "gpu", "ok", "eager us", "peak MiB", "fp64 gap", "SOL us", "SOL ratio", "in band",
+              "compile us", "x eager", "compile s (default/autotune)"):
         tbl.add_column(c)
+
+    def mode(r, key):
+        st = r[f"{key}_status"]
+        if st is None:
+            return "—"
+        return _f(r[f"{key}_compile_s"], 0) if st == "ok" else f"[red]{st}[/red]"
+
     for r in p.iter_rows(named=True):
-        tbl.add_row(str(r["problem"]), r["problem_name"], r["family"], r["size"], r["gpu"], "yes" if r["ok"] else f"no: {r['error'] or ''}"[:40],
+        ok = "" if r["ok"] is None else ("yes" if r["ok"] else f"no: {r['error'] or ''}"[:40])
+        tbl.add_row(str(r["problem"]), r["problem_name"] or "", r["family"] or "", r["size"], r["gpu"] or "", ok,
                     _f(r["eager_median_us"]), _f(r["peak_memory_bytes"] / 2**20) if r["peak_memory_bytes"] is not None else "",
                     f"{r['fp64_gap']:.2e}" if r["fp64_gap"] is not None else "", _f(r["sol_us"]), _f(r["sol_ratio"], 3),
-                    "" if r["within_band"] is None else ("yes" if r["within_band"] else "[red]no[/red]"))
+                    "" if r["within_band"] is None else ("yes" if r["within_band"] else "[red]no[/red]"),
+                    "—" if r["compile_us"] is None else f"{_f(r['compile_us'])} ({'autotune' if r['compile_mode'] != 'default' else 'default'})",
+                    "—" if r["speedup_compile_vs_eager"] is None else _f(r["speedup_compile_vs_eager"], 2),
+                    f"{mode(r, 'default')}/{mode(r, 'autotune')}")
     console.print(tbl)
+    console.print("compile us: the faster torch.compile mode that matched the reference (newest row per mode, same problem "
+                  "hash and GPU model); x eager: its speedup over eager timed back to back; — : not recorded")
 
 
 def _print_verdicts(store) -> None:
@@ -598,7 +612,7 @@ def verdicts_cmd(store: Optional[str] = STORE, json_out: Optional[str] = JSON, c
 
 @app.command("problems")
 def problems_cmd(store: Optional[str] = STORE, json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
-    """The characterisation table: eager time, peak memory, fp64 gap, speed-of-light ratio per problem."""
+    """The characterisation table: eager time, peak memory, fp64 gap, speed-of-light ratio, torch.compile time and speedup per problem."""
     from mkb.analysis import problems_table
 
     _quiet(json_out)

@@ -194,6 +194,7 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
     failure: str | None = None
     log = ""
     book: dict[str, Any] = {}
+    phash = problem_identity(number)  # on the verdict: a figure is read only against the problem it was graded on
     findings = tuple(backend.static_rules(source))
     if findings:
         msg = "\n".join(f"kernel.py:{f.line or 0}: [{f.rule}] {f.message}" for f in findings)
@@ -206,19 +207,21 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
             job = {"problem": number if not isinstance(problem, Path) and str(problem).isdigit() else str(problem),
                    "dsl": dsl, "backend": backend_target(dsl), "kernel_path": str(kernel_path), "secret": secrets.randbits(62), "config": cfg.as_dict()}
             stages, failure, log, book = _run_worker(worker, job, cfg, cache=None if own_pool else pool.trusted,
-                                                     problem_hash=problem_identity(number), pinned=pinned,
+                                                     problem_hash=phash, pinned=pinned,
                                                      fresh_eager=fresh_eager)
         finally:
             if own_pool:
                 pool.close()
 
-    verdict = _verdict(evaluation_id, number, dsl, sha, stages, failure, log, book, t_req, queue_wait_s)
+    verdict = _verdict(evaluation_id, number, dsl, sha, stages, failure, log, book, t_req, queue_wait_s,
+                       problem_hash=None if phash == "unknown" else phash)
     _emit(writer, verdict, attempt_id=attempt_id, scope=scope, failure_log=log, pair_id=pair_id)
     return verdict, dict(book.get("trusted_fresh") or {})
 
 
 def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[StageResult], failure: str | None,
-             log: str, book: dict, t_req: float, queue_wait_s: float | None = None) -> Verdict:
+             log: str, book: dict, t_req: float, queue_wait_s: float | None = None, *,
+             problem_hash: str | None = None) -> Verdict:
     by = {s.stage: s for s in stages}
     reason = None
     for name in STAGES:
@@ -252,7 +255,7 @@ def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[S
         queue_wait_s=queue_wait_s, message=next((s.log for s in stages if not s.ok), "")[:4000],
         gpu_model=tf.gpu_model if tf else None, gpu_arch=tf.gpu_arch if tf else None,
         timed_calls=tf.n_timed if tf else None, reference_median_us=tf.reference_median_us if tf else None,
-        speedup_upstream=(tf.speedup_upstream if tf and passed else None),
+        speedup_upstream=(tf.speedup_upstream if tf and passed else None), problem_hash=problem_hash,
     )
 
 
@@ -288,7 +291,7 @@ def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failur
         r_at_0=r[THRESHOLDS[0]], r_at_0_5=r[THRESHOLDS[1]], r_at_1=r[THRESHOLDS[2]], r_at_2=r[THRESHOLDS[3]],
         r_at_4=r[THRESHOLDS[4]], s=v.s, gpu=v.gpu, gpu_model=v.gpu_model, gpu_arch=v.gpu_arch, timed_calls=v.timed_calls,
         reference_median_us=v.reference_median_us, speedup_upstream=v.speedup_upstream, s_upstream=v.s_upstream,
-        queue_wait_s=v.queue_wait_s, pair_id=pair_id,
+        queue_wait_s=v.queue_wait_s, pair_id=pair_id, problem_hash=v.problem_hash,
         details=_jsonable({"wall_s": v.wall_s, "overhead_s": v.overhead_s, "worker_wait_s": v.worker_wait_s,
                            "grader_version": GRADER_VERSION}),
     )

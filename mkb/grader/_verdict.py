@@ -161,6 +161,7 @@ class Verdict:
     timed_calls: int | None = None  # timed calls the candidate got (fewer than planned after an early stop)
     reference_median_us: float | None = None  # the problem's reference timed as upstream MetaKernelBench times it
     speedup_upstream: float | None = None  # reference_median_us / candidate_median_us (upstream's baseline)
+    problem_hash: str | None = None  # mkb.problems.problem_hash of the problem graded (None: not a catalog problem)
 
     @property
     def r_at(self) -> dict[float, bool]:

@@ -58,6 +58,9 @@ def test_correct_kernel_passes_and_writes_one_event_per_stage(tmp_path, fake_dsl
     assert verdict["speedup_upstream"] == pytest.approx(v.reference_median_us / v.candidate_median_us)
     assert verdict["s_upstream"] == v.s_upstream
     assert verdict["timed_calls"] == cpu_config.n_timed and verdict["gpu_model"] is None  # no GPU table entry for a CPU run
+    from mkb.problems import get_problem
+
+    assert verdict["problem_hash"] == v.problem_hash == get_problem(28).hash  # the problem as graded (verdict >= 1.3)
     timing = json.loads(_rows(store, "timing")[0]["details"])
     assert timing["reference_n_timed"] == cpu_config.reference_timed and timing["reference_policy"].startswith("upstream-mkb-d90ba28")
     assert timing["n_timed_planned"] == cpu_config.n_timed and timing["stopped_early"] is False

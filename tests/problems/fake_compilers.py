@@ -1,0 +1,52 @@
+"""Fake torch.compile stand-ins for the torch.compile characterisation's tests (resolved by name in spawned workers).
+
+The behaviour per problem number comes from $MKB_FAKE_COMPILE (JSON {"28": "ok", ...}), which the workers inherit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+
+class FakeCompilerError(RuntimeError):
+    """What the `raise` behaviour throws (its class must reach the event as error_class)."""
+
+
+def _behaviour(fn) -> str:
+    plan = json.loads(os.environ.get("MKB_FAKE_COMPILE", "{}"))
+    meta = getattr(fn, "__globals__", {}).get("META")
+    return plan.get(str(meta.number) if meta is not None else "warm", "ok")
+
+
+def fake(fn, *, mode: str, backend: str):
+    how = _behaviour(fn)
+    if how == "raise":
+        raise FakeCompilerError("the fake compiler refuses this graph")
+    if how == "dynamo":  # the real torch.compile path, with the cheap eager backend
+        from mkb.problems._torch_compile import torch_compile
+
+        return torch_compile(fn, mode=mode, backend="eager")
+    if how == "die":  # the process ends in the middle of the compile, as a segfault in a compiler would end it
+        os._exit(3)
+    if how == "wrong":
+        return lambda *a: fn(*a) * 1.5 + 1.0
+    if how in ("busy", "hang"):
+        first = [True]
+
+        def slow(*a):
+            if first[0]:  # the first call is the compile (torch.compile is lazy)
+                first[0] = False
+                beats = os.environ.get("MKB_FAKE_HEARTBEAT")
+                n = 0
+                while how == "hang" or n < 1000:  # 1000 x 10 ms of sleeps: ~10 s of active time, however long it is paused
+                    time.sleep(0.01)
+                    n += 1
+                    if beats:
+                        with open(beats, "a") as fh:
+                            fh.write(f"{time.monotonic()}\n")
+            return fn(*a)
+
+        return slow
+    return fn

@@ -1,0 +1,161 @@
+"""The torch.compile characterisation on the CPU at smoke size: concurrency with quiet timing windows, failures
+recorded with their class, resume, the compile cap and the budget stop (fake compilers, and real dynamo)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+import fake_compilers
+from mkb.events import schema_for
+from mkb.problems import get_problem
+from mkb.problems._torch_compile import Task, _final, plan, run_torch_compile
+
+FAKE = f"{fake_compilers.__name__}:fake"
+
+
+def _rows(store) -> list[dict]:
+    out = []
+    for f in sorted(store.rglob("kind=torch_compile/*.parquet")):
+        t = pq.read_table(f)
+        assert set(schema_for("torch_compile").names) == set(t.column_names)
+        out += t.to_pylist()
+    return out
+
+
+def _run(store, only, behaviour, monkeypatch, **kw):
+    monkeypatch.setenv("MKB_FAKE_COMPILE", json.dumps(behaviour))
+    opts = dict(store=str(store), size="smoke", device="cpu", only=only, modes=("default",), compiler=FAKE,
+                budget_s=300, concurrency=2, warm=False, share_s=0.5, kill_margin_s=1.0, min_start_s=0.0,
+                cache_dir=str(store.parent / "cache"), log=lambda s: None)
+    opts.update(kw)
+    return run_torch_compile(**opts)
+
+
+@pytest.mark.slow
+def test_concurrent_compiles_are_paused_while_one_times_and_failures_are_recorded(tmp_path, monkeypatch):
+    store, beats = tmp_path / "ds", tmp_path / "beats"
+    monkeypatch.setenv("MKB_FAKE_HEARTBEAT", str(beats))
+    rep = _run(store, ["25", "28", "29", "36"], {"25": "busy", "28": "dynamo", "29": "raise", "36": "wrong"},
+               monkeypatch, concurrency=4)
+    by = {r["problem"]: r for r in _rows(store)}
+    assert sorted(by) == [25, 28, 29, 36] and not rep.unfinished
+    assert by[28]["status"] == "ok" and by[28]["ok"] and by[28]["graphs"] >= 1  # a real dynamo compile
+    for r in (by[25], by[28]):
+        assert r["median_us"] > 0 and r["eager_median_us"] > 0 and r["n_timed"] >= 20 and r["compile_s"] > 0
+        assert r["speedup_over_eager"] == pytest.approx(r["eager_median_us"] / r["median_us"])
+        assert r["problem_hash"] == get_problem(r["problem"]).hash and r["concurrency"] == 4 and r["gpu"] == "cpu"
+    assert by[29]["status"] == "compile_error" and not by[29]["ok"]
+    assert by[29]["error_class"] == "fake_compilers.FakeCompilerError" and "refuses" in by[29]["error"]
+    assert by[36]["status"] == "mismatch" and by[36]["error_class"].startswith("Mismatch(") and by[36]["median_us"] is None
+    assert by[25]["backend"].startswith("inductor via ")  # a fake is named, never taken for torch.compile
+    # the busy compile overlapped the others' timing windows, made no progress inside them, and their length is
+    # not in its compile time
+    times = [float(x) for x in beats.read_text().split()]
+    windows = [(a, b) for name, a, b in rep.windows if not name.startswith("25_")]
+    assert windows, "no timing window was recorded"
+    t0, t1 = min(times), max(times)
+    overlapped = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in windows)
+    assert overlapped > 0, "the busy compile never ran beside a timing window: the test shows nothing"
+    assert not [t for t in times for a, b in windows if a + 0.05 < t < b], "a compile made progress inside a quiet window"
+    assert by[25]["compile_s"] < (t1 - t0) - overlapped + 1.0
+
+    # resumed: everything recorded is skipped, nothing is started
+    again = _run(store, ["25", "28", "29", "36"], {}, monkeypatch)
+    assert not again.rows and len(again.skipped) == 4 and len(_rows(store)) == 4
+
+
+@pytest.mark.slow
+def test_budget_stop_leaves_the_task_for_the_next_run_and_the_cap_records_a_timeout(tmp_path, monkeypatch):
+    store = tmp_path / "ds"
+    stopped = _run(store, ["24"], {"24": "hang"}, monkeypatch, budget_s=4.0)
+    assert stopped.stopped_by_budget and [t.problem for t in stopped.unfinished] == [get_problem(24).slug]
+    assert not _rows(store)  # a task cut by the budget records nothing
+    rep = _run(store, ["24"], {"24": "hang"}, monkeypatch, modes=("default", "max-autotune-no-cudagraphs"),
+               caps={"default": 2.0, "max-autotune-no-cudagraphs": 2.0})
+    rows = _rows(store)
+    assert len(rep.rows) == 2 and {r["status"] for r in rows} == {"timeout"}
+    assert all(r["error_class"] == "CompileTimeout" and r["compile_cap_s"] == 2.0 for r in rows)
+    assert all(2.0 <= r["compile_s"] < 30 for r in rows)
+    # the same cap: settled; a larger one: tried again
+    same = _run(store, ["24"], {"24": "ok"}, monkeypatch, caps={"default": 2.0})
+    assert not same.rows and len(same.skipped) == 1
+    bigger = _run(store, ["24", "23"], {"24": "ok", "23": "die"}, monkeypatch, caps={"default": 60.0})
+    by = {r["problem"]: r for r in bigger.rows}
+    assert by[24]["status"] == "ok"
+    assert by[23]["status"] == "compile_error" and by[23]["error_class"] == "WorkerDied(3)"  # recorded, the run went on
+
+
+def test_what_was_recorded_is_read_without_polars(tmp_path, monkeypatch):
+    """The resume reads the store on the GPU host, which has pyarrow but no polars."""
+    import subprocess
+    import sys
+
+    from mkb.events import EventWriter
+
+    store = tmp_path / "ds"
+    p = get_problem(28)
+    with EventWriter(str(store)) as w:
+        w.emit("torch_compile", problem=28, problem_name=p.slug, family=p.family, problem_hash=p.hash, size="smoke", mode="default",
+               backend="inductor", gpu="cpu", torch_version="9.9", status="timeout", ok=False, compile_cap_s=30.0)
+    code = ("import sys; sys.modules['polars'] = None\n"
+            "from mkb.problems._torch_compile import Context, recorded\n"
+            f"d = recorded({str(store)!r}, size='smoke', ctx=Context('cpu', None, '9.9', None), backend='inductor')\n"
+            "print(sorted((m, v) for (h, m), v in d.items()))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[('default', [('timeout', None, 30.0)])]"
+
+
+def test_plan_is_mode_major_and_only_final_outcomes_settle_a_key():
+    ps = [get_problem(28), get_problem(29)]
+    caps = {"default": 100.0, "max-autotune-no-cudagraphs": 50.0}
+    done = {(ps[0].hash, "default"): [("ok", None, 100.0)],
+            (ps[1].hash, "default"): [("timeout", "CompileTimeout", 30.0)],
+            (ps[0].hash, "max-autotune-no-cudagraphs"): [("timeout", "CompileTimeout", 50.0)],
+            (ps[1].hash, "max-autotune-no-cudagraphs"): [("runtime_error", "torch.OutOfMemoryError", 50.0)]}
+    todo, skipped = plan(ps, modes=("default", "max-autotune-no-cudagraphs"), caps=caps, done=done)
+    assert [(t.number, t.mode) for t in todo] == [(29, "default"), (29, "max-autotune-no-cudagraphs")]
+    assert [(t.number, t.mode) for t in skipped] == [(28, "default"), (28, "max-autotune-no-cudagraphs")]
+    assert isinstance(todo[0], Task) and todo[0].cap_s == 100.0
+    assert _final("compile_error", "torch._dynamo.exc.Unsupported", None, 1.0)
+    assert _final("mismatch", "Mismatch(wrong_values)", 1.0, 1.0)
+    assert not _final("runtime_error", "WorkerDied(-9)", 1.0, 1.0)
+    assert not _final("weird", None, 1.0, 1.0)
+
+
+def test_bad_modes_and_sizes_are_one_line_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown torch.compile mode"):
+        run_torch_compile(store=str(tmp_path), modes=("reduce-overhead",), device="cpu")
+    with pytest.raises(ValueError, match="unknown size"):
+        run_torch_compile(store=str(tmp_path), size="huge", device="cpu")
+
+
+@pytest.mark.slow
+def test_the_gpu_script_records_packs_and_summarises(tmp_path):
+    """scripts/torch_compile.py on the CPU at smoke size (real dynamo, eager backend): what the lead runs on the H200."""
+    import os
+    import subprocess
+    import sys
+    import tarfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    store, pack, summary, wlog = tmp_path / "ds", tmp_path / "ds.tar", tmp_path / "summary.jsonl", tmp_path / "workers.log"
+    env = {"PYTHONPATH": f"{repo}{os.pathsep}{Path(__file__).parent}", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+           "MKB_FAKE_COMPILE": json.dumps({"28": "dynamo"})}
+    cmd = [sys.executable, str(repo / "scripts" / "torch_compile.py"), "--size", "smoke", "--device", "cpu", "--problem", "28",
+           "--mode", "default", "--compiler", FAKE, "--concurrency", "1", "--budget-s", "200", "--store", str(store),
+           "--pack", str(pack), "--summary", str(summary), "--worker-log", str(wlog)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    with tarfile.open(pack) as tar:
+        assert any("kind=torch_compile" in n and n.endswith(".parquet") for n in tar.getnames())
+    rows = [json.loads(x) for x in summary.read_text().splitlines()]
+    assert [(x["problem"], x["mode"], x["status"]) for x in rows] == [(28, "default", "ok")]
+    assert "all selected tasks recorded" in r.stdout
+    assert "=== warm-up" in wlog.read_text() and "=== 28_" in wlog.read_text()  # the workers' output, apart from the run's
+    r2 = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)  # a second call resumes: nothing left
+    assert r2.returncode == 0 and "0 to run, 1 already recorded" in r2.stdout, r2.stdout[-2000:] + r2.stderr[-2000:]
