@@ -171,14 +171,22 @@ class _GateUp:
             r0 = bm * BM + cC[0][0]
             r1 = bm * BM + cC[2][0]
             nsb = (bn * BN) // 128
-            for kb in range(KB):
+            # block 0, then per block kb: retire block kb - 1's wgmmas, free its stage, promote it, issue block kb
+            pipe.consumer_wait(rd)
+            cute.nvgpu.warpgroup.fence()
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+            for k in cutlass.range_constexpr(kst):
+                crd = (None, None, k, rd.index)
+                cute.gemm(tiled_mma, blk, tCrA[crd], tCrB[crd], blk)
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+            cute.nvgpu.warpgroup.commit_group()
+            rd.advance()
+            for kb in range(1, KB):
                 pipe.consumer_wait(rd)
-                if kb > 0:
-                    # block kb - 1: retire its wgmmas, free its stage, promote with its scales
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    pipe.consumer_release(rel)
-                    rel.advance()
-                    _promote(blk, tot, mXs, mGs, mUs, r0, r1, nsb, kb - 1, M, half)
+                cute.nvgpu.warpgroup.wait_group(0)
+                pipe.consumer_release(rel)
+                rel.advance()
+                _promote(blk, tot, mXs, mGs, mUs, r0, r1, nsb, kb - 1, M, half)
                 cute.nvgpu.warpgroup.fence()
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
                 for k in cutlass.range_constexpr(kst):
