@@ -36,7 +36,7 @@ M, K, N = 8, 256, 256 and 200, 384, 320. ptxas (sm_90a): 168 registers, no spill
 wgmma.mma_async.m64n128k32.f32.e4m3.e4m3 and cp.async.bulk.tensor with complete_tx mbarriers.
 
 Bound: compute. 2 x 2 x 8704 x 3584 x 18944 = 2.36 TFLOP; at the H200's ~1979 TFLOP/s dense fp8
-peak that is ~1.2 ms (the 330 MB bf16 output and 0.27 GB of weights are ~0.13 ms of HBM time,
+peak that is ~1.2 ms (the 330 MB bf16 output, 136 MB of weights and 31 MB of activation are ~0.1 ms of HBM time,
 overlapped). Expect 45-65% of peak (~1.9-2.7 ms). What keeps it from more: the effective
 128 x 128 x 128 tile per stage is 32 KiB for 4.2 MFLOP (128 FLOP/byte of L2 -> SM traffic, ~15 TB/s
 at peak, above what L2 delivers; no TMA multicast across a cluster), the math warpgroups stall on
