@@ -1,4 +1,4 @@
-"""CuTe DSL, Hopper native fp8: TMA + mbarrier pipeline + wgmma e4m3, DeepGEMM-style block-scale promotion, fused SiLU gate.
+"""CuTe DSL on Hopper's native fp8 path: TMA + mbarrier pipeline, wgmma e4m3, block-scale promotion, SiLU gate.
 
 Strategy. One CTA of 3 warpgroups owns a 128-row x 64-column tile of the output and computes that
 tile of BOTH gate and up. The B operand of each K block is one 128 x 128 fp8 shared-memory tile
@@ -36,8 +36,8 @@ M, K, N = 8, 256, 256 and 200, 384, 320. ptxas (sm_90a): 168 registers, no spill
 wgmma.mma_async.m64n128k32.f32.e4m3.e4m3 and cp.async.bulk.tensor with complete_tx mbarriers.
 
 Bound: compute. 2 x 2 x 8704 x 3584 x 18944 = 2.36 TFLOP; at the H200's ~1979 TFLOP/s dense fp8
-peak that is ~1.2 ms (the 330 MB bf16 output, 136 MB of weights and 31 MB of activation are ~0.1 ms of HBM time,
-overlapped). Expect 45-65% of peak (~1.9-2.7 ms). What keeps it from more: the effective
+peak that is ~1.2 ms (the 330 MB bf16 output, 136 MB of weights and 31 MB of activation are
+~0.1 ms of HBM time, overlapped). Expect 45-65% of peak (~1.9-2.7 ms). What keeps it from more: the effective
 128 x 128 x 128 tile per stage is 32 KiB for 4.2 MFLOP (128 FLOP/byte of L2 -> SM traffic, ~15 TB/s
 at peak, above what L2 delivers; no TMA multicast across a cluster), the math warpgroups stall on
 `wait_group(0)` every K block to promote (DeepGEMM's cost too; the other warpgroup's wgmmas cover
@@ -303,6 +303,7 @@ def solve(x, x_scale, w_gate, w_gate_scale, w_up, w_up_scale):
         raise ValueError(f"need K a multiple of 128, N of 64 and matching gate/up weights, got x {tuple(x.shape)}, "
                          f"w_gate {tuple(w_gate.shape)}, w_up {tuple(w_up.shape)}")
     out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
-    _kernel(k)(x.contiguous().view(torch.uint8), x_scale.contiguous(), w_gate.contiguous().view(torch.uint8),
-               w_gate_scale.contiguous(), w_up.contiguous().view(torch.uint8), w_up_scale.contiguous(), out.view(torch.int32))
+    codes = [t.contiguous().view(torch.uint8) for t in (x, w_gate, w_up)]  # fp8 crosses the FFI as bytes
+    _kernel(k)(codes[0], x_scale.contiguous(), codes[1], w_gate_scale.contiguous(), codes[2],
+               w_up_scale.contiguous(), out.view(torch.int32))
     return out
