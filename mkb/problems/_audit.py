@@ -2,7 +2,8 @@
 
 DESIGN (Problem contract, Audit): all-zeros, a constant and a copy of an input must fail the
 comparison; outputs must change with every input and with the seed (inputs declared fixed must not
-change, structure inputs must change where the problem claims upstream's per-draw structure); the fp64 gap (for top-k
+change, structure inputs must change where the problem claims upstream's per-draw structure; an input declared in
+META.insensitive_inputs is exempt at full size, with its reason, and still checked at smoke size); the fp64 gap (for top-k
 indices, that of their scores) must be > 0 unless the problem says why it is exact, and then it
 must be 0; the smoke reference runs in <= 0.1 s on the CPU; `eager` agrees with `reference`.
 A problem that fails gets better inputs, never a looser check.
@@ -188,6 +189,10 @@ def _audit(problem: Problem, seeds, smoke_limit_s, checks: list[AuditCheck], *, 
         except Exception as exc:
             differs = False
             add(f"output_depends_on[{name}]", False, f"reference raised on swapped input: {type(exc).__name__}: {exc}")
+            continue
+        why = dict(m.insensitive_inputs).get(name)
+        if why is not None and size != "smoke" and not differs:
+            add(f"output_depends_on[{name}]", True, f"exempt at size={size} (META.insensitive_inputs): {why}")
             continue
         add(f"output_depends_on[{name}]", differs, "redrawing this input leaves every output within tolerance")
     differs, _ = _differs(problem, exp, problem.reference, b)

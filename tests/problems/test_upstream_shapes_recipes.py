@@ -1,6 +1,6 @@
 """Recipe problems produce upstream's full-size shapes, or, where they differ on purpose, exactly the documented ones.
 
-Problems 10-13 are pinned here (27-74 are in test_upstream_shapes_27_74.py): in UPSTREAM_FULL where they follow
+Problems 10-13 (and recipe problems 27-74 whose size differs) are pinned here (27-74 are in test_upstream_shapes_27_74.py): in UPSTREAM_FULL where they follow
 upstream's recipe shapes, in DOCUMENTED_FULL where a `differs` row for "shapes" says why not.
 
 Upstream MetaKernelBench's SOL-ExecBench recipes (d90ba28) state sizes that some problems cannot take (the
@@ -38,8 +38,11 @@ DOCUMENTED_FULL = {
     # upstream: 6144 tokens; mkb 2048 (hidden 4096, intermediate 1024, 256 experts, top 8 as upstream)
     50: [((2048, 4096), F32)] * 2 + [((2048, 8), I64), ((2048, 8), F32)] + [((256, 1024, 4096), F32)] * 2
         + [((256, 4096, 1024), F32)],
-    # upstream: 16384 tokens; mkb 8192 (hidden, intermediate 2880, 128 experts, top 4 as upstream)
-    51: [((8192, 2880), F32), ((8192, 4), I64), ((8192, 128), F32), ((128, 2880, 5760), F32), ((128, 5760), F32),
+    # upstream: batch 64 x 128 tokens; mkb batch 32 (hidden 8192, 64 experts, intermediates 3584 / 7168 as upstream)
+    47: [((32, 128, 8192), BF16), ((64, 8192), F32), ((1, 64), F32), ((64, 3584, 8192), BF16), ((64, 3584, 8192), BF16),
+         ((64, 8192, 3584), BF16), ((7168, 8192), BF16), ((7168, 8192), BF16), ((8192, 7168), BF16), 1e-10],
+    # upstream: 16384 tokens; mkb 4096 (hidden, intermediate 2880, 128 experts, top 4 as upstream)
+    51: [((4096, 2880), F32), ((4096, 4), I64), ((4096, 128), F32), ((128, 2880, 5760), F32), ((128, 5760), F32),
          ((128, 2880, 2880), F32), ((128, 2880), F32)],
 }
 
