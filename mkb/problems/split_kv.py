@@ -64,3 +64,63 @@ def split_kv_decode_eager(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_pa
     out = (out / denom[..., None]).to(q.dtype).reshape(batch, num_heads, -1)
     lse = (m + torch.log(denom)).reshape(batch, num_heads)
     return out, lse / math.log(2.0)
+
+
+def _scaled_scores_f32(a, b, scale: float):
+    """scale * (a @ b^T) for bf16 batches [n, m, d] x [n, k, d] -> float32 [n, m, k], fp32 accumulation, scaled in
+    the GEMM's epilogue (one pass over the scores instead of two). CPU baddbmm has no out_dtype: operands upcast
+    there (exact). A CUDA torch without baddbmm's out_dtype gets the bf16 GEMM with an fp32 result, then a scale."""
+    zero = torch.zeros(1, 1, 1, dtype=torch.float32, device=a.device)
+    if not a.is_cuda:
+        return torch.baddbmm(zero, a.float(), b.float().transpose(1, 2), beta=0, alpha=scale)
+    try:
+        return torch.baddbmm(zero, a, b.transpose(1, 2), beta=0, alpha=scale, out_dtype=torch.float32)
+    except (TypeError, RuntimeError):
+        return _scores_f32(a, b).mul_(scale)
+
+
+def split_prefix_prefill_eager(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *,
+                               sm_scale: float):
+    """The causal paged-prefill eager baseline with each sequence cut at its prefix: bf16 SDPA over the cached prefix
+    (no mask: every new row sees all of it) and over the square block of the new rows (top-left causal, which is
+    the bottom-right mask there), merged by their lse, which comes from fp32 scores.
+
+    Why: one SDPA per sequence with torch's lower-right causal bias and GQA, plus an lse over the whole masked
+    fp32 score matrix (~16 GB a pass at problem 06's full size: scale, mask and reduce passes), measured 76 ms on
+    the H200 (events/h200-characterisation-2), over the 50 ms ceiling of the eager band. Here the masks are plain
+    (no bias tensor: flash attention, GQA native) and the prefix's scores are written once, scaled in the GEMM,
+    and reduced once. q [total_q, H, D] -> (out bf16 [total_q, H, D], lse base 2 float32 [total_q, H]).
+    """
+    from mkb.problems.gqa import _causal_lse
+
+    _, page_size, kv_heads, head_dim = k_cache.shape
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    lens = _kv_lens(kvp, None if kv_last_page_len is None else kv_last_page_len.tolist(), page_size)
+    out = torch.empty((*q.shape[:2], v_cache.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    num_heads = q.shape[1]
+    group = num_heads // kv_heads
+    for b, n in enumerate(lens):
+        pages = kv_indices[kvp[b] : kvp[b + 1]].long()
+        kb = k_cache[pages].reshape(-1, kv_heads, head_dim)[:n].transpose(0, 1)  # [kv_heads, kv_len, D]
+        vb = v_cache[pages].reshape(-1, kv_heads, v_cache.shape[-1])[:n].transpose(0, 1)
+        qb = q[qo[b] : qo[b + 1]].transpose(0, 1)  # [H, q_len, D]
+        q_len = qb.shape[1]
+        prefix = n - q_len
+        gqa = kv_heads != num_heads
+        o_d = F.scaled_dot_product_attention(qb[None], kb[None, :, prefix:], vb[None, :, prefix:], is_causal=True,
+                                             scale=sm_scale, enable_gqa=gqa)[0]  # [H, q_len, D]
+        l_d = _causal_lse(qb, kb[:, prefix:], sm_scale).T * math.log(2.0)  # natural, [H, q_len]
+        if prefix == 0:
+            o, l_nat = o_d, l_d
+        else:
+            o_p = F.scaled_dot_product_attention(qb[None], kb[None, :, :prefix], vb[None, :, :prefix], scale=sm_scale,
+                                                 enable_gqa=gqa)[0]
+            s = _scaled_scores_f32(qb.reshape(kv_heads, group * q_len, head_dim), kb[:, :prefix], sm_scale)
+            l_p = torch.logsumexp(s, dim=-1).view(num_heads, q_len)
+            del s
+            l_nat = torch.logaddexp(l_p, l_d)
+            o = o_p.float() * torch.exp(l_p - l_nat)[..., None] + o_d.float() * torch.exp(l_d - l_nat)[..., None]
+        out[qo[b] : qo[b + 1]] = o.transpose(0, 1).to(q.dtype)
+        lse[qo[b] : qo[b + 1]] = (l_nat / math.log(2.0)).T
+    return out, lse
