@@ -134,7 +134,7 @@ def _cost():
     # forward q/k/v recompute (o's forward is not needed), then per weight its dW and its dX
     flops = proj - 2.0 * tokens * hidden * heads * dim + 2 * proj
     pairs = batch * heads * seq * (seq + 1) // 2  # causal (visible) pairs
-    flops += 5 * 2.0 * dim * pairs + 12.0 * pairs  # QK^T, PV, dA V^T, dS K, dS^T Q (P^T dA is on kv heads: counted)
+    flops += 6 * 2.0 * dim * pairs + 12.0 * pairs  # QK^T, PV (attn, for grad_o_weight), dA V^T, P^T dA, dS K, dS^T Q
     weights = hidden * (2 * heads * dim + 2 * kv_heads * dim)
     nbytes = 4 * (3 * tokens * hidden + 2 * tokens * dim * 2 + 2 * weights + 4 * dim)
     return flops, float(nbytes)
@@ -180,5 +180,5 @@ META = ProblemMeta(
     notes="The recipe's distributions: hidden states and the output gradient N(0, 1), the four projection "
     "weights N(0, 1)/sqrt(fan-in), the norm weights 0.1 N(0, 1) (Gemma's (1 + w) makes them scales around 1), "
     "cos/sin from real positions (the same for every draw: META.fixed_inputs). flops: the q/k/v forward "
-    "recompute, dW and dX of all four projections, and five S^2-sized attention products over the causal half.",
+    "recompute, dW and dX of all four projections, and six S^2-sized attention products over the causal half.",
 )
