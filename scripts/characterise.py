@@ -8,7 +8,7 @@ On the GPU host, which has only torch, pyarrow, fsspec, typer and rich:
 
 The event store is written under --store (any folder: a `kind=...` folder cannot travel back from the
 device, so --pack tars the whole store into one file that does); the full-size audit writes one JSON
-line per problem to --audit-out (ok, failed checks, seconds; `skipped` once --audit-budget-s is spent).
+line per problem to --audit-out (ok, failed checks, seconds, peak GPU memory; `skipped` once --audit-budget-s is spent).
 
 Options: --size full|smoke, --device cuda|cpu, --family F, --problem N (repeatable), --budget-s S,
 --no-write, --no-characterise, --audit-out FILE, --audit-budget-s S, --pack FILE.tar.
@@ -40,9 +40,13 @@ def _audit(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     bad = 0
     t0 = time.perf_counter()
+    cuda = device.startswith("cuda")
+    if cuda:  # each row records the peak GPU memory of its problem's audit (input sets, fp64 anchors, swaps)
+        torch.cuda.reset_peak_memory_stats()
     with out.open("w") as fh:
         def report(p, rep, secs):
             nonlocal bad
+            peak = round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None
             if rep is None:
                 row = {"problem": p.number, "slug": p.slug, "problem_hash": p.hash, "size": args.size, "skipped": True}
                 status = "SKIPPED (audit budget spent)"
@@ -50,12 +54,15 @@ def _audit(args) -> int:
                 fails = [{"check": c.name, "detail": c.detail[:500]} for c in rep.checks if not c.ok]
                 row = {"problem": p.number, "slug": p.slug, "problem_hash": p.hash, "size": args.size, "skipped": False,
                        "ok": rep.ok, "n_checks": len(rep.checks), "failures": fails, "fp64_gap": rep.fp64_gap,
-                       "seconds": round(secs, 2)}
+                       "seconds": round(secs, 2), "peak_memory_gib": peak}
                 bad += not rep.ok
                 status = "ok" if rep.ok else "FAIL: " + "; ".join(f["check"] for f in fails)[:200]
             fh.write(json.dumps(row) + "\n")
             fh.flush()
-            print(f"[audit {args.size}] {p.slug}: {status} ({secs:.1f} s)", flush=True)
+            print(f"[audit {args.size}] {p.slug}: {status} ({secs:.1f} s" + (f", peak {peak} GiB)" if cuda else ")"),
+                  flush=True)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
 
         results = audit_many(ps, size=args.size, device=device, budget_s=args.audit_budget_s, on_report=report)
     skipped = sum(rep is None for _, rep, _ in results)

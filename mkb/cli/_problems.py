@@ -60,6 +60,8 @@ def register(app: typer.Typer) -> None:
             c.print(f"upstream ({m.upstream.source}): matches {', '.join(m.upstream.matches) or '-'}; differs "
                     f"{', '.join(a for a, _ in m.upstream.differs) or '-'} (`mkb-run problems diff-upstream` says why)")
         c.print(f"eager: {'own eager()' if p.has_eager else 'the reference'}   exact: {m.exact_reason or '-'}")
+        for name, why in m.insensitive_inputs:
+            c.print(f"insensitive at full size (audit-exempt): {name}: {why}")
         for size in ("smoke", "full"):
             c.print(f"{size} inputs:")
             for s in describe_inputs(p, size=size):

@@ -191,6 +191,10 @@ def validate(module: ModuleType, path: Path) -> ProblemMeta:
         if unknown:
             raise _fail(path, f"META.{field_name} names {unknown}, which are not in META.inputs {meta.inputs}",
                         "use names from META.inputs")
+    for row in getattr(meta, "insensitive_inputs", ()):
+        if not (isinstance(row, tuple) and len(row) == 2 and row[0] in meta.inputs and str(row[1]).strip()):
+            raise _fail(path, f"META.insensitive_inputs row {row!r} is not (an input from META.inputs, why)",
+                        "give each exempt input with the reason its redraw can stay within tolerance at full size")
     for o in meta.outputs:
         if o.compare not in get_args(CompareMode):
             raise _fail(path, f"output {o.name!r} has unknown compare mode {o.compare!r}", f"one of {get_args(CompareMode)}")

@@ -147,3 +147,27 @@ def test_guard_sees_a_new_thread_even_when_it_reuses_an_ended_threads_ident():
     finally:
         stop.set()
         t.join()
+
+
+def test_the_trusted_plan_keeps_secret_seeds_and_expectations_not_input_sets():
+    """Full-size input sets reach 12 GB: the plan holds (seed, expectation) pairs and the harness makes a draw's
+    inputs again from its seed where it uses them, which gives the values the expectation was computed on."""
+    import random
+
+    from mkb.grader import GraderConfig
+    from mkb.grader._harness import _Plan
+    from mkb.measure import compare
+    from mkb.problems import get_problem
+
+    p = get_problem(28)
+    make = lambda seed: tuple(p.make_inputs(seed, device="cpu", size="smoke"))  # noqa: E731
+    seeds = iter(range(100, 200))
+    plan = _Plan(p.module, GraderConfig.quick(device="cpu"), random.Random(0), make, lambda: next(seeds))
+    pairs = list(plan.draws) + list(plan.recheck_sets.values()) + [(plan.final_seed, plan.final_expected)]
+    assert all(isinstance(seed, int) for seed, _ in pairs)
+    assert len({seed for seed, _ in pairs}) == len(pairs)  # every draw its own secret seed
+    for seed, exp in pairs:
+        args = make(seed)
+        assert compare(exp, p.reference(*args), inputs_after=args, input_names=p.meta.inputs).ok
+        other = make(seed + 1000)
+        assert not compare(exp, p.reference(*other), inputs_after=other, input_names=p.meta.inputs).ok

@@ -48,6 +48,12 @@ META = ProblemMeta(
     flops=float(_B * _T * (GROUPS * 2 * _l * _N + _H * (2 * _l * _P + 4 * _P * _N))),
     bytes=float(_B * _T * (_H * (2 * _P + 1) + 2 * GROUPS * _N) * 2 + 2 * _B * _H * _P * _N * 2 + _H * 2),
     peak="bf16_tc",
+    insensitive_inputs=(
+        ("D", "the skip term D[h] x_t (|D x| up to ~10 for the recipe's N(0, 1) draws) is below y's tolerance at full "
+         "size, 3 x eps(bf16) x max|y| = 15.6 with |y| up to ~670 from a 256-wide state (measured on the CPU at full "
+         "size: redrawing D left y within it). Upstream's accuracy rule is the same, so dropping D passes there too; "
+         "it saves one multiply-add per output element. The smoke audit (state 16) checks D."),
+    ),
     upstream=Upstream(
         source="recipe",
         path="problems/_sol_execbench/64_mamba_chunk_scan_segsum_granite_bf16.json",

@@ -1,0 +1,91 @@
+"""The full-size fixes of issue 15's H200 audit: insensitive inputs, split-KV eager baselines, 50's chunked-K eager.
+
+The GPU behaviour these answer (eager vs reference at full size, eager time) is measured by the characterisation
+run; here their logic is checked on the CPU: an exemption applies at full size only and only where declared, the
+split-KV merges are exact, and 50's chunked GEMMs compute what the reference does.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mkb.measure import compare, expect
+from mkb.problems import ProblemError, get_problem, load_problem
+from mkb.problems._audit import audit_problem
+from mkb.problems.split_kv import split_kv_decode_eager
+
+from test_loader import _write
+
+TINY = '''
+"""A tiny problem whose input d moves the output far less than its tolerance."""
+import torch
+from mkb.problems._contract import Output, ProblemMeta
+
+META = ProblemMeta(number=27, name="tiny", family="mlp_norm", dtypes=("fp32",), source_model="m", source_config="c",
+                   inputs=("x", "d"), outputs=(Output("y"),), flops=1.0, bytes=8.0, peak="memory"EXEMPT)
+
+
+def reference(x, d):
+    return torch.exp(x * 3) * 100 + d * 1e-9
+
+
+def make_inputs(seed, *, device="cpu", size="full"):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(64, generator=g), torch.randn(64, generator=g)
+'''
+
+
+def _tiny(tmp_path, exempt: str = ""):
+    return load_problem(_write(tmp_path, "mlp_norm/27_tiny", TINY.replace("EXEMPT", exempt)))
+
+
+def test_an_insensitive_input_is_exempt_at_full_size_only_and_only_where_declared(tmp_path):
+    plain = _tiny(tmp_path / "a")
+    assert "output_depends_on[d]" in audit_problem(plain, size="full").failures()
+    declared = _tiny(tmp_path / "b", ', insensitive_inputs=(("d", "d is 1e-9 of y"),)')
+    full = {c.name: c for c in audit_problem(declared, size="full").checks}
+    assert full["output_depends_on[d]"].ok and "exempt" in full["output_depends_on[d]"].detail
+    assert "d is 1e-9 of y" in full["output_depends_on[d]"].detail
+    assert "output_depends_on[d]" in audit_problem(declared, size="smoke").failures()
+
+
+def test_a_malformed_insensitive_row_is_a_problem_error(tmp_path):
+    with pytest.raises(ProblemError, match="insensitive_inputs"):
+        _tiny(tmp_path / "a", ', insensitive_inputs=(("nope", "why"),)')
+    with pytest.raises(ProblemError, match="insensitive_inputs"):
+        _tiny(tmp_path / "b", ', insensitive_inputs=(("d", " "),)')
+
+
+@pytest.mark.parametrize("chunk_tokens", [64, 128, 4096])
+def test_split_kv_decode_merges_chunks_exactly(chunk_tokens):
+    p = get_problem(3)
+    for seed in range(3):
+        a = p.make_inputs(seed, device="cpu", size="smoke")
+        out = split_kv_decode_eager(*a[:6], sm_scale=a[6], chunk_tokens=chunk_tokens)
+        r = compare(expect(p.module, a), out, inputs_after=a, input_names=p.meta.inputs)
+        assert r.ok, (seed, chunk_tokens, r.message)
+
+
+@pytest.mark.parametrize("number", [3, 6])
+def test_the_split_eager_baselines_agree_with_their_references(number):
+    p = get_problem(number)
+    a = p.make_inputs(7, device="cpu", size="smoke")
+    if number == 6:  # the smoke trace has a cached prefix before each sequence's new rows (the split's both halves)
+        lens = p.module.TRACES["smoke"].kv_lens
+        assert all(n > q for n, q in zip(lens, p.module.TRACES["smoke"].qo_lens))
+    r = compare(expect(p.module, a), p.eager(*a), inputs_after=a, input_names=p.meta.inputs)
+    assert r.ok, r.message
+
+
+def test_problem_50_chunked_k_gemms_compute_the_reference(monkeypatch):
+    p = get_problem(50)
+    m = p.module
+    monkeypatch.setattr(m, "K_CHUNK", 8)  # smoke H = 32, I = 16: 4 and 2 chunks, so every chunked path runs
+    a = torch.randn(3, 5, 32, dtype=torch.float64)
+    b = torch.randn(3, 32, 7, dtype=torch.float64)
+    assert torch.allclose(m._bmm(a, b), torch.bmm(a, b), rtol=1e-12, atol=1e-12)
+    for seed in range(3):
+        x = p.make_inputs(seed, device="cpu", size="smoke")
+        r = compare(expect(m, x), m.eager(*x), inputs_after=x, input_names=p.meta.inputs)
+        assert r.ok, (seed, r.message)
