@@ -33,9 +33,10 @@ out = Path(sys.argv[1])
 print(f"{'set':<14} {'problem':>7} {'dsl':<5} {'verdict':<22} {'median us':>10} {'eager us':>10} {'speedup':>8}")
 for f in sorted(out.glob("*.json")):
     text = f.read_text()
-    start = text.find("[")  # the JSON array (anything printed before it is the console's)
+    # the JSON array starts a line (anything printed before it is the console's)
+    start = 0 if text.startswith("[") else text.find("\n[") + 1
     try:
-        rows = json.loads(text[start:]) if start >= 0 else []
+        rows = json.loads(text[start:]) if start > 0 or text.startswith("[") else []
     except ValueError as exc:
         print(f"{f.name}: unreadable ({exc})")
         continue
