@@ -2,8 +2,9 @@
 
 What the sandbox holds: the workspace at /workspace (writable; its problem/ and docs/ read-only),
 the system (/usr and friends), the Python installation and its site-packages read-only, and a
-runtime copy of the `mkb` package with no baseline solutions (`_data/problems` hidden) plus this
-problem's problem.py alone. It does not hold the event store, any other workspace, the real HOME,
+runtime copy of the `mkb` package with no baseline solutions (`_data/problems` hidden) and no doc
+packs (`dsl/docs` hidden: the attempt's own is its workspace's docs/) plus this problem's problem.py
+alone. It does not hold the event store, any other workspace, the real HOME,
 the repository checkout or GPU device nodes; it has its own HOME, TMPDIR and caches, no network
 (a fresh network namespace), a cleared environment (no API keys), its own PID namespace (killing
 "the parent" reaches only the sandbox), and process, memory, file-size and time limits.
@@ -246,10 +247,14 @@ class Sandbox:
             m.add("--ro-bind", str(root), str(root))
             for installed in root.glob("lib/python*/site-packages/mkb/_data"):
                 m.add("--tmpfs", None, str(installed))  # an installed wheel carries the baselines there
+            for installed in root.glob("lib/python*/site-packages/mkb/dsl/docs"):
+                m.add("--tmpfs", None, str(installed))  # every DSL's doc pack: the attempt's own is in /workspace/docs
         pkg = _mkb_package()
         m.add("--ro-bind", str(pkg), f"{RUNTIME}/mkb")
         if (pkg / "_data").is_dir():
             m.add("--tmpfs", None, f"{RUNTIME}/mkb/_data")
+        if (pkg / "dsl" / "docs").is_dir():  # the other DSL's primer and worked examples would leak across arms
+            m.add("--tmpfs", None, f"{RUNTIME}/mkb/dsl/docs")
         m.add("--ro-bind", str(self.runtime / "problems"), f"{RUNTIME}/problems")
         m.add("--bind", str(self.workspace), WORKSPACE)
         for ro in ("problem", "docs"):

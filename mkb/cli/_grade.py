@@ -64,6 +64,9 @@ def grade_cmd(
     device: str = typer.Option("cuda", "--device", help="cuda or cuda:N; cpu only for smoke runs without a GPU (no profiler)."),
     quick: bool = typer.Option(False, "--quick", help="A short policy (3 draws, 6 timed calls): never a reported verdict."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON instead of tables."),
+    problems_root: Optional[Path] = typer.Option(
+        None, "--problems-root", help="Grade against the problems under this folder instead of the catalog, e.g. a doc "
+        "pack's worked examples (mkb/dsl/docs/<dsl>/examples); sets $MKB_PROBLEMS_ROOT for the run and its workers."),
 ) -> None:
     """Grade kernels: static rules, then a single-use worker each for compile, correctness, timing and integrity.
 
@@ -75,6 +78,14 @@ def grade_cmd(
     from mkb.grader import GraderConfig, GradingQueue
     from mkb.grader._pool import device_kind
 
+    if problems_root is not None:
+        import os
+
+        from mkb.problems._loader import PROBLEMS_ROOT_ENV
+
+        if not problems_root.is_dir():
+            _fail(f"--problems-root {problems_root}: no such folder\nhint: a folder of <family>/NN_name/problem.py")
+        os.environ[PROBLEMS_ROOT_ENV] = str(problems_root.resolve())  # the workers inherit it
     jobs = _jobs(list(targets or []), baselines=baselines, problem=problem, dsl=dsl)
     try:
         kind = device_kind(device)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -132,7 +133,24 @@ def problem_hash(problem_dir: Path) -> str:
     return h.hexdigest()
 
 
+PROBLEMS_ROOT_ENV = "MKB_PROBLEMS_ROOT"
+
+
 def problems_root() -> Path:
+    """The catalog (`problems/`), or the folder `$MKB_PROBLEMS_ROOT` names.
+
+    Why an environment variable: the grader loads a problem by number in its own worker processes,
+    which inherit the environment, so one variable points every lookup of a run (CLI, workers, the
+    compile check) at another root in the same format, such as a doc pack's worked examples, without
+    a second way to load a problem.
+    """
+    override = os.environ.get(PROBLEMS_ROOT_ENV)
+    if override:
+        root = Path(override).expanduser().resolve()
+        if not root.is_dir():
+            raise ProblemError(f"{PROBLEMS_ROOT_ENV}={override}: no such folder\n"
+                               f"hint: point it at a folder of <family>/NN_name/problem.py, or unset it for the catalog")
+        return root
     return data_dir("problems")
 
 

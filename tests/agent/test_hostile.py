@@ -59,6 +59,16 @@ def test_baselines_are_not_in_the_sandbox(runner):
     assert not rows[2]["ok"] and "outside the workspace" in rows[2]["result"]
 
 
+def test_only_the_attempts_own_doc_pack_is_in_the_sandbox(runner):
+    # the runtime mkb package would otherwise carry every DSL's primer and worked examples (mkb/dsl/docs)
+    _, rows = run_hostile(runner, [
+        bash("find / \\( -path /proc -o -path /dev -o -path /sys \\) -prune -o \\( -name PROMPT.md -o -name patterns.md \\) -print "
+             "2>/dev/null; echo END", timeout_s=120),
+    ])
+    found = sorted(ln for ln in rows[0]["result"].splitlines() if ln.strip() and ln != "END")
+    assert found and all(f.startswith("/workspace/docs/") for f in found), found
+
+
 def test_event_store_and_sibling_workspace_are_invisible(runner, tmp_path):
     sibling = tmp_path / "ws_other" / "workspace"
     sibling.mkdir(parents=True)

@@ -15,10 +15,11 @@ Bound: memory. 4096 x 576 x (1 B in + 4 B out) = 11.8 MB, about 2.5 us at 4.8 TB
 252 threads are one wave, so launch latency and the host read of seq_lens dominate the call.
 Compiled once per (cache geometry, requests, block-table width, scale); tokens are dynamic.
 
-Risks not checked without a GPU: the fp8 -> fp32 cast goes through CUDA's `__nv_fp8_e4m3` conversion
-in the generated source (exact per cuda_fp8.h, NaN codes included; the problem's draws contain no NaN
-codes, so the grader would not catch a wrong NaN); the 16-byte fp8 vector load relies on E % 16 == 0
-and torch's aligned allocation.
+Checked on the CPU in the generated CUDA/PTX: one 16-byte load per thread, one cvt.rn.f16x2.e4m3x2 +
+cvt.f32.f16 per code (exact, NaN 0x7f/0xff included), mul.f32 by 0f3DCCCCCD (fp32(0.1)), four
+st.global.v4.f32, no local memory; the index logic modelled in numpy against the reference for 5
+seeds at both sizes. Not checked without a GPU: the run itself; that torch hands the float8_e4m3fn
+view through DLPack (fine with torch 2.13 on the CPU; else pass uint8 and reinterpret); the speed.
 """
 
 import torch
