@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import polars as pl
@@ -624,6 +624,123 @@ def power_table(lift: pl.DataFrame, pairs: pl.DataFrame, *, target: float = DETE
         rows.append({**r, "se_rel": se if se == se else None, "tau2": tau2, "problems_needed": p_need,
                      "replicates_needed": r_need, "power_at_target": achieved})
     return pl.DataFrame(rows, infer_schema_length=None)
+
+
+@dataclass(frozen=True)
+class VarianceComponents:
+    """What a planned cell's precision rests on, per problem's linearised relative lift u = lift - rel x S_solo.
+
+    tau2: between problems (of the true u), sigma2: within a problem (of one pair's u), s_solo: mean solo S
+    (the ratio's denominator). At rel = 0, u is the lift in S points.
+    """
+
+    tau2: float
+    sigma2: float
+    s_solo: float
+
+
+# Stated defaults for planning before any data: the scale of `mkb-analyze synth`'s demo dataset (pair lifts
+# spread ~28 S points within a problem, true lifts ~4.5 points between problems, solo S ~45). Placeholders,
+# not measurements: `power --plan --store URL` uses a store's own components instead.
+DEFAULT_COMPONENTS = VarianceComponents(tau2=20.0, sigma2=800.0, s_solo=45.0)
+
+
+@dataclass(frozen=True)
+class PlanDesign:
+    """The cells an experiment plan will produce and their size: what `plan_power_table` needs of a config."""
+
+    models: tuple[str, ...]
+    n_problems: int
+    replicates: int
+    cells: tuple[tuple[str, str, str], ...]  # (arm_kind, source_dsl, target_dsl), as the plan builds them
+    source: str = ""
+
+    @classmethod
+    def from_config(cls, cfg) -> "PlanDesign":
+        """From an `mkb.experiment.ExperimentConfig` (duck-typed: the analysis does not import the experiment)."""
+        cells = []
+        for arm in cfg.arms:
+            for t in cfg.dsls:
+                if arm == "same":
+                    cells.append((arm, t, t))
+                elif arm != "solo":
+                    cells += [(arm, s, t) for s in cfg.dsls if s != t]
+        return cls(tuple(m.name for m in cfg.models), len(cfg.problems), cfg.replicates, tuple(cells), cfg.source)
+
+
+def variance_components(pairs: pl.DataFrame) -> pl.DataFrame:
+    """Per cell (stratum, model, arm, direction): tau2, sigma2 and s_solo of `VarianceComponents`, with P and R.
+
+    u = lift - rel x S_solo linearises the relative lift (sum S_arm - sum S_solo) / sum S_solo around the
+    cell's estimate, so SE(rel) = sqrt((tau2 + sigma2 / R) / P) / s_solo is its delta-method SE, which the
+    problem-clustered bootstrap approximates; sigma2 is the mean within-problem variance of u over problems
+    with two or more pairs, tau2 = var(problem mean u) - sigma2 / R (method of moments, floored at 0).
+    """
+    p = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
+    cell = ["stratum", "model", "arm_kind", "direction"]
+    rel = (pl.col("S").sum() - pl.col("S_solo").sum()) / pl.col("S_solo").sum()
+    p = p.with_columns(_u=pl.col("lift") - rel.over(cell).fill_nan(0.0).fill_null(0.0) * pl.col("S_solo"))
+    comp = p.group_by(*cell, "problem").agg(v=pl.col("_u").var(ddof=1), n=pl.len(), u=pl.col("_u").mean(), b=pl.col("S_solo").mean()) \
+        .group_by(cell).agg(sigma2=pl.col("v").mean(), R=pl.col("n").median(), var_u=pl.col("u").var(ddof=1), P=pl.len(),
+                            s_solo=pl.col("b").mean())
+    comp = comp.with_columns(sigma2=pl.col("sigma2").fill_null(0.0))
+    return comp.with_columns(tau2=pl.max_horizontal(pl.lit(0.0), pl.col("var_u") - pl.col("sigma2") / pl.col("R")).fill_null(0.0)).sort(cell)
+
+
+def _needed(c: VarianceComponents, P: int, R: int, *, target: float, power: float) -> dict:
+    """SE, CI half-width and power of a design of P problems x R replicates, and the P (at R) or R (at P) it needs."""
+    from statistics import NormalDist
+
+    z975 = NormalDist().inv_cdf(0.975)
+    z = z975 + NormalDist().inv_cdf(power)
+    var_u = c.tau2 + c.sigma2 / R
+    se = math.sqrt(var_u / P) / c.s_solo if c.s_solo > 0 and P > 0 else math.nan
+    out = {"se_rel": se, "rel_halfwidth": z975 * se, "power_at_target": NormalDist().cdf(target / se - z975) if se > 0 else None,
+           "problems_needed": None, "replicates_needed": None}
+    if not se > 0:
+        return out
+    goal = P * (target * c.s_solo / z) ** 2  # the largest tau2 + sigma2 / R' that P problems allow
+    out["problems_needed"] = int(math.ceil(var_u * (z / (target * c.s_solo)) ** 2))
+    if goal > c.tau2:
+        out["replicates_needed"] = max(1, int(math.ceil(c.sigma2 / (goal - c.tau2)))) if c.sigma2 > 0 else 1
+    return out
+
+
+def plan_power_table(design: PlanDesign, components: pl.DataFrame | None = None, *, target: float = DETECT_LIFT,
+                     power: float = 0.80, defaults: VarianceComponents = DEFAULT_COMPONENTS,
+                     override: dict[str, float] | None = None) -> pl.DataFrame:
+    """Per planned cell (model x arm x direction): the relative-lift SE and power the plan will have, and the
+    problems or replicates it would need to detect `target` at `power` (two-sided 5%).
+
+    Components per cell, and `components_from` says which: the store's cell of the same model, arm and
+    direction; else the store's cells of that arm pooled (mean); else all the store's cells pooled; else the
+    stated `defaults`. `override` (tau2, sigma2, s_solo) replaces a component everywhere and is named too.
+    """
+    comps = components if components is not None and components.height else None
+    rows = []
+    for model in design.models:
+        for arm, src, tgt in design.cells:
+            direction = f"{src}->{tgt}"
+            c, where = None, f"stated defaults (tau2={defaults.tau2:g}, sigma2={defaults.sigma2:g}, S_solo={defaults.s_solo:g})"
+            if comps is not None:
+                for sel, label in (((pl.col("model") == model) & (pl.col("arm_kind") == arm) & (pl.col("direction") == direction),
+                                    "store: this cell"),
+                                   (pl.col("arm_kind") == arm, f"store: {arm} cells pooled"), (pl.lit(True), "store: all cells pooled")):
+                    got = comps.filter(sel)
+                    if got.height:
+                        c = VarianceComponents(float(got["tau2"].mean()), float(got["sigma2"].mean()), float(got["s_solo"].mean()))
+                        where = label + (f" ({got.height})" if got.height > 1 else "")
+                        break
+            c = c or defaults
+            if override:
+                c = replace(c, **override)
+                where += "; set: " + ", ".join(f"{k}={v:g}" for k, v in override.items())
+            rows.append({"model": model, "arm_kind": arm, "direction": direction, "n_problems": design.n_problems,
+                         "replicates": design.replicates, "tau2": c.tau2, "sigma2": c.sigma2, "S_solo": c.s_solo,
+                         "components_from": where,
+                         **_needed(c, design.n_problems, design.replicates, target=target, power=power)})
+    out = pl.DataFrame(rows, infer_schema_length=None)
+    return out.with_columns(detects_target=pl.col("power_at_target") >= power)
 
 
 def cell_lift_simple(S_arm: list[float], S_solo: list[float]) -> tuple[float, float]:

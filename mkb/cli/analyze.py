@@ -368,11 +368,23 @@ def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int 
 def power(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SEED, resamples: int = RESAMPLES,
           target: float = typer.Option(0.10, "--lift", help="Relative lift to detect (0.10 = 10%)."),
           power_: float = typer.Option(0.80, "--power", help="Power of a two-sided 5% test."),
+          plan: Optional[str] = typer.Option(None, "--plan", help="An experiment config (TOML): the power its plan will have. "
+                                             "Variance components from --store when given, else stated defaults."),
+          tau2: Optional[float] = typer.Option(None, "--tau2", help="With --plan: between-problem variance of the lift (S points^2)."),
+          sigma2: Optional[float] = typer.Option(None, "--sigma2", help="With --plan: within-problem variance of a pair's lift."),
+          s_solo: Optional[float] = typer.Option(None, "--s-solo", help="With --plan: mean solo S."),
           json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
-    """Problems or replicates needed to detect a relative lift at a given power, from the observed variance components."""
+    """Problems or replicates needed to detect a relative lift at a given power, from the observed variance components
+    (of a store's cells, or of a planned experiment with --plan)."""
     _quiet(json_out)
     if not 0 < target < 10 or not 0.5 <= power_ < 1:
         _fail(f"--lift {target} / --power {power_} out of range\nhint: --lift 0.10 --power 0.80")
+    override = {k: v for k, v in (("tau2", tau2), ("sigma2", sigma2), ("s_solo", s_solo)) if v is not None}
+    if plan is not None:
+        _plan_power(plan, store, stratify, target=target, power_=power_, override=override, json_out=json_out, csv=csv)
+        return
+    if override:
+        _fail("--tau2, --sigma2 and --s-solo describe a planned experiment\nhint: pass --plan CONFIG.toml with them")
     t = _load(store, stratify)
     if t is None:
         return
@@ -394,6 +406,50 @@ def power(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = S
     console.print("SE of relative lift scales as sqrt((tau2 + sigma2/R) / P) (problem-clustered); needed: SE <= lift / (z_0.975 + z_power). "
                   "Problems needed keep R; replicates needed keep the problems.")
     _emit({"power": pt}, json_path=json_out, csv_path=csv, meta=_meta(t, spec))
+
+
+def _plan_power(plan: str, store, stratify: bool, *, target: float, power_: float, override: dict, json_out, csv) -> None:
+    """`power --plan`: the plan's cells and size, with variance components from --store (when given) or the stated defaults."""
+    from mkb.analysis._stats import DEFAULT_COMPONENTS, PlanDesign, plan_power_table, variance_components
+    from mkb.experiment._config import ConfigError, load_config
+
+    for k, v in override.items():
+        if not v >= 0 or (k == "s_solo" and not v > 0):
+            _fail(f"--{k.replace('_', '-')} {v}: must be {'positive' if k == 's_solo' else 'non-negative'}")
+    try:
+        design = PlanDesign.from_config(load_config(plan))
+    except ConfigError as exc:
+        _fail(str(exc))
+    if not design.cells:
+        _fail(f"{plan}: the plan has no arm besides solo: nothing to compare\nhint: add arms = [\"solo\", \"transfer\", ...]")
+    comps, meta = None, {"plan": plan, "problems": design.n_problems, "replicates": design.replicates, "models": list(design.models)}
+    if store is not None:
+        t = _load(store, stratify)
+        if t is None:
+            raise typer.Exit(EXIT_NO_DATA)
+        _need_arms(t)
+        comps = variance_components(t.pairs)
+        meta |= _meta(t)
+        console.print(f"variance components: measured in {t.store} ({comps.height} cells)")
+    else:
+        d = DEFAULT_COMPONENTS
+        console.print(f"variance components: stated defaults, not measurements (tau2={d.tau2:g}, sigma2={d.sigma2:g}, "
+                      f"S_solo={d.s_solo:g}; the scale of `mkb-analyze synth`): pass --store URL to use a store's")
+    pt = plan_power_table(design, comps, target=target, power=power_, override=override or None)
+    tbl = Table(title=f"Plan {plan}: {design.n_problems} problems x {design.replicates} replicates; power to detect a "
+                      f"{100 * target:.0f}% relative lift at {100 * power_:.0f}% power (two-sided 5%)")
+    for c in ("model", "arm", "direction", "rel. lift ±", "power", "tau2", "sigma2", "S solo", "problems needed",
+              "replicates needed", "components from"):
+        tbl.add_column(c)
+    for r in pt.iter_rows(named=True):
+        tbl.add_row(r["model"], r["arm_kind"], r["direction"], _f(100 * r["rel_halfwidth"]), _pct(r["power_at_target"]).lstrip("+"),
+                    _f(r["tau2"]), _f(r["sigma2"]), _f(r["S_solo"]), str(r["problems_needed"]),
+                    str(r["replicates_needed"]) if r["replicates_needed"] is not None else "not by replicates", r["components_from"])
+    console.print(tbl)
+    console.print("SE of relative lift = sqrt((tau2 + sigma2/R) / P) / S_solo (the delta method on the problem-clustered ratio); "
+                  "needed: SE <= lift / (z_0.975 + z_power). Problems needed keep R; replicates needed keep the problems.")
+    meta["components"] = "store" if comps is not None else "defaults"
+    _emit({"power": pt}, json_path=json_out, csv_path=csv, meta=meta)
 
 
 @app.command()
@@ -500,8 +556,11 @@ def attempts(store: Optional[str] = STORE, stratify: bool = STRATIFY,
 @app.command()
 def report(store: Optional[str] = STORE, out: str = typer.Option("mkb-report", "--out"), stratify: bool = STRATIFY,
            seed: int = SEED, resamples: int = RESAMPLES,
-           fmt: list[str] = typer.Option([], "--format", help="Also save each chart as png and/or svg (vl-convert).")) -> None:
+           fmt: list[str] = typer.Option([], "--format", help="Also save each chart as png and/or svg (vl-convert)."),
+           json_out: Optional[str] = typer.Option(None, "--json", help="Write what was written (every file, its size) as JSON ('-': stdout)."),
+           csv: Optional[str] = typer.Option(None, "--csv", help="Write the list of files written as CSV.")) -> None:
     """An offline HTML report with inline altair charts (and PNG/SVG with --format)."""
+    _quiet(json_out)
     t = _load(store, stratify)
     if t is None:
         return
@@ -511,15 +570,33 @@ def report(store: Optional[str] = STORE, out: str = typer.Option("mkb-report", "
     bad = set(fmt) - {"png", "svg", "pdf"}
     if bad:
         _fail(f"unknown --format {sorted(bad)}\nhint: png, svg or pdf")
-    path = write_report(t, out, spec=_spec(seed, resamples), formats=tuple(fmt))
-    console.print(f"wrote {path}")
+    spec = _spec(seed, resamples)
+    res = write_report(t, out, spec=spec, formats=tuple(fmt))
+    console.print(f"wrote {res.html} and {len(res.files)} files beside it")
+    _emit({"files": _files_table([res.html, *res.files])}, json_path=json_out, csv_path=csv,
+          meta={**_meta(t, spec), "report": str(res.html)})
+
+
+def _files_table(paths):
+    """Path and size of each file a command wrote: what report, export and synth say they produced."""
+    import polars as pl
+    from fsspec.core import url_to_fs
+
+    rows = []
+    for p in paths:
+        fs, path = url_to_fs(str(p))
+        rows.append({"path": str(p), "bytes": int(fs.size(path))})
+    return pl.DataFrame(rows, schema={"path": pl.Utf8, "bytes": pl.Int64})
 
 
 @app.command()
 def export(store: Optional[str] = STORE, out: str = typer.Option(..., "--out", help="Folder or fsspec URL to write."),
            stratify: bool = STRATIFY,
-           redact: bool = typer.Option(False, "--redact", help="Drop message and code text (turns, tool calls, kernels, skills); keep counts.")) -> None:
+           redact: bool = typer.Option(False, "--redact", help="Drop message and code text (turns, tool calls, kernels, skills); keep counts."),
+           json_out: Optional[str] = typer.Option(None, "--json", help="Write what was exported (rows per kind, every file) as JSON ('-': stdout)."),
+           csv: Optional[str] = typer.Option(None, "--csv", help="Write rows per kind as CSV (the files beside it as <stem>.files.csv).")) -> None:
     """A Hugging Face dataset layout (data/<kind>/, README card with the schema) plus derived CSVs."""
+    _quiet(json_out)
     from mkb.analysis import MixedVersionsError, export_dataset, load_tables
 
     try:
@@ -528,6 +605,17 @@ def export(store: Optional[str] = STORE, out: str = typer.Option(..., "--out", h
         _fail(str(exc))
     kinds = export_dataset(t.store, out, tables=t if t.attempts.height else None, redact=redact)
     console.print(f"wrote {out}: " + ", ".join(f"{k} {n}" for k, n in kinds.items()))
+    if json_out or csv:
+        import polars as pl
+        from fsspec.core import url_to_fs
+
+        fs, root = url_to_fs(out)
+        base = out.rstrip("/")
+        paths = [f"{base}/data/{k}/events.parquet" for k in kinds] + [f"{base}/README.md"]
+        paths += [f"{base}/derived/{n}.csv" for n in ("attempts", "pairs", "lift", "standing") if fs.exists(f"{root}/derived/{n}.csv")]
+        rows = pl.DataFrame({"kind": list(kinds), "rows": list(kinds.values())}, schema={"kind": pl.Utf8, "rows": pl.Int64})
+        _emit({"kinds": rows, "files": _files_table(paths)}, json_path=json_out, csv_path=csv,
+              meta={"store": t.store, "out": out, "redacted": redact, "stratified": t.stratified})
 
 
 @app.command()
@@ -537,8 +625,13 @@ def synth(store: str = typer.Option(..., "--store", help="Where to write the syn
           transfer: float = typer.Option(0.35, "--transfer-effect", help="Latent shift of the transfer arm."),
           standing_slope: float = typer.Option(0.0, "--standing-slope"), noise: float = typer.Option(0.7, "--noise"),
           p_infra: float = typer.Option(0.01, "--p-infra"), p_unfinished: float = typer.Option(0.005, "--p-unfinished"),
-          annotated: int = typer.Option(3, "--annotated")) -> None:
+          annotated: int = typer.Option(3, "--annotated"),
+          json_out: Optional[str] = typer.Option(None, "--json", help="Write the planted truth, the spec and the files written as JSON ('-': stdout)."),
+          csv: Optional[str] = typer.Option(None, "--csv", help="Write the planted truth as CSV (the files as <stem>.files.csv).")) -> None:
     """Write a synthetic dataset with planted truth (for demos and tests) and print the truth."""
+    _quiet(json_out)
+    from dataclasses import asdict
+
     from mkb.analysis.synthetic import SynthSpec, true_relative_lift, write_synthetic
 
     spec = SynthSpec(models=tuple(f"synth/model-{chr(97 + i)}" for i in range(models_)), n_problems=problems,
@@ -547,8 +640,17 @@ def synth(store: str = typer.Option(..., "--store", help="Where to write the syn
                      n_annotated=annotated, model_means=tuple(0.9 - 0.4 * i / max(1, models_ - 1) for i in range(models_)))
     res = write_synthetic(spec, store)
     console.print(f"wrote {res.events} events in {len(res.files)} files to {store}")
-    for (m, s, tg), v in sorted(true_relative_lift(res.simulation).items()):
+    planted = sorted(true_relative_lift(res.simulation).items())
+    for (m, s, tg), v in planted:
         console.print(f"  planted transfer relative lift {m} {s}->{tg}: {100 * v:+.1f}%")
+    if json_out or csv:
+        import polars as pl
+
+        truth = pl.DataFrame([{"model": m, "arm_kind": "transfer", "direction": f"{s}->{tg}", "source_dsl": s, "target_dsl": tg,
+                               "planted_rel_lift": v} for (m, s, tg), v in planted])
+        _emit({"planted": truth, "files": _files_table(res.files)}, json_path=json_out, csv_path=csv,
+              meta={"store": store, "events": res.events, "spec": asdict(spec), "infra_error": len(res.infra),
+                    "unfinished": len(res.unfinished), "annotated": len(res.annotated)})
 
 
 def _print_problems(store) -> None:
@@ -608,10 +710,14 @@ def problems_cmd(store: Optional[str] = STORE, json_out: Optional[str] = JSON, c
 
 @app.command("transcript")
 def transcript_cmd(attempt_id: str = typer.Argument(..., help="The attempt to show."), store: Optional[str] = STORE,
-                   html: Optional[str] = typer.Option(None, "--html", help="Also write a self-contained HTML page here.")) -> None:
+                   html: Optional[str] = typer.Option(None, "--html", help="Also write a self-contained HTML page here."),
+                   json_out: Optional[str] = typer.Option(None, "--json", help="Write the attempt's events (turns, tool calls, submissions, "
+                                                          "verdicts, skill) as JSON ('-': stdout)."),
+                   csv: Optional[str] = typer.Option(None, "--csv", help="Write the turns as CSV (the other events as <stem>.<kind>.csv).")) -> None:
     """One attempt rebuilt from its events: turns, tool calls, verdicts, kernel.py diffs between submissions, SKILL.md."""
     from mkb.analysis._transcript import TranscriptError, load_transcript, render_html, render_text
 
+    _quiet(json_out)
     try:
         t = load_transcript(store, attempt_id)
     except TranscriptError as exc:
@@ -622,6 +728,15 @@ def transcript_cmd(attempt_id: str = typer.Argument(..., help="The attempt to sh
 
         Path(html).write_text(render_html(t))
         console.print(f"wrote {html}")
+    if json_out or csv:
+        import polars as pl
+
+        frame = lambda rows: pl.DataFrame(rows, infer_schema_length=None, strict=False) if rows else None  # noqa: E731
+        tables = {"turns": frame(t.turns), "tool_calls": frame([c for turn in sorted(t.calls) for c in t.calls[turn]]),
+                  "submissions": frame(t.submissions), "verdicts": frame(list(t.verdicts.values())),
+                  "attempt_started": frame([t.started] if t.started else []), "attempt_finished": frame([t.finished] if t.finished else []),
+                  "skill": frame([t.skill] if t.skill else [])}
+        _emit(tables, json_path=json_out, csv_path=csv, meta={"attempt_id": t.attempt_id, "redacted": t.redacted, "notes": t.notes})
 
 
 def main() -> None:
