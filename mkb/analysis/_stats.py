@@ -43,9 +43,8 @@ def _cluster_weights(n: int, spec: BootstrapSpec, rng: np.random.Generator) -> n
 def _percentiles(x: np.ndarray, qs: list[float]) -> np.ndarray:
     """[len(qs), rows]: np.quantile(x, qs, axis=1) (method "linear") of a NaN-free [rows, resamples] array.
 
-    One partition of contiguous rows at the needed order statistics, then numpy's own interpolation
-    (`_lerp`) written out: the same values as np.quantile (a test checks), at half its cost, because
-    np.quantile also partitions at the minimum and maximum and copies the array strided.
+    The needed order statistics of each row (`_order_stats`), then numpy's own interpolation (`_lerp`)
+    written out: the same values as np.quantile (a test checks).
     """
     x = np.ascontiguousarray(x)
     n = x.shape[1]
@@ -54,15 +53,73 @@ def _percentiles(x: np.ndarray, qs: list[float]) -> np.ndarray:
     top = virtual >= n - 1
     prev[top] = -1.0  # numpy takes the maximum there (and its gamma then multiplies a zero difference)
     gamma = virtual - prev
-    pi = prev.astype(np.intp)
-    ni = np.where(top, -1, pi + 1)
-    kth = np.unique(np.concatenate([pi % n, ni % n]))
-    part = np.partition(x, kth, axis=1)
-    a, b = part[:, pi].T, part[:, ni].T
+    pi = prev.astype(np.intp) % n
+    ni = np.where(top, -1, pi + 1) % n
+    kth = np.unique(np.concatenate([pi, ni]))
+    stats = _order_stats(x, kth)
+    at = {int(k): i for i, k in enumerate(kth)}
+    a, b = stats[[at[int(k)] for k in pi]], stats[[at[int(k)] for k in ni]]
     g = gamma[:, None]
     diff = b - a
     out = a + diff * g
     np.subtract(b, diff * (1 - g), out=out, where=np.broadcast_to(g >= 0.5, out.shape))
+    return out
+
+
+_PILOT = 500  # resamples that bracket a tail in `_order_stats`
+_TAIL_CAP = 2500  # candidates per row and tail past which a row is selected in full (heavy ties)
+_ROW_BLOCK = 128  # rows at a time: a block's values and masks stay in cache
+
+
+def _order_stats(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
+    """[len(ks), rows]: the k-th smallest value (0-based k) of each row of a NaN-free C-contiguous [rows, n] array, exact.
+
+    A percentile CI needs a few order statistics in the two tails of each row, and a full selection
+    (np.partition) costs ~30x a comparison per value. So each tail is bracketed by an order statistic of
+    the first 500 resamples (independent draws like any other): one comparison pass finds the values
+    beyond the bracket (~5% of a row), and only those are partitioned. The k-th smallest is then read off
+    exactly; a row whose bracket holds too few values (probability ~1%) or too many (ties) is selected in full.
+    """
+    rows, n = x.shape
+    ks = np.asarray(ks, dtype=np.intp)
+    tail = np.minimum(ks, n - 1 - ks)
+    if n < 8 * _PILOT or rows == 0 or tail.max() >= n // 20:  # a short row, or a rank far from both ends: select in full
+        return np.partition(x, ks, axis=1)[:, ks].T if rows else np.empty((len(ks), 0))
+    out = np.empty((len(ks), rows))
+    for r0 in range(0, rows, _ROW_BLOCK):
+        out[:, r0:r0 + _ROW_BLOCK] = _order_stats_block(x[r0:r0 + _ROW_BLOCK], ks)
+    return out
+
+
+def _order_stats_block(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
+    rows, n = x.shape
+    out = np.empty((len(ks), rows))
+    good = np.ones(rows, bool)
+    for low in (True, False):
+        sel = ks < n // 2 if low else ks >= n // 2
+        if not sel.any():
+            continue
+        depth = ks[sel] if low else n - 1 - ks[sel]  # ranks counted from this tail's end
+        r = min(_PILOT - 1, int(np.ceil(_PILOT * 1.8 * (depth.max() + 1) / n)) + 3)
+        k = r if low else _PILOT - 1 - r
+        bracket = np.partition(x[:, :_PILOT], k, axis=1)[:, k]
+        m = x <= bracket[:, None] if low else x >= bracket[:, None]
+        c = np.count_nonzero(m, axis=1)
+        ok = (c > depth.max()) & (c <= _TAIL_CAP)
+        good &= ok
+        okrows = np.flatnonzero(ok)
+        if not len(okrows):
+            continue
+        xs, ms = (x, m) if len(okrows) == rows else (x[okrows], m[okrows])
+        vals = xs.ravel().take(np.flatnonzero(ms))  # row-major: each row's candidates together
+        cnt = c[okrows]
+        pad = np.full((len(okrows), int(cnt.max())), np.inf)
+        pad[np.repeat(np.arange(len(okrows)), cnt), np.arange(vals.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)] = vals if low else -vals
+        got = np.partition(pad, depth, axis=1)[:, depth].T
+        out[np.ix_(np.flatnonzero(sel), okrows)] = got if low else -got
+    bad = np.flatnonzero(~good)
+    if len(bad):
+        out[:, bad] = np.partition(x[bad], ks, axis=1)[:, ks].T
     return out
 
 
@@ -121,12 +178,18 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     a = (1 - spec.level) / 2
     rng = np.random.default_rng(spec.seed)
     names = list(sums)
+    # float32 products when they are exact: integer-valued sums (S is a multiple of 20, the rest counts) whose every
+    # partial sum over a resample (at most max|v| x problems, since a resample's counts add up to the problems) stays
+    # below 2^24. Then every product equals the float64 one bit for bit, at a third of its cost.
+    exact32 = all(np.array_equal(m, np.rint(m)) and float(np.abs(m).max(initial=0.0)) * max(1, m.shape[1]) < 2**24
+                  for m in sums.values())
     for key in sorted(groups):
         cs = groups[key]
         cols = np.flatnonzero(present[cs[0]])
         if len(cols) < 2:
             continue
         w = _cluster_weights(len(cols), spec, rng)  # [resamples, problems]
+        wt = np.ascontiguousarray(w.T, dtype=np.float32 if exact32 else np.float64)
         # cells in blocks, so the resampled sums stay under ~BLOCK_BYTES however many cells share these problems
         # (the draws are the group's, so blocking changes no number)
         block = max(1, int(BLOCK_BYTES // (len(names) * spec.resamples * 8)))
@@ -136,7 +199,7 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
             # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous
             # for the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts),
             # so every product is exact and equals the former per-sum `w @ v.T` bit for bit
-            summed = v @ w.T
+            summed = (v.astype(np.float32) @ wt).astype(np.float64) if exact32 else v @ wt
             k = len(cb)
             parts = {name: summed[i * k:(i + 1) * k].T for i, name in enumerate(names)}  # [resamples, cells] views
             for name, stat in stats.items():
@@ -273,9 +336,11 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
         cols[lo_name] = pl.Series(est, dtype=pl.Float64)
         cols[f"{base}_lo"] = pl.Series(lo, dtype=pl.Float64)
         cols[f"{base}_hi"] = pl.Series(hi, dtype=pl.Float64)
+    # each cell's per-problem lists in problem order, so the sums over them (shrinkage, noise floor) do not depend on the
+    # order a parallel group-by happened to produce: the same figures to the last bit on every run
     extra = per_problem.group_by(cell).agg(
-        n_problems=pl.len(), problem_lifts=pl.col("mean_lift"), mcnemar_b=pl.col("b").sum(), mcnemar_c=pl.col("c").sum(),
-        **_floor_aggs())
+        n_problems=pl.len(), problem_lifts=pl.col("mean_lift").sort_by("problem"), mcnemar_b=pl.col("b").sum(),
+        mcnemar_c=pl.col("c").sum(), **_floor_aggs())
     out = cells.with_columns(**cols).with_columns(pl.col(pl.Float64).fill_nan(None))
     out = out.join(pair_rates, on=cell, how="left", nulls_equal=True).join(extra, on=cell, how="left", nulls_equal=True)
     out = out.with_columns(rel_halfwidth=(pl.col("rel_hi") - pl.col("rel_lo")) / 2)
@@ -291,7 +356,8 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
 
 def _floor_aggs() -> dict:
     """Per-cell inputs of the regression rate's noise floor and of the shrinkage estimate (see `_add_shrinkage`)."""
-    return {"_pair_lifts": pl.col("pair_lifts"), "_n": pl.col("n"), "_sq": pl.col("sq_lift")}
+    return {"_pair_lifts": pl.col("pair_lifts").sort_by("problem"), "_n": pl.col("n").sort_by("problem"),
+            "_sq": pl.col("sq_lift").sort_by("problem")}
 
 
 def _zero_prob(lifts: list[float]) -> float:
