@@ -61,12 +61,12 @@ def _counts(store) -> dict[str, int]:
     return out
 
 
-def _load(store, stratify: bool):
-    """The tables, or None after printing what the store holds when it has no attempts."""
+def _load(store, stratify: bool, *, columns: str = "all"):
+    """The tables, or None after printing what the store holds when it has no attempts (`columns`: see load_tables)."""
     from mkb.analysis import MixedVersionsError, load_tables
 
     try:
-        t = load_tables(store, stratify=stratify)
+        t = load_tables(store, stratify=stratify, columns=columns)
     except MixedVersionsError as exc:
         _fail(str(exc))
     if t.attempts.height == 0:
@@ -230,7 +230,7 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
     the regression rate's noise floor, S_sol, the time-matched contrast (transfer - placebo, transfer - wrong) and a
     sensitivity row without flagged skills."""
     _quiet(json_out)
-    t = _load(store, stratify)
+    t = _load(store, stratify, columns="lift")
     if t is None:
         return
     _need_arms(t)
@@ -328,7 +328,7 @@ def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int 
              json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """Lift by the source's standing (above/tie/below the target's other solo replicates), with the standing effect."""
     _quiet(json_out)
-    t = _load(store, stratify)
+    t = _load(store, stratify, columns="lift")
     if t is None:
         return
     _need_arms(t)
@@ -385,7 +385,7 @@ def power(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = S
         return
     if override:
         _fail("--tau2, --sigma2 and --s-solo describe a planned experiment\nhint: pass --plan CONFIG.toml with them")
-    t = _load(store, stratify)
+    t = _load(store, stratify, columns="lift")
     if t is None:
         return
     _need_arms(t)
@@ -424,7 +424,7 @@ def _plan_power(plan: str, store, stratify: bool, *, target: float, power_: floa
         _fail(f"{plan}: the plan has no arm besides solo: nothing to compare\nhint: add arms = [\"solo\", \"transfer\", ...]")
     comps, meta = None, {"plan": plan, "problems": design.n_problems, "replicates": design.replicates, "models": list(design.models)}
     if store is not None:
-        t = _load(store, stratify)
+        t = _load(store, stratify, columns="lift")
         if t is None:
             raise typer.Exit(EXIT_NO_DATA)
         _need_arms(t)
@@ -561,7 +561,7 @@ def report(store: Optional[str] = STORE, out: str = typer.Option("mkb-report", "
            csv: Optional[str] = typer.Option(None, "--csv", help="Write the list of files written as CSV.")) -> None:
     """An offline HTML report with inline altair charts (and PNG/SVG with --format)."""
     _quiet(json_out)
-    t = _load(store, stratify)
+    t = _load(store, stratify, columns="lift")
     if t is None:
         return
     _need_arms(t)
