@@ -51,7 +51,8 @@ def main() -> None:
         print(f"generated {res.events:,} events ({n_models} models) in {len(res.files)} files, {time.perf_counter() - t0:.1f} s (not timed)")
     events = int(marker.read_text())
     size = sum(f.stat().st_size for f in Path(store).rglob("*.parquet"))
-    print(f"store {store}: {events:,} events, {size / 2**20:.1f} MiB; cpus {os.cpu_count()}")
+    print(f"store {store}: {events:,} events, {size / 2**20:.1f} MiB; cpus {os.cpu_count()}, load average "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (the machine's other work slows every figure below)")
 
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "mkb.cli.analyze", "lift", "--store", store, "--json", os.devnull]
@@ -95,7 +96,7 @@ def main() -> None:
     loads, boots, rests = [], [], []
     for _ in range(args.runs):
         t0 = time.perf_counter()
-        t = load_tables(store)
+        t = load_tables(store, columns="lift")  # what `mkb-analyze lift` reads
         t1 = time.perf_counter()
         boot_s[0] = 0.0
         lt = lift_table(t.pairs, spec=BootstrapSpec(), pooled=True)
@@ -108,7 +109,8 @@ def main() -> None:
     print(f"in-process (min / median of {args.runs}): reading the store into attempts/pairs tables {min(loads):.2f} / "
           f"{statistics.median(loads):.2f} s ({t.attempts.height:,} attempts, {t.pairs.height:,} pairs); bootstrap (10,000 "
           f"resamples, every CI) {min(boots):.2f} / {statistics.median(boots):.2f} s; rest of the lift and contrast tables "
-          f"{min(rests):.2f} / {statistics.median(rests):.2f} s ({lt.height} cells)")
+          f"{min(rests):.2f} / {statistics.median(rests):.2f} s ({lt.height} cells); load average now "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
     if not args.keep and args.store is None:
         print(f"(dataset kept for re-runs at {store}; delete it when done)")
 

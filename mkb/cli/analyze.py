@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Table as _RichTable
 
 app = typer.Typer(
     name="mkb-analyze",
@@ -15,6 +15,58 @@ app = typer.Typer(
     no_args_is_help=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
 )
 console = Console(width=200)
+
+
+class Table:
+    """A rich Table for a screenful of rows; past that, the same box drawn as plain lines (cell markup dropped).
+
+    Rich measures and wraps every cell (~0.3 ms each): a few hundred rows of a 15-column table took seconds,
+    most of `lift`'s time at experiment scale. Print it with `_print_table`, which lets long lines run past the
+    console width rather than cropping them.
+    """
+
+    FAST_ROWS = 60
+
+    def __init__(self, title: str | None = None, **kw) -> None:
+        self.title, self.kw = title, kw
+        self.columns: list[tuple[str, str]] = []
+        self.rows: list[tuple[str, ...]] = []
+
+    def add_column(self, header: str, justify: str = "left", **kw) -> None:
+        self.columns.append((header, justify))
+
+    def add_row(self, *cells: str) -> None:
+        self.rows.append(tuple("" if c is None else str(c) for c in cells))
+
+    def rich(self) -> _RichTable:
+        t = _RichTable(title=self.title, **self.kw)
+        for h, j in self.columns:
+            t.add_column(h, justify=j)
+        for r in self.rows:
+            t.add_row(*r)
+        return t
+
+    def plain(self) -> str:
+        from rich.text import Text
+
+        rows = [tuple(Text.from_markup(c).plain if "[" in c else c for c in r) for r in self.rows]
+        w = [max([len(h)] + [len(r[i]) for r in rows]) for i, (h, _) in enumerate(self.columns)]
+        cell = lambda v, i: v.rjust(w[i]) if self.columns[i][1] == "right" else v.ljust(w[i])  # noqa: E731
+        line = lambda l, m, r, f: l + m.join(f * (x + 2) for x in w) + r  # noqa: E731
+        out = [line("┏", "┳", "┓", "━"), "┃" + "┃".join(f" {h.ljust(w[i])} " for i, (h, _) in enumerate(self.columns)) + "┃",
+               line("┡", "╇", "┩", "━")]
+        out += ["│" + "│".join(f" {cell(v, i)} " for i, v in enumerate(r)) + "│" for r in rows]
+        out.append(line("└", "┴", "┘", "─"))
+        if self.title:
+            out.insert(0, self.title.center(len(out[0])))
+        return "\n".join(out)
+
+
+def _print_table(tbl: Table) -> None:
+    if len(tbl.rows) <= Table.FAST_ROWS:
+        console.print(tbl.rich())
+    else:
+        console.print(tbl.plain(), markup=False, highlight=False, soft_wrap=True)
 
 STORE = typer.Option(None, "--store", help="Event store URL (local path, s3://, gs://, hf://...); default $MKB_STORE or events/local.")
 STRATIFY = typer.Option(False, "--stratify", help="Analyse each version stratum separately instead of refusing mixed versions.")
@@ -185,7 +237,7 @@ def print_lift(lift, *, spec, title="Lift", max_rows: int | None = 120, notes: b
                     f"{_f(100 * r['regression_rate'], 0)}/{_f(100 * r['improvement_rate'], 0)}/{_f(100 * r['tie_rate'], 0)}%",
                     f"{_f(100 * r['pair_regress'], 0)}/{_f(100 * r['pair_improve'], 0)}/{_f(100 * r['pair_tie'], 0)}%",
                     _p(r.get("p_wilcoxon_holm")), _p(r.get("p_mcnemar_holm")), "yes" if r["detects_10pct"] else "[red]no[/red]")
-    console.print(tbl)
+    _print_table(tbl)
     if not notes:
         return
     if full.height > lift.height:
@@ -271,7 +323,7 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
         for r in fam.iter_rows(named=True):
             tbl.add_row(r["model"], r["arm_kind"], r["direction"], r["family"], str(r["n_pairs"]),
                         f"{_pct(r['rel_lift'])} [{_pct(r['rel_lo'])}, {_pct(r['rel_hi'])}]", "yes" if r["detects_10pct"] else "no")
-        console.print(tbl)
+        _print_table(tbl)
     prob = None
     if by_problem:
         prob = problem_table(t.pairs)
@@ -281,7 +333,7 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
         for r in prob.head(None if all_rows else 200).iter_rows(named=True):
             tbl.add_row(r["model"], r["arm_kind"], r["direction"], str(r["problem"]), r["family"], str(r["n_pairs"]), _f(r["S_solo"]),
                         _f(r["S_arm"]), _f(r["lift"]), _f(r["lift_sol"]))
-        console.print(tbl)
+        _print_table(tbl)
     _emit({"lift": lt, "contrast": ct if ct.height else None, "sensitivity": sens, "family": fam, "problems": prob},
           json_path=json_out, csv_path=csv, meta=_meta(t, spec))
 
@@ -301,7 +353,7 @@ def print_rates(lt, *, max_rows: int | None = 120) -> None:
                     _f(100 * r["regression_true_share"], 0) + "%" if r["regression_true_share"] is not None else "n/a",
                     ci(r, "improvement_rate"), ci(r, "tie_rate"), _f(r["S_sol_solo"]), _f(r["S_sol_arm"]),
                     f"{_f(r['lift_sol'], 2)} [{_f(r['lift_sol_lo'], 2)}, {_f(r['lift_sol_hi'], 2)}]" if r["lift_sol"] is not None else "n/a")
-    console.print(tbl)
+    _print_table(tbl)
     if full.height > lt.height:
         console.print(f"[yellow]showing {lt.height} of {full.height} cells[/yellow]: --all prints every one, --json/--csv FILE writes them")
     console.print("noise floor: the regression rate if the arm were one more solo (same replicates); true share (EB): "
@@ -324,7 +376,7 @@ def print_contrast(ct, *, max_rows: int | None = 120) -> None:
                     _f(r["S_other"]), f"{_f(r['diff'], 2)} [{_f(r['diff_lo'], 2)}, {_f(r['diff_hi'], 2)}]",
                     f"{_pct(r['rel_diff'])} [{_pct(r['rel_lo'])}, {_pct(r['rel_hi'])}]", _f(r["lift_vs_solo"], 2),
                     f"{r['served_changed']} of {r['served_recorded']}" if r["served_recorded"] else "not recorded")
-    console.print(tbl)
+    _print_table(tbl)
     if full.height > ct.height:
         console.print(f"[yellow]showing {ct.height} of {full.height} contrasts[/yellow]: --all prints every one, --json/--csv FILE writes them")
 
@@ -364,7 +416,7 @@ def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int 
             row.append(f"{_f(r['effect'], 3)} [{_f(r['effect_lo'], 3)}, {_f(r['effect_hi'], 3)}]")
             row.append(f"{_f(r['effect_S'], 2)} [{_f(r['effect_S_lo'], 2)}, {_f(r['effect_S_hi'], 2)}]")
             tbl.add_row(*row)
-        console.print(tbl)
+        _print_table(tbl)
     console.print("standing effect = (improve - regress share | above) - (same | below); in S points: (mean lift | above) - "
                   "(mean lift | below). solo_noise = the target's solo at r+1 vs its solo at r, source the source DSL's solo "
                   f"at r+2 (the noise floor, with the arms' dependence; needs R >= 3). With no effect each class shows "
@@ -410,7 +462,7 @@ def power(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = S
                     _f(100 * r["rel_halfwidth"]) if r["rel_halfwidth"] is not None else "", _pct(r["power_at_target"]).lstrip("+"),
                     _f(r["tau2"]), _f(r["sigma2"]), str(r["problems_needed"] or ""),
                     str(r["replicates_needed"]) if r["replicates_needed"] is not None else "not by replicates")
-    console.print(tbl)
+    _print_table(tbl)
     console.print("SE of relative lift scales as sqrt((tau2 + sigma2/R) / P) (problem-clustered); needed: SE <= lift / (z_0.975 + z_power). "
                   "Problems needed keep R; replicates needed keep the problems.")
     _emit({"power": pt}, json_path=json_out, csv_path=csv, meta=_meta(t, spec))
@@ -453,7 +505,7 @@ def _plan_power(plan: str, store, stratify: bool, *, target: float, power_: floa
         tbl.add_row(r["model"], r["arm_kind"], r["direction"], _f(100 * r["rel_halfwidth"]), _pct(r["power_at_target"]).lstrip("+"),
                     _f(r["tau2"]), _f(r["sigma2"]), _f(r["S_solo"]), str(r["problems_needed"]),
                     str(r["replicates_needed"]) if r["replicates_needed"] is not None else "not by replicates", r["components_from"])
-    console.print(tbl)
+    _print_table(tbl)
     console.print("SE of relative lift = sqrt((tau2 + sigma2/R) / P) / S_solo (the delta method on the problem-clustered ratio); "
                   "needed: SE <= lift / (z_0.975 + z_power). Problems needed keep R; replicates needed keep the problems.")
     meta["components"] = "store" if comps is not None else "defaults"
@@ -482,7 +534,7 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
     for r in summ.iter_rows(named=True):
         tbl.add_row(r["model"], r["arm_kind"], str(r["n"]), _pct(r["pass_rate"]).lstrip("+"), _f(r["S"]),
                     _f(r["out_tokens"], 0), _f(r["cost"], 2), _pct(r["budget_used"]).lstrip("+"))
-    console.print(tbl)
+    _print_table(tbl)
     from mkb.analysis import BootstrapSpec, two_part_table
 
     tp = two_part_table(t.pairs, spec=BootstrapSpec(resamples=2000)) if t.pairs.height else pl.DataFrame()
@@ -495,7 +547,7 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
             tt.add_row(r["model"], r["arm_kind"], r["direction"], _pct(r["pass_solo"]).lstrip("+"), _pct(r["pass_arm"]).lstrip("+"),
                        f"{_pct(r['pass_diff'])} [{_pct(r['pass_diff_lo'])}, {_pct(r['pass_diff_hi'])}]",
                        _f(r["gm_speedup_solo_given_pass"], 2), _f(r["gm_speedup_arm_given_pass"], 2))
-        console.print(tt)
+        _print_table(tt)
         console.print("speedup columns are conditioned on passing (geometric mean among passed attempts); the pass-difference CI "
                       "resamples problems (2,000 resamples), so it respects replicates clustered in problems, unlike McNemar.")
     fits_rows = []
@@ -515,7 +567,7 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
                 ft.add_column(c)
             for r in fit.effects.iter_rows(named=True):
                 ft.add_row(r["term"], f"{r['estimate']:.3f}", f"{r['se']:.3f}", f"[{r['lo']:.3f}, {r['hi']:.3f}]")
-            console.print(ft)
+            _print_table(ft)
             console.print(f"  {fit.formula}; {fit.estimator}; rows {fit.n_rows}, problems {fit.n_problems}; "
                           f"variance {', '.join(f'{k}={v:.4g}' for k, v in fit.variance.items())}; converged {fit.converged}; "
                           f"{fit.seconds:.1f} s")
@@ -548,7 +600,7 @@ def attempts(store: Optional[str] = STORE, stratify: bool = STRATIFY,
             tbl.add_column(c)
         for r in ex.head(limit).iter_rows():
             tbl.add_row(*["" if v is None else str(v) for v in r])
-        console.print(tbl)
+        _print_table(tbl)
     else:
         g = a.group_by("arm_kind", "target_dsl", "status", "verdict").len().sort("arm_kind", "target_dsl", "status", "verdict")
         tbl = Table(title="Attempts by arm, target, status and verdict")
@@ -556,7 +608,7 @@ def attempts(store: Optional[str] = STORE, stratify: bool = STRATIFY,
             tbl.add_column(c)
         for r in g.iter_rows():
             tbl.add_row(*[str(v) for v in r])
-        console.print(tbl)
+        _print_table(tbl)
     flat = a.select([c for c, ty in a.schema.items() if not isinstance(ty, pl.List)])
     _emit({"attempts": flat}, json_path=json_out, csv_path=csv, meta=_meta(t))
 
@@ -676,7 +728,7 @@ def _print_problems(store) -> None:
                     _f(r["eager_median_us"]), _f(r["peak_memory_bytes"] / 2**20) if r["peak_memory_bytes"] is not None else "",
                     f"{r['fp64_gap']:.2e}" if r["fp64_gap"] is not None else "", _f(r["sol_us"]), _f(r["sol_ratio"], 3),
                     "" if r["within_band"] is None else ("yes" if r["within_band"] else "[red]no[/red]"))
-    console.print(tbl)
+    _print_table(tbl)
 
 
 def _print_verdicts(store) -> None:
@@ -693,7 +745,7 @@ def _print_verdicts(store) -> None:
         tbl.add_row(r["ts"].strftime("%Y-%m-%d %H:%M:%S"), r["scope"], str(r["problem"]), r["dsl"],
                     "yes" if r["passed"] else "[red]no[/red]", r["reason"] or "", _f(r["speedup"], 2),
                     _f(r["candidate_median_us"]), _f(r["eager_median_us"]), _f(r["s"]))
-    console.print(tbl)
+    _print_table(tbl)
 
 
 @app.command("verdicts")

@@ -63,3 +63,24 @@ def test_transcript_json_holds_the_attempts_events(tmp_path):
     assert doc["attempt_id"] == aid and len(doc["tables"]["turns"]) == turns.height > 0
     assert doc["tables"]["attempt_started"][0]["attempt_id"] == aid
     assert pl.read_csv(tmp_path / "t.csv").height == turns.height
+
+
+def test_long_tables_print_every_cell_as_plain_aligned_lines(capsys):
+    from mkb.cli import analyze as cli
+
+    tbl = cli.Table(title="Big")
+    for c, j in (("model", "left"), ("n", "right"), ("ok", "left")):
+        tbl.add_column(c, justify=j)
+    rows = [(f"m-{i}", str(i * 7), "[red]no[/red]" if i % 2 else "yes") for i in range(cli.Table.FAST_ROWS + 5)]
+    for r in rows:
+        tbl.add_row(*r)
+    cli.console.quiet = False
+    cli._print_table(tbl)
+    lines = capsys.readouterr().out.splitlines()
+    body = [ln for ln in lines if ln.startswith("│")]
+    assert len(body) == len(rows) and lines[0].strip() == "Big"
+    assert len({len(ln) for ln in lines[1:]}) == 1  # every line as wide as the box
+    for ln, (m, n, ok) in zip(body, rows):
+        cells = [c.strip() for c in ln.strip("│").split("│")]
+        assert cells == [m, n, "no" if "red" in ok else ok]  # markup dropped, nothing else
+    assert body[0].split("│")[2].endswith(" 0 ")  # right-justified
