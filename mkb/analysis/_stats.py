@@ -183,6 +183,7 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     # below 2^24. Then every product equals the float64 one bit for bit, at a third of its cost.
     exact32 = all(np.array_equal(m, np.rint(m)) and float(np.abs(m).max(initial=0.0)) * max(1, m.shape[1]) < 2**24
                   for m in sums.values())
+    buf = buf32 = None
     for key in sorted(groups):
         cs = groups[key]
         cols = np.flatnonzero(present[cs[0]])
@@ -193,13 +194,24 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
         # cells in blocks, so the resampled sums stay under ~BLOCK_BYTES however many cells share these problems
         # (the draws are the group's, so blocking changes no number)
         block = max(1, int(BLOCK_BYTES // (len(names) * spec.resamples * 8)))
+        # one buffer per call for the products, reused by every block: fresh arrays of this size cost a page fault
+        # per 4 KiB, which took longer than the conversion itself
+        rows = len(names) * min(block, len(cs))
+        if buf is None or buf.shape[0] < rows:
+            buf = np.empty((rows, spec.resamples))
+            buf32 = np.empty((rows, spec.resamples), dtype=np.float32) if exact32 else None
         for b0 in range(0, len(cs), block):
             cb = cs[b0:b0 + block]
             v = np.concatenate([sums[k][np.ix_(cb, cols)] for k in names])  # [sums x cells, problems]
             # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous
             # for the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts),
             # so every product is exact and equals the former per-sum `w @ v.T` bit for bit
-            summed = (v.astype(np.float32) @ wt).astype(np.float64) if exact32 else v @ wt
+            summed = buf[:v.shape[0]]
+            if exact32:
+                np.matmul(v.astype(np.float32), wt, out=buf32[:v.shape[0]])
+                summed[...] = buf32[:v.shape[0]]
+            else:
+                np.matmul(v, wt, out=summed)
             k = len(cb)
             parts = {name: summed[i * k:(i + 1) * k].T for i, name in enumerate(names)}  # [resamples, cells] views
             for name, stat in stats.items():
