@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -17,7 +20,7 @@ DEFAULT_RESAMPLES = 10_000
 DETECT_LIFT = 0.10  # a cell whose relative-lift CI half-width exceeds this could not detect a 10% lift
 ARM_ORDER = ("transfer", "placebo", "same", "wrong", NOISE_ARM)
 _EPS = 1e-9
-BLOCK_BYTES = 48 * 2**20  # resampled sums held at once by the bootstrap (bounds its memory at any number of cells)
+BLOCK_BYTES = 24 * 2**20  # resampled sums held at once by each bootstrap thread (bounds its memory at any number of cells)
 
 
 @dataclass(frozen=True)
@@ -183,52 +186,66 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     # below 2^24. Then every product equals the float64 one bit for bit, at a third of its cost.
     exact32 = all(np.array_equal(m, np.rint(m)) and float(np.abs(m).max(initial=0.0)) * max(1, m.shape[1]) < 2**24
                   for m in sums.values())
-    buf = buf32 = None
-    for key in sorted(groups):
-        cs = groups[key]
-        cols = np.flatnonzero(present[cs[0]])
-        if len(cols) < 2:
-            continue
-        w = _cluster_weights(len(cols), spec, rng)  # [resamples, problems]
-        wt = np.ascontiguousarray(w.T, dtype=np.float32 if exact32 else np.float64)
-        # cells in blocks, so the resampled sums stay under ~BLOCK_BYTES however many cells share these problems
-        # (the draws are the group's, so blocking changes no number)
-        block = max(1, int(BLOCK_BYTES // (len(names) * spec.resamples * 8)))
-        # one buffer per call for the products, reused by every block: fresh arrays of this size cost a page fault
-        # per 4 KiB, which took longer than the conversion itself
-        rows = len(names) * min(block, len(cs))
-        if buf is None or buf.shape[0] < rows:
-            buf = np.empty((rows, spec.resamples))
-            buf32 = np.empty((rows, spec.resamples), dtype=np.float32) if exact32 else None
-        for b0 in range(0, len(cs), block):
-            cb = cs[b0:b0 + block]
-            v = np.concatenate([sums[k][np.ix_(cb, cols)] for k in names])  # [sums x cells, problems]
-            # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous
-            # for the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts),
-            # so every product is exact and equals the former per-sum `w @ v.T` bit for bit
-            summed = buf[:v.shape[0]]
-            if exact32:
-                np.matmul(v.astype(np.float32), wt, out=buf32[:v.shape[0]])
-                summed[...] = buf32[:v.shape[0]]
+    # cells in blocks, so the resampled sums stay under ~BLOCK_BYTES however many cells share these problems (the
+    # draws are the group's, so blocking changes no number); blocks run on a thread per core (numpy releases the
+    # GIL in its products, selections and element-wise loops), each with one buffer reused for all its blocks:
+    # fresh arrays of this size cost a page fault per 4 KiB, which took longer than filling them
+    block = max(1, int(BLOCK_BYTES // (len(names) * spec.resamples * 8)))
+    local = threading.local()
+
+    def run(cb: list[int], cols: np.ndarray, wt: np.ndarray) -> None:
+        v = np.concatenate([sums[k][np.ix_(cb, cols)] for k in names])  # [sums x cells, problems]
+        rows = len(names) * block
+        if getattr(local, "buf", None) is None:
+            local.buf = np.empty((rows, spec.resamples))
+            local.buf32 = np.empty((rows, spec.resamples), dtype=np.float32) if exact32 else None
+        # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous for
+        # the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts), so every
+        # product is exact and equals the former per-sum `w @ v.T` bit for bit
+        summed = local.buf[:v.shape[0]]
+        if exact32:
+            np.matmul(v.astype(np.float32), wt, out=local.buf32[:v.shape[0]])
+            summed[...] = local.buf32[:v.shape[0]]
+        else:
+            np.matmul(v, wt, out=summed)
+        k = len(cb)
+        parts = {name: summed[i * k:(i + 1) * k] for i, name in enumerate(names)}  # [cells, resamples] views
+        for name, stat in stats.items():
+            boot = np.asarray(stat(**parts))  # [cells, resamples]: the statistics are element-wise
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # undefined in every resample: stays NaN (reported null)
+                q = _percentiles(boot, [a, 1 - a]) if not np.isnan(boot).any() else np.nanquantile(boot, [a, 1 - a], axis=1)
+            lo[name][cb], hi[name][cb] = q[0], q[1]
+        for name, f in shares.items():
+            cnt = np.asarray(f(n_present=len(cols), **parts))  # [cells, resamples] integer counts
+            q = _count_percentiles(np.ascontiguousarray(cnt), len(cols), [a, 1 - a])
+            lo[name][cb], hi[name][cb] = q[0], q[1]
+
+    workers = min(os.cpu_count() or 1, max(1, -(-C // block)))
+    pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
+    try:
+        for key in sorted(groups):
+            cs = groups[key]
+            cols = np.flatnonzero(present[cs[0]])
+            if len(cols) < 2:
+                continue
+            w = _cluster_weights(len(cols), spec, rng)  # [resamples, problems], drawn in group order whatever the threads
+            wt = np.ascontiguousarray(w.T, dtype=np.float32 if exact32 else np.float64)
+            blocks = [cs[b0:b0 + block] for b0 in range(0, len(cs), block)]
+            if pool is None or len(blocks) == 1:
+                for cb in blocks:
+                    run(cb, cols, wt)
             else:
-                np.matmul(v, wt, out=summed)
-            k = len(cb)
-            parts = {name: summed[i * k:(i + 1) * k].T for i, name in enumerate(names)}  # [resamples, cells] views
-            for name, stat in stats.items():
-                boot = np.asarray(stat(**parts))  # [resamples, cells]
-                with np.errstate(invalid="ignore"), warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)  # undefined in every resample: stays NaN (reported null)
-                    q = _percentiles(boot.T, [a, 1 - a]) if not np.isnan(boot).any() else np.nanquantile(boot, [a, 1 - a], axis=0)
-                lo[name][cb], hi[name][cb] = q[0], q[1]
-            for name, f in shares.items():
-                cnt = np.asarray(f(n_present=len(cols), **parts))  # [resamples, cells] integer counts
-                q = _count_percentiles(np.ascontiguousarray(cnt.T), len(cols), [a, 1 - a])
-                lo[name][cb], hi[name][cb] = q[0], q[1]
+                for f in [pool.submit(run, cb, cols, wt) for cb in blocks]:
+                    f.result()
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return {name: (est[name], lo[name], hi[name]) for name in [*stats, *shares]}
 
 
 def cluster_bootstrap(cells: list, problems: np.ndarray, sums: dict[str, np.ndarray], stat, spec: BootstrapSpec):
-    """Resample problems within each cell; `sums[name]` is [cells, problems]; `stat(**summed)` -> [.., cells].
+    """Resample problems within each cell; `sums[name]` is [cells, problems]; `stat(**summed)` is element-wise.
 
     Cells whose present problems are the same share one set of resamples (one matrix product for all);
     a problem is present in a cell when `sums["n"]` is positive there.
