@@ -127,8 +127,11 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     ann = scans["annotation"].select(pl.col("target_attempt_id").alias("attempt_id"), "ts", "label",
                                      col("annotation", "reason").alias("annotation_reason"))
     # skills whose hygiene checks raised a flag the sensitivity row leaves out
+    # only the flagged skills: the left join below marks their attempts and leaves every other one unflagged, without a
+    # group-by and join over every skill's 64-character hash
     skill_flags = scans["skill"].select(skill_sha256="sha256", skill_flagged=pl.col("hygiene_flags").list.eval(
-        pl.element().is_in(list(SENSITIVE_FLAGS))).list.any().fill_null(False)).group_by("skill_sha256").agg(pl.col("skill_flagged").any())
+        pl.element().is_in(list(SENSITIVE_FLAGS))).list.any().fill_null(False)).filter(pl.col("skill_flagged")) \
+        .group_by("skill_sha256").agg(pl.col("skill_flagged").any())
     char_cols = scans["characterisation"].collect_schema().names()
     char = scans["characterisation"].filter((pl.col("size") == "full") & pl.col("ok").fill_null(False)).select(
         "ts", "problem", "gpu", "flops", "bytes", "peak",
