@@ -693,9 +693,10 @@ def power_table(lift: pl.DataFrame, pairs: pl.DataFrame, *, target: float = DETE
     cells = lift.filter(pl.col("direction") != "pooled") if "direction" in lift.columns else lift
     # within-problem variance of pair lifts and the replicates per problem, per cell
     cell = ["stratum", "model", "arm_kind", "direction"]
-    comp = pairs.filter(pl.col("arm_kind") != NOISE_ARM).group_by(*cell, "problem").agg(
+    # sums in problem order (and pairs in replicate order), so the figures do not depend on a parallel group-by's order
+    comp = pairs.filter(pl.col("arm_kind") != NOISE_ARM).sort("replicate").group_by(*cell, "problem").agg(
         v=pl.col("lift").var(ddof=1), n=pl.len(), d=pl.col("lift").mean()).group_by(cell).agg(
-        sigma2=pl.col("v").mean(), R=pl.col("n").median(), var_d=pl.col("d").var(ddof=1), P=pl.len())
+        sigma2=pl.col("v").sort_by("problem").mean(), R=pl.col("n").median(), var_d=pl.col("d").sort_by("problem").var(ddof=1), P=pl.len())
     out = cells.select(*cell, "n_problems", "rel_lift", "rel_halfwidth").join(comp, on=cell, how="left", nulls_equal=True)
     rows = []
     for r in out.iter_rows(named=True):
@@ -775,9 +776,10 @@ def variance_components(pairs: pl.DataFrame) -> pl.DataFrame:
     cell = ["stratum", "model", "arm_kind", "direction"]
     rel = (pl.col("S").sum() - pl.col("S_solo").sum()) / pl.col("S_solo").sum()
     p = p.with_columns(_u=pl.col("lift") - rel.over(cell).fill_nan(0.0).fill_null(0.0) * pl.col("S_solo"))
-    comp = p.group_by(*cell, "problem").agg(v=pl.col("_u").var(ddof=1), n=pl.len(), u=pl.col("_u").mean(), b=pl.col("S_solo").mean()) \
-        .group_by(cell).agg(sigma2=pl.col("v").mean(), R=pl.col("n").median(), var_u=pl.col("u").var(ddof=1), P=pl.len(),
-                            s_solo=pl.col("b").mean())
+    comp = p.sort("replicate").group_by(*cell, "problem").agg(v=pl.col("_u").var(ddof=1), n=pl.len(), u=pl.col("_u").mean(),
+                                                             b=pl.col("S_solo").mean()) \
+        .group_by(cell).agg(sigma2=pl.col("v").sort_by("problem").mean(), R=pl.col("n").median(),
+                            var_u=pl.col("u").sort_by("problem").var(ddof=1), P=pl.len(), s_solo=pl.col("b").sort_by("problem").mean())
     comp = comp.with_columns(sigma2=pl.col("sigma2").fill_null(0.0))
     return comp.with_columns(tau2=pl.max_horizontal(pl.lit(0.0), pl.col("var_u") - pl.col("sigma2") / pl.col("R")).fill_null(0.0)).sort(cell)
 
