@@ -6,7 +6,6 @@ import functools
 import math
 import os
 import threading
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -212,9 +211,15 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
         parts = {name: summed[i * k:(i + 1) * k] for i, name in enumerate(names)}  # [cells, resamples] views
         for name, stat in stats.items():
             boot = np.asarray(stat(**parts))  # [cells, resamples]: the statistics are element-wise
-            with np.errstate(invalid="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # undefined in every resample: stays NaN (reported null)
-                q = _percentiles(boot, [a, 1 - a]) if not np.isnan(boot).any() else np.nanquantile(boot, [a, 1 - a], axis=1)
+            nan = np.isnan(boot)
+            if not nan.any():
+                q = _percentiles(boot, [a, 1 - a])
+            else:  # a cell undefined in every resample stays NaN (reported null); no warnings filter (not thread-safe)
+                q = np.full((2, boot.shape[0]), np.nan)
+                some = ~nan.all(1)
+                if some.any():
+                    with np.errstate(invalid="ignore"):
+                        q[:, some] = np.nanquantile(boot[some], [a, 1 - a], axis=1)
             lo[name][cb], hi[name][cb] = q[0], q[1]
         for name, f in shares.items():
             cnt = np.asarray(f(n_present=len(cols), **parts))  # [cells, resamples] integer counts
