@@ -51,11 +51,12 @@ def main() -> None:
         print(f"generated {res.events:,} events ({n_models} models) in {len(res.files)} files, {time.perf_counter() - t0:.1f} s (not timed)")
     events = int(marker.read_text())
     size = sum(f.stat().st_size for f in Path(store).rglob("*.parquet"))
-    print(f"store {store}: {events:,} events, {size / 2**20:.1f} MiB; cpus {os.cpu_count()}")
+    print(f"store {store}: {events:,} events, {size / 2**20:.1f} MiB; cpus {os.cpu_count()}, load average "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (the machine's other work slows every figure below)")
 
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "mkb.cli.analyze", "lift", "--store", store, "--json", os.devnull]
-    times, peaks = [], []
+    times, peaks, cpus = [], [], []
     for i in range(args.runs):
         # output to files, not pipes: the tables outgrow a pipe's buffer and the child would block writing them
         with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
@@ -64,6 +65,7 @@ def main() -> None:
             _, status, usage = os.wait4(proc.pid, 0)
             times.append(time.perf_counter() - t0)
             peaks.append(usage.ru_maxrss / 1024)  # KiB -> MiB (Linux)
+            cpus.append(usage.ru_utime + usage.ru_stime)  # CPU seconds: on a shared machine steadier than the wall time
             fo.seek(0), fe.seek(0)
             out, err = fo.read(), fe.read()
         if os.waitstatus_to_exitcode(status) != 0:
@@ -74,7 +76,8 @@ def main() -> None:
     print(next((ln for ln in lines if ln.startswith("95% CIs")), ""))
     target_s = 1.5 if events <= 1_500_000 else 10.0
     print(f"`mkb-analyze lift` whole process (start to exit, 10,000 resamples, every figure): runs {', '.join(f'{t:.2f}' for t in times)} s; "
-          f"min {min(times):.2f} s, median {statistics.median(times):.2f} s; peak RSS max {max(peaks):.0f} MiB; "
+          f"min {min(times):.2f} s, median {statistics.median(times):.2f} s; CPU (user + sys, all threads) min {min(cpus):.2f} s, "
+          f"median {statistics.median(cpus):.2f} s; peak RSS max {max(peaks):.0f} MiB; "
           f"target <= {target_s:g} s: {'MET' if min(times) <= target_s else 'MISSED'}, < 1024 MiB: {'MET' if max(peaks) < 1024 else 'MISSED'}")
 
     # where the time goes, in-process: reading + tables, the bootstrap (timed inside), the rest of each table
@@ -95,7 +98,7 @@ def main() -> None:
     loads, boots, rests = [], [], []
     for _ in range(args.runs):
         t0 = time.perf_counter()
-        t = load_tables(store)
+        t = load_tables(store, columns="lift")  # what `mkb-analyze lift` reads
         t1 = time.perf_counter()
         boot_s[0] = 0.0
         lt = lift_table(t.pairs, spec=BootstrapSpec(), pooled=True)
@@ -108,7 +111,8 @@ def main() -> None:
     print(f"in-process (min / median of {args.runs}): reading the store into attempts/pairs tables {min(loads):.2f} / "
           f"{statistics.median(loads):.2f} s ({t.attempts.height:,} attempts, {t.pairs.height:,} pairs); bootstrap (10,000 "
           f"resamples, every CI) {min(boots):.2f} / {statistics.median(boots):.2f} s; rest of the lift and contrast tables "
-          f"{min(rests):.2f} / {statistics.median(rests):.2f} s ({lt.height} cells)")
+          f"{min(rests):.2f} / {statistics.median(rests):.2f} s ({lt.height} cells); load average now "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
     if not args.keep and args.store is None:
         print(f"(dataset kept for re-runs at {store}; delete it when done)")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -170,8 +171,16 @@ def _table_html(df: pl.DataFrame, cols: list[str], fmt: dict | None = None) -> s
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+@dataclass(frozen=True)
+class ReportFiles:
+    """What `write_report` wrote: the page, and every file it wrote beside it (chart specs and images, table CSVs)."""
+
+    html: Path
+    files: tuple[Path, ...]
+
+
 def write_report(tables: Tables, out_dir: str | Path, *, spec: BootstrapSpec = BootstrapSpec(),
-                 formats: tuple[str, ...] = ()) -> Path:
+                 formats: tuple[str, ...] = ()) -> ReportFiles:
     """Write report.html (self-contained: the Vega bundle is inlined once) plus each chart's data as CSV,
     its Vega-Lite JSON, and PNG/SVG when asked."""
     from altair.utils._importers import import_vl_convert
@@ -189,18 +198,21 @@ def write_report(tables: Tables, out_dir: str | Path, *, spec: BootstrapSpec = B
     ch = charts(tables, lift, standing, fam)
     vlc = import_vl_convert()
     bundle = vlc.javascript_bundle(vl_version=vl_version_for_vl_convert())
-    divs, scripts = [], []
+    divs, scripts, written = [], [], []
     for name, chart in ch.items():
         spec_json = chart.to_dict()
         (out / f"{name}.vl.json").write_text(json.dumps(spec_json))
+        written.append(out / f"{name}.vl.json")
         for f in formats:
             chart.save(str(out / f"{name}.{f}"))
+            written.append(out / f"{name}.{f}")
         divs.append(f'<h2>{html.escape(name.replace("_", " "))}</h2><div id="{name}"></div>')
         scripts.append(f"embeds.push(vegaEmbed('#{name}', {json.dumps(spec_json)}, {{actions: false, renderer: 'svg'}}));")
     flat = lambda df: df.select([c for c, t in df.schema.items() if not isinstance(t, (pl.List, pl.Struct))])  # noqa: E731
-    flat(lift_all).write_csv(out / "lift.csv")
-    contrast.write_csv(out / "contrast.csv") if contrast.height else None
-    standing_all.write_csv(out / "standing.csv") if standing_all.height else None
+    for name, df in (("lift", flat(lift_all)), ("contrast", contrast), ("standing", standing_all)):
+        if df.height:
+            df.write_csv(out / f"{name}.csv")
+            written.append(out / f"{name}.csv")
     s = tables.summary()
     pct = lambda v: f"{100 * v:+.1f}%"  # noqa: E731
     under = lift.filter(~pl.col("detects_10pct").fill_null(False))
@@ -229,4 +241,4 @@ excluded: infra_error {s['infra_error']}, unfinished {s['unfinished']}, annotate
 </body></html>"""
     path = out / "report.html"
     path.write_text(doc)
-    return path
+    return ReportFiles(path, tuple(written))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
-from dataclasses import dataclass
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 
 import numpy as np
 import polars as pl
@@ -17,7 +19,7 @@ DEFAULT_RESAMPLES = 10_000
 DETECT_LIFT = 0.10  # a cell whose relative-lift CI half-width exceeds this could not detect a 10% lift
 ARM_ORDER = ("transfer", "placebo", "same", "wrong", NOISE_ARM)
 _EPS = 1e-9
-BLOCK_BYTES = 48 * 2**20  # resampled sums held at once by the bootstrap (bounds its memory at any number of cells)
+BLOCK_BYTES = 24 * 2**20  # resampled sums held at once by each bootstrap thread (bounds its memory at any number of cells)
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,8 @@ def _cluster_weights(n: int, spec: BootstrapSpec, rng: np.random.Generator) -> n
 def _percentiles(x: np.ndarray, qs: list[float]) -> np.ndarray:
     """[len(qs), rows]: np.quantile(x, qs, axis=1) (method "linear") of a NaN-free [rows, resamples] array.
 
-    One partition of contiguous rows at the needed order statistics, then numpy's own interpolation
-    (`_lerp`) written out: the same values as np.quantile (a test checks), at half its cost, because
-    np.quantile also partitions at the minimum and maximum and copies the array strided.
+    The needed order statistics of each row (`_order_stats`), then numpy's own interpolation (`_lerp`)
+    written out: the same values as np.quantile (a test checks).
     """
     x = np.ascontiguousarray(x)
     n = x.shape[1]
@@ -54,15 +55,73 @@ def _percentiles(x: np.ndarray, qs: list[float]) -> np.ndarray:
     top = virtual >= n - 1
     prev[top] = -1.0  # numpy takes the maximum there (and its gamma then multiplies a zero difference)
     gamma = virtual - prev
-    pi = prev.astype(np.intp)
-    ni = np.where(top, -1, pi + 1)
-    kth = np.unique(np.concatenate([pi % n, ni % n]))
-    part = np.partition(x, kth, axis=1)
-    a, b = part[:, pi].T, part[:, ni].T
+    pi = prev.astype(np.intp) % n
+    ni = np.where(top, -1, pi + 1) % n
+    kth = np.unique(np.concatenate([pi, ni]))
+    stats = _order_stats(x, kth)
+    at = {int(k): i for i, k in enumerate(kth)}
+    a, b = stats[[at[int(k)] for k in pi]], stats[[at[int(k)] for k in ni]]
     g = gamma[:, None]
     diff = b - a
     out = a + diff * g
     np.subtract(b, diff * (1 - g), out=out, where=np.broadcast_to(g >= 0.5, out.shape))
+    return out
+
+
+_PILOT = 500  # resamples that bracket a tail in `_order_stats`
+_TAIL_CAP = 2500  # candidates per row and tail past which a row is selected in full (heavy ties)
+_ROW_BLOCK = 128  # rows at a time: a block's values and masks stay in cache
+
+
+def _order_stats(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
+    """[len(ks), rows]: the k-th smallest value (0-based k) of each row of a NaN-free C-contiguous [rows, n] array, exact.
+
+    A percentile CI needs a few order statistics in the two tails of each row, and a full selection
+    (np.partition) costs ~30x a comparison per value. So each tail is bracketed by an order statistic of
+    the first 500 resamples (independent draws like any other): one comparison pass finds the values
+    beyond the bracket (~5% of a row), and only those are partitioned. The k-th smallest is then read off
+    exactly; a row whose bracket holds too few values (probability ~1%) or too many (ties) is selected in full.
+    """
+    rows, n = x.shape
+    ks = np.asarray(ks, dtype=np.intp)
+    tail = np.minimum(ks, n - 1 - ks)
+    if n < 8 * _PILOT or rows == 0 or tail.max() >= n // 20:  # a short row, or a rank far from both ends: select in full
+        return np.partition(x, ks, axis=1)[:, ks].T if rows else np.empty((len(ks), 0))
+    out = np.empty((len(ks), rows))
+    for r0 in range(0, rows, _ROW_BLOCK):
+        out[:, r0:r0 + _ROW_BLOCK] = _order_stats_block(x[r0:r0 + _ROW_BLOCK], ks)
+    return out
+
+
+def _order_stats_block(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
+    rows, n = x.shape
+    out = np.empty((len(ks), rows))
+    good = np.ones(rows, bool)
+    for low in (True, False):
+        sel = ks < n // 2 if low else ks >= n // 2
+        if not sel.any():
+            continue
+        depth = ks[sel] if low else n - 1 - ks[sel]  # ranks counted from this tail's end
+        r = min(_PILOT - 1, int(np.ceil(_PILOT * 1.8 * (depth.max() + 1) / n)) + 3)
+        k = r if low else _PILOT - 1 - r
+        bracket = np.partition(x[:, :_PILOT], k, axis=1)[:, k]
+        m = x <= bracket[:, None] if low else x >= bracket[:, None]
+        c = np.count_nonzero(m, axis=1)
+        ok = (c > depth.max()) & (c <= _TAIL_CAP)
+        good &= ok
+        okrows = np.flatnonzero(ok)
+        if not len(okrows):
+            continue
+        xs, ms = (x, m) if len(okrows) == rows else (x[okrows], m[okrows])
+        vals = xs.ravel().take(np.flatnonzero(ms))  # row-major: each row's candidates together
+        cnt = c[okrows]
+        pad = np.full((len(okrows), int(cnt.max())), np.inf)
+        pad[np.repeat(np.arange(len(okrows)), cnt), np.arange(vals.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)] = vals if low else -vals
+        got = np.partition(pad, depth, axis=1)[:, depth].T
+        out[np.ix_(np.flatnonzero(sel), okrows)] = got if low else -got
+    bad = np.flatnonzero(~good)
+    if len(bad):
+        out[:, bad] = np.partition(x[bad], ks, axis=1)[:, ks].T
     return out
 
 
@@ -121,39 +180,77 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     a = (1 - spec.level) / 2
     rng = np.random.default_rng(spec.seed)
     names = list(sums)
-    for key in sorted(groups):
-        cs = groups[key]
-        cols = np.flatnonzero(present[cs[0]])
-        if len(cols) < 2:
-            continue
-        w = _cluster_weights(len(cols), spec, rng)  # [resamples, problems]
-        # cells in blocks, so the resampled sums stay under ~BLOCK_BYTES however many cells share these problems
-        # (the draws are the group's, so blocking changes no number)
-        block = max(1, int(BLOCK_BYTES // (len(names) * spec.resamples * 8)))
-        for b0 in range(0, len(cs), block):
-            cb = cs[b0:b0 + block]
-            v = np.concatenate([sums[k][np.ix_(cb, cols)] for k in names])  # [sums x cells, problems]
-            # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous
-            # for the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts),
-            # so every product is exact and equals the former per-sum `w @ v.T` bit for bit
-            summed = v @ w.T
-            k = len(cb)
-            parts = {name: summed[i * k:(i + 1) * k].T for i, name in enumerate(names)}  # [resamples, cells] views
-            for name, stat in stats.items():
-                boot = np.asarray(stat(**parts))  # [resamples, cells]
-                with np.errstate(invalid="ignore"), warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)  # undefined in every resample: stays NaN (reported null)
-                    q = _percentiles(boot.T, [a, 1 - a]) if not np.isnan(boot).any() else np.nanquantile(boot, [a, 1 - a], axis=0)
-                lo[name][cb], hi[name][cb] = q[0], q[1]
-            for name, f in shares.items():
-                cnt = np.asarray(f(n_present=len(cols), **parts))  # [resamples, cells] integer counts
-                q = _count_percentiles(np.ascontiguousarray(cnt.T), len(cols), [a, 1 - a])
-                lo[name][cb], hi[name][cb] = q[0], q[1]
+    # float32 products when they are exact: integer-valued sums (S is a multiple of 20, the rest counts) whose every
+    # partial sum over a resample (at most max|v| x problems, since a resample's counts add up to the problems) stays
+    # below 2^24. Then every product equals the float64 one bit for bit, at a third of its cost.
+    exact32 = all(np.array_equal(m, np.rint(m)) and float(np.abs(m).max(initial=0.0)) * max(1, m.shape[1]) < 2**24
+                  for m in sums.values())
+    # cells in blocks, so the resampled sums stay under ~BLOCK_BYTES however many cells share these problems (the
+    # draws are the group's, so blocking changes no number); blocks run on a thread per core (numpy releases the
+    # GIL in its products, selections and element-wise loops), each with one buffer reused for all its blocks:
+    # fresh arrays of this size cost a page fault per 4 KiB, which took longer than filling them
+    block = max(1, int(BLOCK_BYTES // (len(names) * spec.resamples * 8)))
+    local = threading.local()
+
+    def run(cb: list[int], cols: np.ndarray, wt: np.ndarray) -> None:
+        v = np.concatenate([sums[k][np.ix_(cb, cols)] for k in names])  # [sums x cells, problems]
+        rows = len(names) * block
+        if getattr(local, "buf", None) is None:
+            local.buf = np.empty((rows, spec.resamples))
+            local.buf32 = np.empty((rows, spec.resamples), dtype=np.float32) if exact32 else None
+        # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous for
+        # the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts), so every
+        # product is exact and equals the former per-sum `w @ v.T` bit for bit
+        summed = local.buf[:v.shape[0]]
+        if exact32:
+            np.matmul(v.astype(np.float32), wt, out=local.buf32[:v.shape[0]])
+            summed[...] = local.buf32[:v.shape[0]]
+        else:
+            np.matmul(v, wt, out=summed)
+        k = len(cb)
+        parts = {name: summed[i * k:(i + 1) * k] for i, name in enumerate(names)}  # [cells, resamples] views
+        for name, stat in stats.items():
+            boot = np.asarray(stat(**parts))  # [cells, resamples]: the statistics are element-wise
+            nan = np.isnan(boot)
+            if not nan.any():
+                q = _percentiles(boot, [a, 1 - a])
+            else:  # a cell undefined in every resample stays NaN (reported null); no warnings filter (not thread-safe)
+                q = np.full((2, boot.shape[0]), np.nan)
+                some = ~nan.all(1)
+                if some.any():
+                    with np.errstate(invalid="ignore"):
+                        q[:, some] = np.nanquantile(boot[some], [a, 1 - a], axis=1)
+            lo[name][cb], hi[name][cb] = q[0], q[1]
+        for name, f in shares.items():
+            cnt = np.asarray(f(n_present=len(cols), **parts))  # [cells, resamples] integer counts
+            q = _count_percentiles(np.ascontiguousarray(cnt), len(cols), [a, 1 - a])
+            lo[name][cb], hi[name][cb] = q[0], q[1]
+
+    workers = min(os.cpu_count() or 1, max(1, -(-C // block)))
+    pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
+    try:
+        for key in sorted(groups):
+            cs = groups[key]
+            cols = np.flatnonzero(present[cs[0]])
+            if len(cols) < 2:
+                continue
+            w = _cluster_weights(len(cols), spec, rng)  # [resamples, problems], drawn in group order whatever the threads
+            wt = np.ascontiguousarray(w.T, dtype=np.float32 if exact32 else np.float64)
+            blocks = [cs[b0:b0 + block] for b0 in range(0, len(cs), block)]
+            if pool is None or len(blocks) == 1:
+                for cb in blocks:
+                    run(cb, cols, wt)
+            else:
+                for f in [pool.submit(run, cb, cols, wt) for cb in blocks]:
+                    f.result()
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return {name: (est[name], lo[name], hi[name]) for name in [*stats, *shares]}
 
 
 def cluster_bootstrap(cells: list, problems: np.ndarray, sums: dict[str, np.ndarray], stat, spec: BootstrapSpec):
-    """Resample problems within each cell; `sums[name]` is [cells, problems]; `stat(**summed)` -> [.., cells].
+    """Resample problems within each cell; `sums[name]` is [cells, problems]; `stat(**summed)` is element-wise.
 
     Cells whose present problems are the same share one set of resamples (one matrix product for all);
     a problem is present in a cell when `sums["n"]` is positive there.
@@ -273,9 +370,11 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
         cols[lo_name] = pl.Series(est, dtype=pl.Float64)
         cols[f"{base}_lo"] = pl.Series(lo, dtype=pl.Float64)
         cols[f"{base}_hi"] = pl.Series(hi, dtype=pl.Float64)
+    # each cell's per-problem lists in problem order, so the sums over them (shrinkage, noise floor) do not depend on the
+    # order a parallel group-by happened to produce: the same figures to the last bit on every run
     extra = per_problem.group_by(cell).agg(
-        n_problems=pl.len(), problem_lifts=pl.col("mean_lift"), mcnemar_b=pl.col("b").sum(), mcnemar_c=pl.col("c").sum(),
-        **_floor_aggs())
+        n_problems=pl.len(), problem_lifts=pl.col("mean_lift").sort_by("problem"), mcnemar_b=pl.col("b").sum(),
+        mcnemar_c=pl.col("c").sum(), **_floor_aggs())
     out = cells.with_columns(**cols).with_columns(pl.col(pl.Float64).fill_nan(None))
     out = out.join(pair_rates, on=cell, how="left", nulls_equal=True).join(extra, on=cell, how="left", nulls_equal=True)
     out = out.with_columns(rel_halfwidth=(pl.col("rel_hi") - pl.col("rel_lo")) / 2)
@@ -291,7 +390,8 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
 
 def _floor_aggs() -> dict:
     """Per-cell inputs of the regression rate's noise floor and of the shrinkage estimate (see `_add_shrinkage`)."""
-    return {"_pair_lifts": pl.col("pair_lifts"), "_n": pl.col("n"), "_sq": pl.col("sq_lift")}
+    return {"_pair_lifts": pl.col("pair_lifts").sort_by("problem"), "_n": pl.col("n").sort_by("problem"),
+            "_sq": pl.col("sq_lift").sort_by("problem")}
 
 
 def _zero_prob(lifts: list[float]) -> float:
@@ -598,9 +698,10 @@ def power_table(lift: pl.DataFrame, pairs: pl.DataFrame, *, target: float = DETE
     cells = lift.filter(pl.col("direction") != "pooled") if "direction" in lift.columns else lift
     # within-problem variance of pair lifts and the replicates per problem, per cell
     cell = ["stratum", "model", "arm_kind", "direction"]
-    comp = pairs.filter(pl.col("arm_kind") != NOISE_ARM).group_by(*cell, "problem").agg(
+    # sums in problem order (and pairs in replicate order), so the figures do not depend on a parallel group-by's order
+    comp = pairs.filter(pl.col("arm_kind") != NOISE_ARM).sort("replicate").group_by(*cell, "problem").agg(
         v=pl.col("lift").var(ddof=1), n=pl.len(), d=pl.col("lift").mean()).group_by(cell).agg(
-        sigma2=pl.col("v").mean(), R=pl.col("n").median(), var_d=pl.col("d").var(ddof=1), P=pl.len())
+        sigma2=pl.col("v").sort_by("problem").mean(), R=pl.col("n").median(), var_d=pl.col("d").sort_by("problem").var(ddof=1), P=pl.len())
     out = cells.select(*cell, "n_problems", "rel_lift", "rel_halfwidth").join(comp, on=cell, how="left", nulls_equal=True)
     rows = []
     for r in out.iter_rows(named=True):
@@ -624,6 +725,124 @@ def power_table(lift: pl.DataFrame, pairs: pl.DataFrame, *, target: float = DETE
         rows.append({**r, "se_rel": se if se == se else None, "tau2": tau2, "problems_needed": p_need,
                      "replicates_needed": r_need, "power_at_target": achieved})
     return pl.DataFrame(rows, infer_schema_length=None)
+
+
+@dataclass(frozen=True)
+class VarianceComponents:
+    """What a planned cell's precision rests on, per problem's linearised relative lift u = lift - rel x S_solo.
+
+    tau2: between problems (of the true u), sigma2: within a problem (of one pair's u), s_solo: mean solo S
+    (the ratio's denominator). At rel = 0, u is the lift in S points.
+    """
+
+    tau2: float
+    sigma2: float
+    s_solo: float
+
+
+# Stated defaults for planning before any data: the scale of `mkb-analyze synth`'s demo dataset (pair lifts
+# spread ~28 S points within a problem, true lifts ~4.5 points between problems, solo S ~45). Placeholders,
+# not measurements: `power --plan --store URL` uses a store's own components instead.
+DEFAULT_COMPONENTS = VarianceComponents(tau2=20.0, sigma2=800.0, s_solo=45.0)
+
+
+@dataclass(frozen=True)
+class PlanDesign:
+    """The cells an experiment plan will produce and their size: what `plan_power_table` needs of a config."""
+
+    models: tuple[str, ...]
+    n_problems: int
+    replicates: int
+    cells: tuple[tuple[str, str, str], ...]  # (arm_kind, source_dsl, target_dsl), as the plan builds them
+    source: str = ""
+
+    @classmethod
+    def from_config(cls, cfg) -> "PlanDesign":
+        """From an `mkb.experiment.ExperimentConfig` (duck-typed: the analysis does not import the experiment)."""
+        cells = []
+        for arm in cfg.arms:
+            for t in cfg.dsls:
+                if arm == "same":
+                    cells.append((arm, t, t))
+                elif arm != "solo":
+                    cells += [(arm, s, t) for s in cfg.dsls if s != t]
+        return cls(tuple(m.name for m in cfg.models), len(cfg.problems), cfg.replicates, tuple(cells), cfg.source)
+
+
+def variance_components(pairs: pl.DataFrame) -> pl.DataFrame:
+    """Per cell (stratum, model, arm, direction): tau2, sigma2 and s_solo of `VarianceComponents`, with P and R.
+
+    u = lift - rel x S_solo linearises the relative lift (sum S_arm - sum S_solo) / sum S_solo around the
+    cell's estimate, so SE(rel) = sqrt((tau2 + sigma2 / R) / P) / s_solo is its delta-method SE, which the
+    problem-clustered bootstrap approximates; sigma2 is the mean within-problem variance of u over problems
+    with two or more pairs, tau2 = var(problem mean u) - sigma2 / R (method of moments, floored at 0).
+    """
+    p = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
+    cell = ["stratum", "model", "arm_kind", "direction"]
+    rel = (pl.col("S").sum() - pl.col("S_solo").sum()) / pl.col("S_solo").sum()
+    p = p.with_columns(_u=pl.col("lift") - rel.over(cell).fill_nan(0.0).fill_null(0.0) * pl.col("S_solo"))
+    comp = p.sort("replicate").group_by(*cell, "problem").agg(v=pl.col("_u").var(ddof=1), n=pl.len(), u=pl.col("_u").mean(),
+                                                             b=pl.col("S_solo").mean()) \
+        .group_by(cell).agg(sigma2=pl.col("v").sort_by("problem").mean(), R=pl.col("n").median(),
+                            var_u=pl.col("u").sort_by("problem").var(ddof=1), P=pl.len(), s_solo=pl.col("b").sort_by("problem").mean())
+    comp = comp.with_columns(sigma2=pl.col("sigma2").fill_null(0.0))
+    return comp.with_columns(tau2=pl.max_horizontal(pl.lit(0.0), pl.col("var_u") - pl.col("sigma2") / pl.col("R")).fill_null(0.0)).sort(cell)
+
+
+def _needed(c: VarianceComponents, P: int, R: int, *, target: float, power: float) -> dict:
+    """SE, CI half-width and power of a design of P problems x R replicates, and the P (at R) or R (at P) it needs."""
+    from statistics import NormalDist
+
+    z975 = NormalDist().inv_cdf(0.975)
+    z = z975 + NormalDist().inv_cdf(power)
+    var_u = c.tau2 + c.sigma2 / R
+    se = math.sqrt(var_u / P) / c.s_solo if c.s_solo > 0 and P > 0 else math.nan
+    out = {"se_rel": se, "rel_halfwidth": z975 * se, "power_at_target": NormalDist().cdf(target / se - z975) if se > 0 else None,
+           "problems_needed": None, "replicates_needed": None}
+    if not se > 0:
+        return out
+    goal = P * (target * c.s_solo / z) ** 2  # the largest tau2 + sigma2 / R' that P problems allow
+    out["problems_needed"] = int(math.ceil(var_u * (z / (target * c.s_solo)) ** 2))
+    if goal > c.tau2:
+        out["replicates_needed"] = max(1, int(math.ceil(c.sigma2 / (goal - c.tau2)))) if c.sigma2 > 0 else 1
+    return out
+
+
+def plan_power_table(design: PlanDesign, components: pl.DataFrame | None = None, *, target: float = DETECT_LIFT,
+                     power: float = 0.80, defaults: VarianceComponents = DEFAULT_COMPONENTS,
+                     override: dict[str, float] | None = None) -> pl.DataFrame:
+    """Per planned cell (model x arm x direction): the relative-lift SE and power the plan will have, and the
+    problems or replicates it would need to detect `target` at `power` (two-sided 5%).
+
+    Components per cell, and `components_from` says which: the store's cell of the same model, arm and
+    direction; else the store's cells of that arm pooled (mean); else all the store's cells pooled; else the
+    stated `defaults`. `override` (tau2, sigma2, s_solo) replaces a component everywhere and is named too.
+    """
+    comps = components if components is not None and components.height else None
+    rows = []
+    for model in design.models:
+        for arm, src, tgt in design.cells:
+            direction = f"{src}->{tgt}"
+            c, where = None, f"stated defaults (tau2={defaults.tau2:g}, sigma2={defaults.sigma2:g}, S_solo={defaults.s_solo:g})"
+            if comps is not None:
+                for sel, label in (((pl.col("model") == model) & (pl.col("arm_kind") == arm) & (pl.col("direction") == direction),
+                                    "store: this cell"),
+                                   (pl.col("arm_kind") == arm, f"store: {arm} cells pooled"), (pl.lit(True), "store: all cells pooled")):
+                    got = comps.filter(sel)
+                    if got.height:
+                        c = VarianceComponents(float(got["tau2"].mean()), float(got["sigma2"].mean()), float(got["s_solo"].mean()))
+                        where = label + (f" ({got.height})" if got.height > 1 else "")
+                        break
+            c = c or defaults
+            if override:
+                c = replace(c, **override)
+                where += "; set: " + ", ".join(f"{k}={v:g}" for k, v in override.items())
+            rows.append({"model": model, "arm_kind": arm, "direction": direction, "n_problems": design.n_problems,
+                         "replicates": design.replicates, "tau2": c.tau2, "sigma2": c.sigma2, "S_solo": c.s_solo,
+                         "components_from": where,
+                         **_needed(c, design.n_problems, design.replicates, target=target, power=power)})
+    out = pl.DataFrame(rows, infer_schema_length=None)
+    return out.with_columns(detects_target=pl.col("power_at_target") >= power)
 
 
 def cell_lift_simple(S_arm: list[float], S_solo: list[float]) -> tuple[float, float]:

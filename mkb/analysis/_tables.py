@@ -75,8 +75,22 @@ class Tables:
                 "or verdict and count as passed=false, S=0")
 
 
-def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> Tables:
-    """Read a store and build the tables; refuse mixed versions unless `stratify` (then every key carries a stratum)."""
+# what the lift, standing, contrast, power and report tables read of an attempt (`load_tables(columns="lift")`)
+LIFT_COLUMNS = ("attempt_id", "model", "problem", "family", "target_dsl", "source_dsl", "arm_kind", "replicate",
+                "skill_source_attempt", "skill_flagged", "served_model", "S", "passed", "speedup", "S_sol", "S_compile",
+                "excluded", "verdict_source", "s_mismatch", "stratum")
+
+
+def load_tables(store: str | Store | None = None, *, stratify: bool = False, columns: str = "all") -> Tables:
+    """Read a store and build the tables; refuse mixed versions unless `stratify` (then every key carries a stratum).
+
+    `columns="lift"` builds the same pairs table and an attempts table of `LIFT_COLUMNS` only: the columns
+    nothing of it reads (token counts, errors, budgets, names) are not read from the store, and of a kernel
+    hash only whether it is there, which at experiment scale is most of the memory and a third of the time.
+    """
+    if columns not in ("all", "lift"):
+        raise ValueError(f"columns={columns!r}: 'all' or 'lift'")
+    lean = columns == "lift"
     store = store if isinstance(store, Store) else resolve_store(store)
     skipped: dict[str, str] = {}
     scans = {}
@@ -86,30 +100,46 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
         # which a duplicated event cannot change, and it saves a hash pass over every row
         scans[kind] = scan(kind, store, report=r, dedupe=False)
         skipped.update(r.skipped)
+    def col(kind: str, name: str) -> pl.Expr:
+        """A column the lean tables do not carry reads as a typed null (never read from the store) and is dropped below."""
+        return pl.lit(None, scans[kind].collect_schema()[name]).alias(name) if lean else pl.col(name)
+
+    def present(kind: str, name: str) -> pl.Expr:
+        """A kernel hash: the lean tables need only whether it is there."""
+        return pl.when(pl.col(name).is_not_null()).then(pl.lit("k")).alias(name) if lean else pl.col(name)
+
     started = scans["attempt_started"].select(
-        "attempt_id", "ts", "mkb_version", "experiment", "model", "problem", "problem_name", "family", "problem_hash",
-        "target_dsl", "source_dsl", "arm_kind", "replicate", "gpu", "budget_submissions", "budget_turns",
-        "budget_output_tokens", "budget_wall_s", "grader_version", "dsl_version", "doc_pack_version", "skill_sha256",
-        "skill_source_attempt", "skill_empty", "wrong_source_problem",
+        "attempt_id", "ts", "mkb_version", col("attempt_started", "experiment"), "model", "problem",
+        col("attempt_started", "problem_name"), "family", "problem_hash", "target_dsl", "source_dsl", "arm_kind", "replicate",
+        "gpu", *(col("attempt_started", c) for c in ("budget_submissions", "budget_turns", "budget_output_tokens", "budget_wall_s")),
+        "grader_version", "dsl_version", "doc_pack_version", "skill_sha256", "skill_source_attempt",
+        col("attempt_started", "skill_empty"), col("attempt_started", "wrong_source_problem"),
     ).filter(pl.col("attempt_id").is_not_null())
     fin_cols = scans["attempt_finished"].collect_schema().names()
     served = pl.col("served_model") if "served_model" in fin_cols else pl.lit(None, pl.Utf8)  # attempt_finished >= 1.2
     fin = scans["attempt_finished"].select(
-        "attempt_id", "ts", "status", "submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd",
-        "wall_s", "final_kernel_sha256", "error", served.alias("served_model"))
+        "attempt_id", "ts", "status",
+        *(col("attempt_finished", c) for c in ("submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd", "wall_s")),
+        present("attempt_finished", "final_kernel_sha256"), col("attempt_finished", "error"), served.alias("served_model"))
     ver = scans["verdict"].filter(pl.col("scope").is_in(["attempt", "pair"])).select(
-        "attempt_id", "ts", "scope", "passed", "reason", "speedup", "s", "kernel_sha256", "candidate_median_us")
+        "attempt_id", "ts", "scope", "passed", col("verdict", "reason"), "speedup", "s", present("verdict", "kernel_sha256"),
+        "candidate_median_us")
     ann = scans["annotation"].select(pl.col("target_attempt_id").alias("attempt_id"), "ts", "label",
-                                     pl.col("reason").alias("annotation_reason"))
+                                     col("annotation", "reason").alias("annotation_reason"))
     # skills whose hygiene checks raised a flag the sensitivity row leaves out
+    # only the flagged skills: the left join below marks their attempts and leaves every other one unflagged, without a
+    # group-by and join over every skill's 64-character hash
     skill_flags = scans["skill"].select(skill_sha256="sha256", skill_flagged=pl.col("hygiene_flags").list.eval(
-        pl.element().is_in(list(SENSITIVE_FLAGS))).list.any().fill_null(False)).group_by("skill_sha256").agg(pl.col("skill_flagged").any())
+        pl.element().is_in(list(SENSITIVE_FLAGS))).list.any().fill_null(False)).filter(pl.col("skill_flagged")) \
+        .group_by("skill_sha256").agg(pl.col("skill_flagged").any())
     char = scans["characterisation"].filter((pl.col("size") == "full") & pl.col("ok").fill_null(False)).select(
         "ts", "problem", "gpu", "flops", "bytes", "peak")
     tc = scans["torch_compile"].filter(pl.col("size") == "full")
     started, fin, ver, ann, char, skill_flags, tc = pl.collect_all([started, fin, ver, ann, char, skill_flags, tc], engine=ENGINE)
     counts = {"attempt_started": started.height, "attempt_finished": fin.height, "verdict": ver.height, "annotation": ann.height}
-    started = _latest(started, keep="first").drop("ts").lazy()
+    started = _latest(started, keep="first").drop("ts")
+    started_gpus = started["gpu"].unique().to_list()
+    started = started.lazy()
     fin = _latest(fin, keep="last").drop("ts").lazy()
     ann = _latest(ann, keep="last").drop("ts").lazy()
     # one row per (attempt, scope): the latest verdict of each scope
@@ -138,7 +168,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
     a = a.with_columns(speedup=pl.when(pl.col("passed")).then(pl.col("v_speedup")))
     r_exprs = [(pl.col("passed") & (pl.col("speedup") >= t).fill_null(False)).alias(c) for t, c in zip(THRESHOLDS, R_COLS)]
     a = a.with_columns(r_exprs).with_columns(S=20.0 * pl.sum_horizontal([pl.col(c).cast(pl.Int32) for c in R_COLS]))
-    a = _add_sol(a, char, tc).with_columns(candidate_us=pl.col("v_candidate_us"))
+    a = _add_sol(a, char, tc, gpus=started_gpus).with_columns(candidate_us=pl.col("v_candidate_us"))
     a = a.with_columns(
         s_mismatch=(pl.col("v_s").is_not_null() & ((pl.col("v_s") - pl.col("S")).abs() > 1e-6)),
         excluded=pl.when(pl.col("status") == "unfinished").then(pl.lit("unfinished"))
@@ -150,7 +180,10 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
         .otherwise(pl.col("v_reason").fill_null("failed")),
         budget_used=pl.col("submissions_used") / pl.col("budget_submissions"),
     )
-    attempts = a.drop([c for c in a.collect_schema().names() if c.startswith(("pv_", "av_"))] + ["v_passed", "v_speedup", "v_kernel", "v_candidate_us"]).collect(engine=ENGINE)
+    a = a.drop([c for c in a.collect_schema().names() if c.startswith(("pv_", "av_"))] + ["v_passed", "v_speedup", "v_kernel", "v_candidate_us"])
+    if lean:  # what the lift tables read, and what the version check and the strata need
+        a = a.select(*(c for c in LIFT_COLUMNS if c != "stratum"), *dict.fromkeys(k for k in VERSION_KEYS if k not in LIFT_COLUMNS))
+    attempts = a.collect(engine=ENGINE)
     mix = _version_mix(attempts)
     if mix and not stratify:
         lines = "\n".join(f"  {k}: {', '.join(v[:6])}{' ...' if len(v) > 6 else ''}" for k, v in mix.items())
@@ -159,11 +192,14 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False) -> 
             "hint: re-run stale coordinates (`mkb-run run --rerun-stale`), point --store at one version, "
             "or pass --stratify to analyse each version stratum separately")
     attempts = _add_stratum(attempts, stratify=bool(mix))
+    if lean:
+        attempts = attempts.select(LIFT_COLUMNS)
     pairs = build_pairs(attempts)
     return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts)
 
 
-def _add_sol(a: pl.LazyFrame, char: pl.DataFrame, tc: pl.DataFrame | None = None) -> pl.LazyFrame:
+def _add_sol(a: pl.LazyFrame, char: pl.DataFrame, tc: pl.DataFrame | None = None, *,
+             gpus: list | None = None) -> pl.LazyFrame:
     """S_sol and S over torch.compile (mkb.scoring), from the characterisation's FLOPs, bytes and peak class and
     the `torch_compile` events (mkb.analysis._compile: the faster ok mode).
 
@@ -175,7 +211,8 @@ def _add_sol(a: pl.LazyFrame, char: pl.DataFrame, tc: pl.DataFrame | None = None
     from mkb.analysis._compile import compile_times
     from mkb.peaks import gpu_peaks
 
-    gpus = a.select("gpu").unique().collect(engine=ENGINE)["gpu"].to_list()
+    if gpus is None:  # the callers that have the started rows pass their GPUs (no second run of the join plan)
+        gpus = a.select("gpu").unique().collect(engine=ENGINE)["gpu"].to_list()
     models = {}
     for g in gpus:
         try:

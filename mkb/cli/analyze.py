@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Table as _RichTable
 
 app = typer.Typer(
     name="mkb-analyze",
@@ -15,6 +15,58 @@ app = typer.Typer(
     no_args_is_help=False, invoke_without_command=True, pretty_exceptions_show_locals=False,
 )
 console = Console(width=200)
+
+
+class Table:
+    """A rich Table for a screenful of rows; past that, the same box drawn as plain lines (cell markup dropped).
+
+    Rich measures and wraps every cell (~0.3 ms each): a few hundred rows of a 15-column table took seconds,
+    most of `lift`'s time at experiment scale. Print it with `_print_table`, which lets long lines run past the
+    console width rather than cropping them.
+    """
+
+    FAST_ROWS = 60
+
+    def __init__(self, title: str | None = None, **kw) -> None:
+        self.title, self.kw = title, kw
+        self.columns: list[tuple[str, str]] = []
+        self.rows: list[tuple[str, ...]] = []
+
+    def add_column(self, header: str, justify: str = "left", **kw) -> None:
+        self.columns.append((header, justify))
+
+    def add_row(self, *cells: str) -> None:
+        self.rows.append(tuple("" if c is None else str(c) for c in cells))
+
+    def rich(self) -> _RichTable:
+        t = _RichTable(title=self.title, **self.kw)
+        for h, j in self.columns:
+            t.add_column(h, justify=j)
+        for r in self.rows:
+            t.add_row(*r)
+        return t
+
+    def plain(self) -> str:
+        from rich.text import Text
+
+        rows = [tuple(Text.from_markup(c).plain if "[" in c else c for c in r) for r in self.rows]
+        w = [max([len(h)] + [len(r[i]) for r in rows]) for i, (h, _) in enumerate(self.columns)]
+        cell = lambda v, i: v.rjust(w[i]) if self.columns[i][1] == "right" else v.ljust(w[i])  # noqa: E731
+        line = lambda l, m, r, f: l + m.join(f * (x + 2) for x in w) + r  # noqa: E731
+        out = [line("┏", "┳", "┓", "━"), "┃" + "┃".join(f" {h.ljust(w[i])} " for i, (h, _) in enumerate(self.columns)) + "┃",
+               line("┡", "╇", "┩", "━")]
+        out += ["│" + "│".join(f" {cell(v, i)} " for i, v in enumerate(r)) + "│" for r in rows]
+        out.append(line("└", "┴", "┘", "─"))
+        if self.title:
+            out.insert(0, self.title.center(len(out[0])))
+        return "\n".join(out)
+
+
+def _print_table(tbl: Table) -> None:
+    if len(tbl.rows) <= Table.FAST_ROWS:
+        console.print(tbl.rich())
+    else:
+        console.print(tbl.plain(), markup=False, highlight=False, soft_wrap=True)
 
 STORE = typer.Option(None, "--store", help="Event store URL (local path, s3://, gs://, hf://...); default $MKB_STORE or events/local.")
 STRATIFY = typer.Option(False, "--stratify", help="Analyse each version stratum separately instead of refusing mixed versions.")
@@ -61,12 +113,12 @@ def _counts(store) -> dict[str, int]:
     return out
 
 
-def _load(store, stratify: bool):
-    """The tables, or None after printing what the store holds when it has no attempts."""
+def _load(store, stratify: bool, *, columns: str = "all"):
+    """The tables, or None after printing what the store holds when it has no attempts (`columns`: see load_tables)."""
     from mkb.analysis import MixedVersionsError, load_tables
 
     try:
-        t = load_tables(store, stratify=stratify)
+        t = load_tables(store, stratify=stratify, columns=columns)
     except MixedVersionsError as exc:
         _fail(str(exc))
     if t.attempts.height == 0:
@@ -127,8 +179,16 @@ def _emit(tables: dict, *, json_path: str | None, csv_path: str | None, meta: di
                 return [clean(x) for x in v]
             return v
 
-        doc = {**(meta or {}), "tables": {k: [{c: clean(x) for c, x in row.items()} for row in df.to_dicts()] for k, df in tables.items()}}
-        text = json.dumps(doc, default=str, indent=1)
+        def rows(df: pl.DataFrame) -> list[dict]:
+            # NaN and infinities become null in polars (JSON has no such numbers); only list columns need the Python walk
+            floats = [c for c, ty in df.schema.items() if ty in (pl.Float32, pl.Float64)]
+            out = df.with_columns(pl.when(pl.col(c).is_finite()).then(pl.col(c)).alias(c) for c in floats).to_dicts()
+            if any(isinstance(ty, pl.List) for ty in df.schema.values()):
+                out = [{c: clean(x) for c, x in row.items()} for row in out]
+            return out
+
+        doc = {**(meta or {}), "tables": {k: rows(df) for k, df in tables.items()}}
+        text = json.dumps(doc, default=str)  # no indent: the C encoder, several times faster on large tables
         if json_path == "-":
             console.quiet = False
             sys.stdout.write(text + "\n")
@@ -177,7 +237,7 @@ def print_lift(lift, *, spec, title="Lift", max_rows: int | None = 120, notes: b
                     f"{_f(100 * r['regression_rate'], 0)}/{_f(100 * r['improvement_rate'], 0)}/{_f(100 * r['tie_rate'], 0)}%",
                     f"{_f(100 * r['pair_regress'], 0)}/{_f(100 * r['pair_improve'], 0)}/{_f(100 * r['pair_tie'], 0)}%",
                     _p(r.get("p_wilcoxon_holm")), _p(r.get("p_mcnemar_holm")), "yes" if r["detects_10pct"] else "[red]no[/red]")
-    console.print(tbl)
+    _print_table(tbl)
     if not notes:
         return
     if full.height > lift.height:
@@ -230,7 +290,7 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
     the regression rate's noise floor, S_sol, the time-matched contrast (transfer - placebo, transfer - wrong) and a
     sensitivity row without flagged skills."""
     _quiet(json_out)
-    t = _load(store, stratify)
+    t = _load(store, stratify, columns="lift")
     if t is None:
         return
     _need_arms(t)
@@ -263,7 +323,7 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
         for r in fam.iter_rows(named=True):
             tbl.add_row(r["model"], r["arm_kind"], r["direction"], r["family"], str(r["n_pairs"]),
                         f"{_pct(r['rel_lift'])} [{_pct(r['rel_lo'])}, {_pct(r['rel_hi'])}]", "yes" if r["detects_10pct"] else "no")
-        console.print(tbl)
+        _print_table(tbl)
     prob = None
     if by_problem:
         prob = problem_table(t.pairs)
@@ -273,7 +333,7 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
         for r in prob.head(None if all_rows else 200).iter_rows(named=True):
             tbl.add_row(r["model"], r["arm_kind"], r["direction"], str(r["problem"]), r["family"], str(r["n_pairs"]), _f(r["S_solo"]),
                         _f(r["S_arm"]), _f(r["lift"]), _f(r["lift_sol"]))
-        console.print(tbl)
+        _print_table(tbl)
     _emit({"lift": lt, "contrast": ct if ct.height else None, "sensitivity": sens, "family": fam, "problems": prob},
           json_path=json_out, csv_path=csv, meta=_meta(t, spec))
 
@@ -293,7 +353,7 @@ def print_rates(lt, *, max_rows: int | None = 120) -> None:
                     _f(100 * r["regression_true_share"], 0) + "%" if r["regression_true_share"] is not None else "n/a",
                     ci(r, "improvement_rate"), ci(r, "tie_rate"), _f(r["S_sol_solo"]), _f(r["S_sol_arm"]),
                     f"{_f(r['lift_sol'], 2)} [{_f(r['lift_sol_lo'], 2)}, {_f(r['lift_sol_hi'], 2)}]" if r["lift_sol"] is not None else "n/a")
-    console.print(tbl)
+    _print_table(tbl)
     if full.height > lt.height:
         console.print(f"[yellow]showing {lt.height} of {full.height} cells[/yellow]: --all prints every one, --json/--csv FILE writes them")
     console.print("noise floor: the regression rate if the arm were one more solo (same replicates); true share (EB): "
@@ -316,7 +376,7 @@ def print_contrast(ct, *, max_rows: int | None = 120) -> None:
                     _f(r["S_other"]), f"{_f(r['diff'], 2)} [{_f(r['diff_lo'], 2)}, {_f(r['diff_hi'], 2)}]",
                     f"{_pct(r['rel_diff'])} [{_pct(r['rel_lo'])}, {_pct(r['rel_hi'])}]", _f(r["lift_vs_solo"], 2),
                     f"{r['served_changed']} of {r['served_recorded']}" if r["served_recorded"] else "not recorded")
-    console.print(tbl)
+    _print_table(tbl)
     if full.height > ct.height:
         console.print(f"[yellow]showing {ct.height} of {full.height} contrasts[/yellow]: --all prints every one, --json/--csv FILE writes them")
 
@@ -328,7 +388,7 @@ def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int 
              json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """Lift by the source's standing (above/tie/below the target's other solo replicates), with the standing effect."""
     _quiet(json_out)
-    t = _load(store, stratify)
+    t = _load(store, stratify, columns="lift")
     if t is None:
         return
     _need_arms(t)
@@ -356,7 +416,7 @@ def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int 
             row.append(f"{_f(r['effect'], 3)} [{_f(r['effect_lo'], 3)}, {_f(r['effect_hi'], 3)}]")
             row.append(f"{_f(r['effect_S'], 2)} [{_f(r['effect_S_lo'], 2)}, {_f(r['effect_S_hi'], 2)}]")
             tbl.add_row(*row)
-        console.print(tbl)
+        _print_table(tbl)
     console.print("standing effect = (improve - regress share | above) - (same | below); in S points: (mean lift | above) - "
                   "(mean lift | below). solo_noise = the target's solo at r+1 vs its solo at r, source the source DSL's solo "
                   f"at r+2 (the noise floor, with the arms' dependence; needs R >= 3). With no effect each class shows "
@@ -368,12 +428,24 @@ def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int 
 def power(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SEED, resamples: int = RESAMPLES,
           target: float = typer.Option(0.10, "--lift", help="Relative lift to detect (0.10 = 10%)."),
           power_: float = typer.Option(0.80, "--power", help="Power of a two-sided 5% test."),
+          plan: Optional[str] = typer.Option(None, "--plan", help="An experiment config (TOML): the power its plan will have. "
+                                             "Variance components from --store when given, else stated defaults."),
+          tau2: Optional[float] = typer.Option(None, "--tau2", help="With --plan: between-problem variance of the lift (S points^2)."),
+          sigma2: Optional[float] = typer.Option(None, "--sigma2", help="With --plan: within-problem variance of a pair's lift."),
+          s_solo: Optional[float] = typer.Option(None, "--s-solo", help="With --plan: mean solo S."),
           json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
-    """Problems or replicates needed to detect a relative lift at a given power, from the observed variance components."""
+    """Problems or replicates needed to detect a relative lift at a given power, from the observed variance components
+    (of a store's cells, or of a planned experiment with --plan)."""
     _quiet(json_out)
     if not 0 < target < 10 or not 0.5 <= power_ < 1:
         _fail(f"--lift {target} / --power {power_} out of range\nhint: --lift 0.10 --power 0.80")
-    t = _load(store, stratify)
+    override = {k: v for k, v in (("tau2", tau2), ("sigma2", sigma2), ("s_solo", s_solo)) if v is not None}
+    if plan is not None:
+        _plan_power(plan, store, stratify, target=target, power_=power_, override=override, json_out=json_out, csv=csv)
+        return
+    if override:
+        _fail("--tau2, --sigma2 and --s-solo describe a planned experiment\nhint: pass --plan CONFIG.toml with them")
+    t = _load(store, stratify, columns="lift")
     if t is None:
         return
     _need_arms(t)
@@ -390,10 +462,54 @@ def power(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = S
                     _f(100 * r["rel_halfwidth"]) if r["rel_halfwidth"] is not None else "", _pct(r["power_at_target"]).lstrip("+"),
                     _f(r["tau2"]), _f(r["sigma2"]), str(r["problems_needed"] or ""),
                     str(r["replicates_needed"]) if r["replicates_needed"] is not None else "not by replicates")
-    console.print(tbl)
+    _print_table(tbl)
     console.print("SE of relative lift scales as sqrt((tau2 + sigma2/R) / P) (problem-clustered); needed: SE <= lift / (z_0.975 + z_power). "
                   "Problems needed keep R; replicates needed keep the problems.")
     _emit({"power": pt}, json_path=json_out, csv_path=csv, meta=_meta(t, spec))
+
+
+def _plan_power(plan: str, store, stratify: bool, *, target: float, power_: float, override: dict, json_out, csv) -> None:
+    """`power --plan`: the plan's cells and size, with variance components from --store (when given) or the stated defaults."""
+    from mkb.analysis._stats import DEFAULT_COMPONENTS, PlanDesign, plan_power_table, variance_components
+    from mkb.experiment._config import ConfigError, load_config
+
+    for k, v in override.items():
+        if not v >= 0 or (k == "s_solo" and not v > 0):
+            _fail(f"--{k.replace('_', '-')} {v}: must be {'positive' if k == 's_solo' else 'non-negative'}")
+    try:
+        design = PlanDesign.from_config(load_config(plan))
+    except ConfigError as exc:
+        _fail(str(exc))
+    if not design.cells:
+        _fail(f"{plan}: the plan has no arm besides solo: nothing to compare\nhint: add arms = [\"solo\", \"transfer\", ...]")
+    comps, meta = None, {"plan": plan, "problems": design.n_problems, "replicates": design.replicates, "models": list(design.models)}
+    if store is not None:
+        t = _load(store, stratify, columns="lift")
+        if t is None:
+            raise typer.Exit(EXIT_NO_DATA)
+        _need_arms(t)
+        comps = variance_components(t.pairs)
+        meta |= _meta(t)
+        console.print(f"variance components: measured in {t.store} ({comps.height} cells)")
+    else:
+        d = DEFAULT_COMPONENTS
+        console.print(f"variance components: stated defaults, not measurements (tau2={d.tau2:g}, sigma2={d.sigma2:g}, "
+                      f"S_solo={d.s_solo:g}; the scale of `mkb-analyze synth`): pass --store URL to use a store's")
+    pt = plan_power_table(design, comps, target=target, power=power_, override=override or None)
+    tbl = Table(title=f"Plan {plan}: {design.n_problems} problems x {design.replicates} replicates; power to detect a "
+                      f"{100 * target:.0f}% relative lift at {100 * power_:.0f}% power (two-sided 5%)")
+    for c in ("model", "arm", "direction", "rel. lift ±", "power", "tau2", "sigma2", "S solo", "problems needed",
+              "replicates needed", "components from"):
+        tbl.add_column(c)
+    for r in pt.iter_rows(named=True):
+        tbl.add_row(r["model"], r["arm_kind"], r["direction"], _f(100 * r["rel_halfwidth"]), _pct(r["power_at_target"]).lstrip("+"),
+                    _f(r["tau2"]), _f(r["sigma2"]), _f(r["S_solo"]), str(r["problems_needed"]),
+                    str(r["replicates_needed"]) if r["replicates_needed"] is not None else "not by replicates", r["components_from"])
+    _print_table(tbl)
+    console.print("SE of relative lift = sqrt((tau2 + sigma2/R) / P) / S_solo (the delta method on the problem-clustered ratio); "
+                  "needed: SE <= lift / (z_0.975 + z_power). Problems needed keep R; replicates needed keep the problems.")
+    meta["components"] = "store" if comps is not None else "defaults"
+    _emit({"power": pt}, json_path=json_out, csv_path=csv, meta=meta)
 
 
 @app.command()
@@ -418,7 +534,7 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
     for r in summ.iter_rows(named=True):
         tbl.add_row(r["model"], r["arm_kind"], str(r["n"]), _pct(r["pass_rate"]).lstrip("+"), _f(r["S"]),
                     _f(r["out_tokens"], 0), _f(r["cost"], 2), _pct(r["budget_used"]).lstrip("+"))
-    console.print(tbl)
+    _print_table(tbl)
     from mkb.analysis import BootstrapSpec, two_part_table
 
     tp = two_part_table(t.pairs, spec=BootstrapSpec(resamples=2000)) if t.pairs.height else pl.DataFrame()
@@ -431,7 +547,7 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
             tt.add_row(r["model"], r["arm_kind"], r["direction"], _pct(r["pass_solo"]).lstrip("+"), _pct(r["pass_arm"]).lstrip("+"),
                        f"{_pct(r['pass_diff'])} [{_pct(r['pass_diff_lo'])}, {_pct(r['pass_diff_hi'])}]",
                        _f(r["gm_speedup_solo_given_pass"], 2), _f(r["gm_speedup_arm_given_pass"], 2))
-        console.print(tt)
+        _print_table(tt)
         console.print("speedup columns are conditioned on passing (geometric mean among passed attempts); the pass-difference CI "
                       "resamples problems (2,000 resamples), so it respects replicates clustered in problems, unlike McNemar.")
     fits_rows = []
@@ -451,7 +567,7 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
                 ft.add_column(c)
             for r in fit.effects.iter_rows(named=True):
                 ft.add_row(r["term"], f"{r['estimate']:.3f}", f"{r['se']:.3f}", f"[{r['lo']:.3f}, {r['hi']:.3f}]")
-            console.print(ft)
+            _print_table(ft)
             console.print(f"  {fit.formula}; {fit.estimator}; rows {fit.n_rows}, problems {fit.n_problems}; "
                           f"variance {', '.join(f'{k}={v:.4g}' for k, v in fit.variance.items())}; converged {fit.converged}; "
                           f"{fit.seconds:.1f} s")
@@ -484,7 +600,7 @@ def attempts(store: Optional[str] = STORE, stratify: bool = STRATIFY,
             tbl.add_column(c)
         for r in ex.head(limit).iter_rows():
             tbl.add_row(*["" if v is None else str(v) for v in r])
-        console.print(tbl)
+        _print_table(tbl)
     else:
         g = a.group_by("arm_kind", "target_dsl", "status", "verdict").len().sort("arm_kind", "target_dsl", "status", "verdict")
         tbl = Table(title="Attempts by arm, target, status and verdict")
@@ -492,7 +608,7 @@ def attempts(store: Optional[str] = STORE, stratify: bool = STRATIFY,
             tbl.add_column(c)
         for r in g.iter_rows():
             tbl.add_row(*[str(v) for v in r])
-        console.print(tbl)
+        _print_table(tbl)
     flat = a.select([c for c, ty in a.schema.items() if not isinstance(ty, pl.List)])
     _emit({"attempts": flat}, json_path=json_out, csv_path=csv, meta=_meta(t))
 
@@ -500,9 +616,12 @@ def attempts(store: Optional[str] = STORE, stratify: bool = STRATIFY,
 @app.command()
 def report(store: Optional[str] = STORE, out: str = typer.Option("mkb-report", "--out"), stratify: bool = STRATIFY,
            seed: int = SEED, resamples: int = RESAMPLES,
-           fmt: list[str] = typer.Option([], "--format", help="Also save each chart as png and/or svg (vl-convert).")) -> None:
+           fmt: list[str] = typer.Option([], "--format", help="Also save each chart as png and/or svg (vl-convert)."),
+           json_out: Optional[str] = typer.Option(None, "--json", help="Write what was written (every file, its size) as JSON ('-': stdout)."),
+           csv: Optional[str] = typer.Option(None, "--csv", help="Write the list of files written as CSV.")) -> None:
     """An offline HTML report with inline altair charts (and PNG/SVG with --format)."""
-    t = _load(store, stratify)
+    _quiet(json_out)
+    t = _load(store, stratify, columns="lift")
     if t is None:
         return
     _need_arms(t)
@@ -511,15 +630,33 @@ def report(store: Optional[str] = STORE, out: str = typer.Option("mkb-report", "
     bad = set(fmt) - {"png", "svg", "pdf"}
     if bad:
         _fail(f"unknown --format {sorted(bad)}\nhint: png, svg or pdf")
-    path = write_report(t, out, spec=_spec(seed, resamples), formats=tuple(fmt))
-    console.print(f"wrote {path}")
+    spec = _spec(seed, resamples)
+    res = write_report(t, out, spec=spec, formats=tuple(fmt))
+    console.print(f"wrote {res.html} and {len(res.files)} files beside it")
+    _emit({"files": _files_table([res.html, *res.files])}, json_path=json_out, csv_path=csv,
+          meta={**_meta(t, spec), "report": str(res.html)})
+
+
+def _files_table(paths):
+    """Path and size of each file a command wrote: what report, export and synth say they produced."""
+    import polars as pl
+    from fsspec.core import url_to_fs
+
+    rows = []
+    for p in paths:
+        fs, path = url_to_fs(str(p))
+        rows.append({"path": str(p), "bytes": int(fs.size(path))})
+    return pl.DataFrame(rows, schema={"path": pl.Utf8, "bytes": pl.Int64})
 
 
 @app.command()
 def export(store: Optional[str] = STORE, out: str = typer.Option(..., "--out", help="Folder or fsspec URL to write."),
            stratify: bool = STRATIFY,
-           redact: bool = typer.Option(False, "--redact", help="Drop message and code text (turns, tool calls, kernels, skills); keep counts.")) -> None:
+           redact: bool = typer.Option(False, "--redact", help="Drop message and code text (turns, tool calls, kernels, skills); keep counts."),
+           json_out: Optional[str] = typer.Option(None, "--json", help="Write what was exported (rows per kind, every file) as JSON ('-': stdout)."),
+           csv: Optional[str] = typer.Option(None, "--csv", help="Write rows per kind as CSV (the files beside it as <stem>.files.csv).")) -> None:
     """A Hugging Face dataset layout (data/<kind>/, README card with the schema) plus derived CSVs."""
+    _quiet(json_out)
     from mkb.analysis import MixedVersionsError, export_dataset, load_tables
 
     try:
@@ -528,6 +665,17 @@ def export(store: Optional[str] = STORE, out: str = typer.Option(..., "--out", h
         _fail(str(exc))
     kinds = export_dataset(t.store, out, tables=t if t.attempts.height else None, redact=redact)
     console.print(f"wrote {out}: " + ", ".join(f"{k} {n}" for k, n in kinds.items()))
+    if json_out or csv:
+        import polars as pl
+        from fsspec.core import url_to_fs
+
+        fs, root = url_to_fs(out)
+        base = out.rstrip("/")
+        paths = [f"{base}/data/{k}/events.parquet" for k in kinds] + [f"{base}/README.md"]
+        paths += [f"{base}/derived/{n}.csv" for n in ("attempts", "pairs", "lift", "standing") if fs.exists(f"{root}/derived/{n}.csv")]
+        rows = pl.DataFrame({"kind": list(kinds), "rows": list(kinds.values())}, schema={"kind": pl.Utf8, "rows": pl.Int64})
+        _emit({"kinds": rows, "files": _files_table(paths)}, json_path=json_out, csv_path=csv,
+              meta={"store": t.store, "out": out, "redacted": redact, "stratified": t.stratified})
 
 
 @app.command()
@@ -537,8 +685,13 @@ def synth(store: str = typer.Option(..., "--store", help="Where to write the syn
           transfer: float = typer.Option(0.35, "--transfer-effect", help="Latent shift of the transfer arm."),
           standing_slope: float = typer.Option(0.0, "--standing-slope"), noise: float = typer.Option(0.7, "--noise"),
           p_infra: float = typer.Option(0.01, "--p-infra"), p_unfinished: float = typer.Option(0.005, "--p-unfinished"),
-          annotated: int = typer.Option(3, "--annotated")) -> None:
+          annotated: int = typer.Option(3, "--annotated"),
+          json_out: Optional[str] = typer.Option(None, "--json", help="Write the planted truth, the spec and the files written as JSON ('-': stdout)."),
+          csv: Optional[str] = typer.Option(None, "--csv", help="Write the planted truth as CSV (the files as <stem>.files.csv).")) -> None:
     """Write a synthetic dataset with planted truth (for demos and tests) and print the truth."""
+    _quiet(json_out)
+    from dataclasses import asdict
+
     from mkb.analysis.synthetic import SynthSpec, true_relative_lift, write_synthetic
 
     spec = SynthSpec(models=tuple(f"synth/model-{chr(97 + i)}" for i in range(models_)), n_problems=problems,
@@ -547,8 +700,17 @@ def synth(store: str = typer.Option(..., "--store", help="Where to write the syn
                      n_annotated=annotated, model_means=tuple(0.9 - 0.4 * i / max(1, models_ - 1) for i in range(models_)))
     res = write_synthetic(spec, store)
     console.print(f"wrote {res.events} events in {len(res.files)} files to {store}")
-    for (m, s, tg), v in sorted(true_relative_lift(res.simulation).items()):
+    planted = sorted(true_relative_lift(res.simulation).items())
+    for (m, s, tg), v in planted:
         console.print(f"  planted transfer relative lift {m} {s}->{tg}: {100 * v:+.1f}%")
+    if json_out or csv:
+        import polars as pl
+
+        truth = pl.DataFrame([{"model": m, "arm_kind": "transfer", "direction": f"{s}->{tg}", "source_dsl": s, "target_dsl": tg,
+                               "planted_rel_lift": v} for (m, s, tg), v in planted])
+        _emit({"planted": truth, "files": _files_table(res.files)}, json_path=json_out, csv_path=csv,
+              meta={"store": store, "events": res.events, "spec": asdict(spec), "infra_error": len(res.infra),
+                    "unfinished": len(res.unfinished), "annotated": len(res.annotated)})
 
 
 def _print_problems(store) -> None:
@@ -578,7 +740,7 @@ def _print_problems(store) -> None:
                     "—" if r["compile_us"] is None else f"{_f(r['compile_us'])} ({'autotune' if r['compile_mode'] != 'default' else 'default'})",
                     "—" if r["speedup_compile_vs_eager"] is None else _f(r["speedup_compile_vs_eager"], 2),
                     f"{mode(r, 'default')}/{mode(r, 'autotune')}")
-    console.print(tbl)
+    _print_table(tbl)
     console.print("compile us: the faster torch.compile mode that matched the reference (newest row per mode, same problem "
                   "hash and GPU model); x eager: its speedup over eager timed back to back; — : not recorded")
 
@@ -597,7 +759,7 @@ def _print_verdicts(store) -> None:
         tbl.add_row(r["ts"].strftime("%Y-%m-%d %H:%M:%S"), r["scope"], str(r["problem"]), r["dsl"],
                     "yes" if r["passed"] else "[red]no[/red]", r["reason"] or "", _f(r["speedup"], 2),
                     _f(r["candidate_median_us"]), _f(r["eager_median_us"]), _f(r["s"]))
-    console.print(tbl)
+    _print_table(tbl)
 
 
 @app.command("verdicts")
@@ -622,10 +784,14 @@ def problems_cmd(store: Optional[str] = STORE, json_out: Optional[str] = JSON, c
 
 @app.command("transcript")
 def transcript_cmd(attempt_id: str = typer.Argument(..., help="The attempt to show."), store: Optional[str] = STORE,
-                   html: Optional[str] = typer.Option(None, "--html", help="Also write a self-contained HTML page here.")) -> None:
+                   html: Optional[str] = typer.Option(None, "--html", help="Also write a self-contained HTML page here."),
+                   json_out: Optional[str] = typer.Option(None, "--json", help="Write the attempt's events (turns, tool calls, submissions, "
+                                                          "verdicts, skill) as JSON ('-': stdout)."),
+                   csv: Optional[str] = typer.Option(None, "--csv", help="Write the turns as CSV (the other events as <stem>.<kind>.csv).")) -> None:
     """One attempt rebuilt from its events: turns, tool calls, verdicts, kernel.py diffs between submissions, SKILL.md."""
     from mkb.analysis._transcript import TranscriptError, load_transcript, render_html, render_text
 
+    _quiet(json_out)
     try:
         t = load_transcript(store, attempt_id)
     except TranscriptError as exc:
@@ -636,6 +802,15 @@ def transcript_cmd(attempt_id: str = typer.Argument(..., help="The attempt to sh
 
         Path(html).write_text(render_html(t))
         console.print(f"wrote {html}")
+    if json_out or csv:
+        import polars as pl
+
+        frame = lambda rows: pl.DataFrame(rows, infer_schema_length=None, strict=False) if rows else None  # noqa: E731
+        tables = {"turns": frame(t.turns), "tool_calls": frame([c for turn in sorted(t.calls) for c in t.calls[turn]]),
+                  "submissions": frame(t.submissions), "verdicts": frame(list(t.verdicts.values())),
+                  "attempt_started": frame([t.started] if t.started else []), "attempt_finished": frame([t.finished] if t.finished else []),
+                  "skill": frame([t.skill] if t.skill else [])}
+        _emit(tables, json_path=json_out, csv_path=csv, meta={"attempt_id": t.attempt_id, "redacted": t.redacted, "notes": t.notes})
 
 
 def main() -> None:

@@ -75,6 +75,28 @@ def test_vectorised_bootstrap_equals_the_previous_implementation(seed, resamples
             _same(got, want)
 
 
+@pytest.mark.parametrize("scale", [0.1, 1e6])  # not integers; integers too large for exact float32 products
+def test_bootstrap_falls_back_to_float64_products_where_float32_would_round(scale):
+    sums = _lift_sums(4)
+    sums = {"SA": sums["SA"] * scale, "SB": sums["SB"] * scale, "n": sums["n"]}
+    cells, problems = list(range(sums["n"].shape[0])), np.arange(sums["n"].shape[1])
+    spec = BootstrapSpec(seed=7, resamples=4000)
+    for got, want in zip(cluster_bootstrap(cells, problems, sums, _rel, spec), reference_cluster_bootstrap(cells, problems, sums, _rel, spec)):
+        _same(got, want)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tail_order_statistics_equal_numpy_quantile_on_bootstrap_sized_rows(seed):
+    rng = np.random.default_rng(seed)
+    x = np.round(rng.standard_normal((300, 10_000)) * 40) / 7  # discrete, like resampled S sums
+    x[1] = 2.0  # one value: every candidate ties
+    x[2, :500] = 9.0  # a pilot that brackets nothing: the row is selected in full
+    x[3] = rng.integers(0, 3, 10_000)  # heavy ties
+    x[4, -3:] = -50.0  # extremes outside the pilot
+    for qs in ([0.025, 0.975], [0.005, 0.995], [0.0, 0.01, 1.0]):
+        _same(_percentiles(x, qs), np.quantile(x, qs, axis=1))
+
+
 def test_vectorised_bootstrap_equals_the_previous_implementation_for_standing():
     rng = np.random.default_rng(5)
     shape = (17, 12)
@@ -105,9 +127,10 @@ def test_percentiles_equal_numpy_quantile(n):
             _same(_percentiles(x, qs), np.quantile(x, qs, axis=1))
 
 
-def test_lift_table_cis_equal_the_previous_bootstrap(planted_lift):
+@pytest.mark.parametrize("resamples", [1000, 10_000])  # 10,000: the tail-bracketing order statistics and float32 products
+def test_lift_table_cis_equal_the_previous_bootstrap(planted_lift, resamples):
     pairs = load_tables(planted_lift.store).pairs
-    spec = BootstrapSpec(seed=3, resamples=1000)
+    spec = BootstrapSpec(seed=3, resamples=resamples)
     lt = lift_table(pairs, spec=spec)
     cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl"]
     p = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
