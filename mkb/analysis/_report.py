@@ -229,7 +229,7 @@ excluded: infra_error {s['infra_error']}, unfinished {s['unfinished']}, annotate
 <p>{html.escape(spec.describe())}. A cell whose relative-lift 95% CI half-width exceeds 7 points has under 80% power for a 10% lift:
 {under.height} of {lift.height} cells ({html.escape(', '.join(f"{r['model']} {r['arm_kind']} {r['direction']}" for r in under.iter_rows(named=True))[:2000])}).</p>
 <h2>Lift table</h2>
-{_table_html(lift, ["model", "arm_kind", "direction", "n_pairs", "n_problems", "S_solo", "S_arm", "lift", "rel_lift", "rel_lo", "rel_hi", "rel_halfwidth", "regression_rate", "improvement_rate", "tie_rate", "pair_regress", "pair_improve", "pair_tie", "p_wilcoxon_holm", "p_mcnemar_holm"],
+{_table_html(lift, ["model", "arm_kind", "direction", "n_pairs", "n_problems", "S_solo", "S_arm", "lift", "rel_lift", "rel_lo", "rel_hi", "rel_halfwidth", "regression_rate", "improvement_rate", "tie_rate", "pair_regress", "pair_improve", "pair_tie", "p_wilcoxon_holm", "p_mcnemar_holm", "p_pass_clustered_holm"],
              {c: pct for c in ("rel_lift", "rel_lo", "rel_hi", "rel_halfwidth")})}
 <h2>Standing table</h2>
 {_table_html(standing, ["arm_kind", "direction", "n_above", "improve_above", "regress_above", "n_tie", "improve_tie", "regress_tie", "n_below", "improve_below", "regress_below", "effect", "effect_lo", "effect_hi"]) if standing.height else "<p>no standing classes (needs R &gt;= 2)</p>"}

@@ -373,7 +373,8 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
     # each cell's per-problem lists in problem order, so the sums over them (shrinkage, noise floor) do not depend on the
     # order a parallel group-by happened to produce: the same figures to the last bit on every run
     extra = per_problem.group_by(cell).agg(
-        n_problems=pl.len(), problem_lifts=pl.col("mean_lift").sort_by("problem"), mcnemar_b=pl.col("b").sum(),
+        n_problems=pl.len(), problem_lifts=pl.col("mean_lift").sort_by("problem"),
+        problem_pass_diffs=((pl.col("c") - pl.col("b")) / pl.col("n")).sort_by("problem"), mcnemar_b=pl.col("b").sum(),
         mcnemar_c=pl.col("c").sum(), **_floor_aggs())
     out = cells.with_columns(**cols).with_columns(pl.col(pl.Float64).fill_nan(None))
     out = out.join(pair_rates, on=cell, how="left", nulls_equal=True).join(extra, on=cell, how="left", nulls_equal=True)
@@ -384,7 +385,7 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
     if tests:
         out = add_tests(out, group=["stratum", "arm_kind", *by])
     else:
-        out = out.drop("problem_lifts")
+        out = out.drop("problem_lifts", "problem_pass_diffs")
     return out
 
 
@@ -507,19 +508,28 @@ def mcnemar_exact(b: int, c: int) -> float:
 
 
 def add_tests(cells: pl.DataFrame, *, group: list[str]) -> pl.DataFrame:
-    """Wilcoxon (pratt) on problem-mean lifts, exact McNemar on pass, each Holm-adjusted across the cells of a group."""
-    pw, pm = [], []
-    for lifts, b, c in zip(cells["problem_lifts"].to_list(), cells["mcnemar_b"].to_list(), cells["mcnemar_c"].to_list()):
+    """Wilcoxon (pratt) on problem-mean lifts, exact McNemar on pass, and Wilcoxon (pratt) on each problem's net pass
+    change, each Holm-adjusted across the cells of a group.
+
+    Why the third: McNemar counts discordant pairs as if independent, but a problem's replicates share the
+    problem (one easy problem can supply every discordant pair); the per-problem net change (pairs gaining a
+    pass minus pairs losing one, over the problem's pairs) is one number per problem, the unit that is sampled.
+    """
+    pw, pm, pp = [], [], []
+    diffs = cells["problem_pass_diffs"].to_list() if "problem_pass_diffs" in cells.columns else [None] * cells.height
+    for lifts, b, c, dp in zip(cells["problem_lifts"].to_list(), cells["mcnemar_b"].to_list(), cells["mcnemar_c"].to_list(), diffs):
         # normal approximation: with zeros and ties (the rule for S lifts) an exact null does not apply
         pw.append(wilcoxon_pratt(np.round(np.asarray(lifts, dtype=float), 9)))
         pm.append(mcnemar_exact(int(b), int(c)))
-    cells = cells.drop("problem_lifts").with_columns(p_wilcoxon=pl.Series(pw, dtype=pl.Float64),
-                                                     p_mcnemar=pl.Series(pm, dtype=pl.Float64))
+        pp.append(wilcoxon_pratt(np.round(np.asarray(dp, dtype=float), 9)) if dp is not None else float("nan"))
+    cells = cells.drop("problem_lifts", "problem_pass_diffs", strict=False).with_columns(
+        p_wilcoxon=pl.Series(pw, dtype=pl.Float64), p_mcnemar=pl.Series(pm, dtype=pl.Float64),
+        p_pass_clustered=pl.Series(pp, dtype=pl.Float64))
     cells = cells.with_row_index("_i")
     adj = []
     for _, g in cells.group_by(group, maintain_order=True):
         row = {"_i": g["_i"]}
-        for col in ("p_wilcoxon", "p_mcnemar"):
+        for col in ("p_wilcoxon", "p_mcnemar", "p_pass_clustered"):
             p = g[col].to_numpy()
             ok = ~np.isnan(p)
             h = np.full(len(p), np.nan)

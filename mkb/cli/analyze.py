@@ -228,7 +228,8 @@ def print_lift(lift, *, spec, title="Lift", max_rows: int | None = 120, notes: b
     multi = full["stratum"].n_unique() > 1
     tbl = Table(title=title, show_lines=False)
     for c in (("stratum",) if multi else ()) + ("model", "arm", "direction", "pairs", "probs", "S solo", "S arm", "lift [95% CI]",
-              "rel. lift [95% CI]", "±", "reg/imp/tie (problems)", "pairs reg/imp/tie", "p Wilcoxon (Holm)", "p McNemar (Holm)", "10%?"):
+              "rel. lift [95% CI]", "±", "reg/imp/tie (problems)", "pairs reg/imp/tie", "p Wilcoxon (Holm)", "p McNemar (Holm)",
+              "p pass, by problem (Holm)", "10%?"):
         tbl.add_column(c, justify="right" if c not in ("model", "arm", "direction", "stratum") else "left")
     for r in lift.iter_rows(named=True):
         tbl.add_row(*([r["stratum"]] if multi else []), r["model"], r["arm_kind"], r["direction"], str(r["n_pairs"]), str(r["n_problems"]),
@@ -236,7 +237,8 @@ def print_lift(lift, *, spec, title="Lift", max_rows: int | None = 120, notes: b
                     f"{_pct(r['rel_lift'])} [{_pct(r['rel_lo'])}, {_pct(r['rel_hi'])}]", _f(100 * r["rel_halfwidth"]) if r["rel_halfwidth"] is not None else "",
                     f"{_f(100 * r['regression_rate'], 0)}/{_f(100 * r['improvement_rate'], 0)}/{_f(100 * r['tie_rate'], 0)}%",
                     f"{_f(100 * r['pair_regress'], 0)}/{_f(100 * r['pair_improve'], 0)}/{_f(100 * r['pair_tie'], 0)}%",
-                    _p(r.get("p_wilcoxon_holm")), _p(r.get("p_mcnemar_holm")), "yes" if r["detects_10pct"] else "[red]no[/red]")
+                    _p(r.get("p_wilcoxon_holm")), _p(r.get("p_mcnemar_holm")), _p(r.get("p_pass_clustered_holm")),
+                    "yes" if r["detects_10pct"] else "[red]no[/red]")
     _print_table(tbl)
     if not notes:
         return

@@ -143,3 +143,22 @@ def test_lift_table_cis_equal_the_previous_bootstrap(planted_lift, resamples):
     assert got.height == lt.height == want.height
     for c in ("rel_lift", "rel_lo", "rel_hi", "lift", "lift_lo", "lift_hi"):
         _same(got[c].to_numpy(), want[c].to_numpy())
+
+
+def test_the_pass_test_clustered_by_problem_sees_problems_not_pairs():
+    """McNemar counts 12 discordant pairs as 12 independent pieces of evidence; when they all come from one problem
+    the problem-level test sees one problem out of many that changed, and does not call it significant."""
+    import polars as pl
+
+    from mkb.analysis._stats import add_tests
+
+    # 12 problems; problem 0 gains a pass in all 12 of its pairs, the other 11 are unchanged
+    diffs = [1.0] + [0.0] * 11
+    cells = pl.DataFrame({"stratum": ["all"], "arm_kind": ["transfer"], "problem_lifts": [[20.0] + [0.0] * 11],
+                          "problem_pass_diffs": [diffs], "mcnemar_b": [0], "mcnemar_c": [12]})
+    out = add_tests(cells, group=["stratum", "arm_kind"])
+    assert out["p_mcnemar"][0] < 0.001
+    assert out["p_pass_clustered"][0] > 0.05
+    # spread over 12 problems, the same gains are evidence at the problem level too
+    cells2 = cells.with_columns(problem_pass_diffs=pl.Series([[1.0] * 12]))
+    assert add_tests(cells2, group=["stratum", "arm_kind"])["p_pass_clustered"][0] < 0.01
