@@ -83,6 +83,11 @@ class Envelope:
             for row in rows:
                 row["seq"] = self._take(row["attempt_id"])
 
+    def number_one(self, row: dict[str, Any]) -> None:
+        """`number` for one row, called under the writer's lock."""
+        with self._lock:
+            row["seq"] = self._take(row["attempt_id"])
+
     def _take(self, attempt_id: str | None) -> int:
         block = self._blocks.get(attempt_id) if attempt_id is not None else None
         if block is not None:

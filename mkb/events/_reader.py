@@ -111,39 +111,89 @@ def _parse_footer(path: str, size: int, tail: bytes) -> FileInfo | str:
         reader.open(pa.py_buffer(buf))
         meta = reader.metadata
         kv = meta.metadata or {}
-        types = _types(meta, kv.get(b"ARROW:schema"))
+        shape = _shape(meta, kv.get(b"ARROW:schema"))
+        id_range, null_counts = _statistics(meta, shape)
     except Exception as exc:
         return f"unreadable Parquet footer ({type(exc).__name__}: {exc})"
+    compacted = kv.get(META_COMPACTED_FROM)
     try:
-        compacted = tuple(json.loads(kv.get(META_COMPACTED_FROM, b"[]")))
+        compacted = tuple(json.loads(compacted)) if compacted else ()
     except ValueError:
         compacted = ()
     return FileInfo(
-        id_range=_id_range(meta), null_counts=_null_counts(meta),
+        id_range=id_range, null_counts=null_counts,
         path=path, size=size, kind=kv.get(META_KIND, b"").decode(errors="replace"),
         version=kv.get(META_VERSION, b"").decode(errors="replace"), rows=meta.num_rows,
-        types=types, compacted_from=compacted,
+        types=shape.types, compacted_from=compacted,
     )
 
 
-def _id_range(meta: pq.FileMetaData) -> tuple[str, str] | None:
-    """(min, max) event_id over all row groups, from the footer statistics; None when any is missing."""
-    if meta.num_row_groups == 0:
-        return None
-    rg0 = meta.row_group(0)
-    idx = next((j for j in range(rg0.num_columns) if rg0.column(j).path_in_schema == "event_id"), None)
-    if idx is None:
-        return None
+@dataclass(frozen=True)
+class _Shape:
+    """What files of one column layout share: their Arrow types and where the columns the footer check reads sit."""
+
+    types: tuple[tuple[str, pa.DataType], ...]  # (column, arrow type) in file order
+    id_index: int | None  # leaf index of event_id
+    required: tuple[tuple[str, int], ...]  # (flat column, leaf index) of columns some kind requires
+    leaves: int
+
+
+_shapes: dict[bytes, _Shape] = {}
+
+
+def _shape(meta: pq.FileMetaData, blob: bytes | None) -> _Shape:
+    """The file's _Shape; converting a Parquet schema costs ~50 us a file, and files of one schema version share one ARROW:schema blob."""
+    hit = _shapes.get(blob) if blob is not None else None
+    if hit is not None and hit.leaves == meta.num_columns:
+        return hit
+    types = tuple((f.name, f.type) for f in meta.schema.to_arrow_schema())
+    leaves = [meta.schema.column(j).path for j in range(meta.num_columns)]
+    required = _required_names()
+    shape = _Shape(
+        types=types,
+        id_index=next((j for j, name in enumerate(leaves) if name == "event_id"), None),
+        required=tuple((name, j) for j, name in enumerate(leaves) if name in required),  # list leaves ("x.list.element") never match
+        leaves=len(leaves),
+    )
+    if blob is not None and len(_shapes) < 4096:
+        _shapes[blob] = shape
+    return shape
+
+
+def _statistics(meta: pq.FileMetaData, shape: _Shape) -> tuple[tuple[str, str] | None, tuple[tuple[str, int | None], ...]]:
+    """(min, max) event_id and the null count of each required column over all row groups, from the footer statistics.
+
+    The id range is None when any row group lacks it; a null count is None when any row group lacks one.
+    Only the columns the checks use are touched: a footer holds statistics for every column.
+    """
+    n_groups = meta.num_row_groups
+    if n_groups == 0:
+        return None, ()
     lo = hi = None
-    for i in range(meta.num_row_groups):
-        st = meta.row_group(i).column(idx).statistics
-        if st is None or not st.has_min_max:
-            return None
-        lo = st.min if lo is None or st.min < lo else lo
-        hi = st.max if hi is None or st.max > hi else hi
-    if isinstance(lo, bytes):
-        lo, hi = lo.decode(errors="replace"), hi.decode(errors="replace")
-    return (lo, hi)
+    have_range = shape.id_index is not None
+    totals = dict.fromkeys((name for name, _ in shape.required), 0)
+    for i in range(n_groups):
+        rg = meta.row_group(i)
+        if have_range:
+            st = rg.column(shape.id_index).statistics
+            if st is None or not st.has_min_max:
+                have_range = False
+            else:
+                lo = st.min if lo is None or st.min < lo else lo
+                hi = st.max if hi is None or st.max > hi else hi
+        for name, j in shape.required:
+            st = rg.column(j).statistics
+            prev = totals[name]
+            if st is None or not st.has_null_count or prev is None:
+                totals[name] = None
+            else:
+                totals[name] = prev + st.null_count
+    id_range = None
+    if have_range:
+        if isinstance(lo, bytes):
+            lo, hi = lo.decode(errors="replace"), hi.decode(errors="replace")
+        id_range = (lo, hi)
+    return id_range, tuple(totals.items())
 
 
 def _required_names() -> frozenset[str]:
@@ -157,26 +207,6 @@ def _required_names() -> frozenset[str]:
 
 
 _REQUIRED: frozenset[str] | None = None
-
-
-def _null_counts(meta: pq.FileMetaData) -> tuple[tuple[str, int | None], ...]:
-    """Nulls per required flat column from the footer statistics, so required columns are checked without reading data."""
-    if meta.num_row_groups == 0:
-        return ()
-    required = _required_names()
-    totals: dict[str, int | None] = {}
-    for i in range(meta.num_row_groups):
-        rg = meta.row_group(i)
-        for j in range(rg.num_columns):
-            col = rg.column(j)
-            name = col.path_in_schema
-            if name not in required:  # also skips list leaves ("x.list.element"): list nullability is not checked from statistics
-                continue
-            st = col.statistics
-            n = st.null_count if st is not None and st.has_null_count else None
-            prev = totals.get(name, 0)
-            totals[name] = None if n is None or prev is None else prev + n
-    return tuple(totals.items())
 
 
 def overlap_groups(files: list[FileInfo]) -> list[list[FileInfo]]:
@@ -200,19 +230,6 @@ def overlap_groups(files: list[FileInfo]) -> list[list[FileInfo]]:
     if unknown:
         groups = [[f for g in groups for f in g] + unknown]
     return groups
-
-
-_types_by_blob: dict[bytes, tuple[tuple[str, pa.DataType], ...]] = {}
-
-
-def _types(meta: pq.FileMetaData, blob: bytes | None) -> tuple[tuple[str, pa.DataType], ...]:
-    """Column types; converting the Parquet schema costs ~50 us a file, and files of one schema version share one ARROW:schema blob."""
-    if blob is not None and blob in _types_by_blob:
-        return _types_by_blob[blob]
-    types = tuple((f.name, f.type) for f in meta.schema.to_arrow_schema())
-    if blob is not None:
-        _types_by_blob[blob] = types
-    return types
 
 
 def _footer_len(tail: bytes) -> int:
@@ -244,8 +261,12 @@ def _inspect_local(files: list[tuple[str, int]]) -> list[FileInfo | str]:
 
     if len(files) < 64:
         return [info(x) for x in files]
-    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-        return list(pool.map(info, files, chunksize=32))
+    # a slice per worker, not a future per file: 10,000 futures cost more than the footers they parse
+    workers = min(8, (os.cpu_count() or 2) * 2)
+    step = -(-len(files) // workers)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        parts = pool.map(lambda k: [info(x) for x in files[k:k + step]], range(0, len(files), step))
+        return [x for part in parts for x in part]
 
 
 def _read_tails_remote(store: Store, files: list[tuple[str, int]]) -> list[bytes | Exception]:
@@ -324,11 +345,10 @@ def classify(schema: KindSchema, info: FileInfo | str) -> str | None:
         if chain(schema.kind, major, schema.major) is None:
             return f"older major schema {info.version} and no upcaster to {schema.major}.x registered (this mkb reads {schema.major}.x)\nhint: read it with the mkb release that wrote it"
         return None  # columns are checked after upcasting, when it is read
-    canon = {f.name: f.type for f in schema.arrow()}
+    why = _type_verdict(schema, info.types)
+    if why:
+        return why
     present = dict(info.types)
-    for name, typ in info.types:
-        if name in canon and not _same_type(canon[name], typ):
-            return f"column {name!r} is {typ}, the {schema.kind} schema says {canon[name]}"
     nulls = dict(info.null_counts)
     for c in schema.columns:
         if c.nullable:
@@ -343,6 +363,27 @@ def classify(schema: KindSchema, info: FileInfo | str) -> str | None:
         if n:
             return f"required column {c.name!r} holds {n} null(s) (the {schema.kind} schema forbids null)"
     return None
+
+
+_type_verdicts: dict[tuple, str | None] = {}
+
+
+def _type_verdict(schema: KindSchema, types: tuple[tuple[str, pa.DataType], ...]) -> str | None:
+    """Why a file of these column types is not of the schema, or None; files of one layout share it (comparing 16 types cost ~100 us a file)."""
+    key = (schema, types)
+    hit = _type_verdicts.get(key, False)
+    if hit is not False:
+        return hit
+    canon = {f.name: f.type for f in schema.arrow()}
+    why = None
+    for name, typ in types:
+        if name in canon and not _same_type(canon[name], typ):
+            why = f"column {name!r} is {typ}, the {schema.kind} schema says {canon[name]}"
+            break
+    if len(_type_verdicts) > 4096:
+        _type_verdicts.clear()
+    _type_verdicts[key] = why
+    return why
 
 
 _verdicts: dict[tuple, str | None] = {}
@@ -402,6 +443,14 @@ def _check(store: Store, kind: str, report: ScanReport, *, warn: bool = True, st
 
 
 _bad_data: dict[tuple, str] = {}  # files whose footer is intact but whose data pages are not (found when read)
+
+
+def clear_caches() -> None:
+    """Forget every footer, verdict and layout seen, as in a fresh process (benchmarks measure cold reads with it)."""
+    with _cache_lock:
+        _cache.clear()
+    for c in (_verdicts, _type_verdicts, _shapes, _bad_data):
+        c.clear()
 _CHUNK = 2048  # files per native scan: an error is searched for within one chunk, not the whole store
 _RETRIES = 5
 

@@ -145,6 +145,38 @@ def check_row(schema: KindSchema, row: dict[str, Any], *, where: str = "row", us
     return row
 
 
+# payload shapes already accepted: (schema, keys, exact value types) -> the columns whose int values still need their range checked
+_shapes: dict[tuple, tuple[str, ...]] = {}
+_SHAPE_TYPES = frozenset({str, bool, float, int, type(None)})  # values whose verdict the type alone decides (ints: up to their range)
+
+
+def seen_shape(schema: KindSchema, user: dict[str, Any]) -> bool:
+    """True when a payload with these keys and exact value types passed check_row before, and its ints are in range.
+
+    For str, bool, float, int and None the verdict of check_row depends only on the column and the
+    value's type (an int also on its range, checked here), so a writer emitting the same shape of
+    event again skips the per-column tests; anything else (dicts for JSON, lists, datetimes, numpy
+    scalars) always takes the full check.
+    """
+    ints = _shapes.get((schema, tuple(user), tuple(map(type, user.values()))))
+    if ints is None:
+        return False
+    for name in ints:
+        v = user[name]
+        if not _INT64_MIN <= v <= _INT64_MAX:
+            return False
+    return True
+
+
+def remember_shape(schema: KindSchema, user: dict[str, Any]) -> None:
+    """Record that `user` passed check_row, if its verdict is decided by its keys and value types (see seen_shape)."""
+    types = tuple(map(type, user.values()))
+    if _SHAPE_TYPES.issuperset(types):
+        if len(_shapes) > 10_000:  # writers emit a handful of shapes; a caller varying keys without end must not grow this
+            _shapes.clear()
+        _shapes[(schema, tuple(user), types)] = tuple(n for n, t in zip(user, types) if t is int)
+
+
 def check_rows(schema: KindSchema, rows: list[dict[str, Any]]) -> None:
     """Check every row (all or nothing); the error names the row's index in the batch."""
     for i, row in enumerate(rows):
