@@ -116,3 +116,35 @@ def test_background_compaction_keeps_the_file_count_bounded(tmp_path):
     compact_kind("annotation", url, grace_s=0)
     assert len(list((tmp_path / "ds" / "kind=annotation").iterdir())) == 1
     assert sorted(read("annotation", url)["reason"].cast(int).to_list()) == list(range(200))
+
+
+def test_a_payload_shape_seen_before_is_still_checked_for_every_value_that_can_fail(tmp_path):
+    """emit checks a (keys, value types) shape once and then only int ranges: every other failure must still raise."""
+    import pytest
+
+    from mkb.events import SchemaError
+    from events_helpers import example_rows
+
+    url = str(tmp_path / "ds")
+    good = {k: v for k, v in example_rows("verdict", 1)[0].items() if k != "attempt_id"}
+    assert isinstance(good["problem"], int) and isinstance(good["speedup"], float)
+    w = EventWriter(url)
+    for _ in range(3):  # the shape is now known
+        w.emit("verdict", attempt_id="a", **good)
+    with pytest.raises(SchemaError, match=r"'problem' expects an int within int64"):
+        w.emit("verdict", attempt_id="a", **dict(good, problem=2**63))
+    with pytest.raises(SchemaError, match=r"'problem' expects an int within int64"):
+        w.emit("verdict", attempt_id="a", **dict(good, problem=-(2**63) - 1))
+    with pytest.raises(SchemaError, match=r"'speedup' expects a float or int"):
+        w.emit("verdict", attempt_id="a", **dict(good, speedup="fast"))
+    with pytest.raises(SchemaError, match=r"required column 'passed' is missing or null"):
+        w.emit("verdict", attempt_id="a", **dict(good, passed=None))
+    with pytest.raises(SchemaError, match=r"'attempt_id' expects a str"):
+        w.emit("verdict", attempt_id=7, **good)
+    with pytest.raises(SchemaError, match=r"envelope columns \['seq'\] are filled in by the writer"):
+        w.emit("verdict", attempt_id="a", **dict(good, seq=3))
+    w.emit("verdict", attempt_id="a", **dict(good, speedup=2))  # an int is a valid float64, checked and in range
+    w.close()
+    df = read("verdict", url).sort("seq")
+    assert df.height == 4 and df["seq"].to_list() == [0, 1, 2, 3]
+    assert df["speedup"].to_list() == [good["speedup"]] * 3 + [2.0]
