@@ -48,6 +48,59 @@ ROW_GROUP_SIZE = 1 << 20
 COMPRESSION = "zstd"
 
 
+# A buffered event is a row dict, or, for a payload of a shape already checked (the per-event path of
+# emit), the tuple (payload keys, payload values, event_id, ts, seq): building no dict per event and
+# converting column by column at flush cost less than the dict rows a plain loop hands to from_pylist.
+_Entry = "dict[str, Any] | tuple[tuple[str, ...], tuple[Any, ...], str, int, int]"
+
+
+def _entries_to_table(schema: KindSchema, entries: list, env: Envelope) -> pa.Table:
+    """Buffered entries (see _Entry) as one table of the canonical schema, in the order they were buffered."""
+    if all(type(e) is dict for e in entries):
+        return rows_to_table(schema, entries)
+    groups: dict[tuple[str, ...] | None, list[int]] = {}
+    for i, e in enumerate(entries):
+        groups.setdefault(None if type(e) is dict else e[0], []).append(i)
+    arrow = schema.arrow()
+    const = env.constants(schema.kind, schema.version)
+    tables, order = [], []
+    for keys, idx in groups.items():
+        if keys is None:
+            tables.append(rows_to_table(schema, [entries[i] for i in idx]))
+        else:
+            tables.append(_tuples_to_table(schema, arrow, keys, [entries[i] for i in idx], const))
+        order.extend(idx)
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    if len(tables) > 1:
+        import pyarrow.compute as pc
+
+        table = table.take(pc.sort_indices(pa.array(order, pa.int64())))
+    return table
+
+
+def _tuples_to_table(schema: KindSchema, arrow: pa.Schema, keys: tuple[str, ...], entries: list, const: dict[str, Any]) -> pa.Table:
+    n = len(entries)
+    _, values, event_ids, ts, seqs = zip(*entries)
+    by_key = dict(zip(keys, zip(*values)))
+    cols = []
+    for field in arrow:
+        name = field.name
+        if name in by_key:
+            col = pa.array(by_key[name], type=field.type)
+        elif name in const:
+            col = pa.array([const[name]] * n, type=field.type)
+        elif name == "event_id":
+            col = pa.array(event_ids, type=field.type)
+        elif name == "ts":
+            col = pa.array(ts, type=pa.int64()).cast(field.type)
+        elif name == "seq":
+            col = pa.array(seqs, type=field.type)
+        else:
+            col = pa.nulls(n, field.type)
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=arrow)
+
+
 def table_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression=COMPRESSION, row_group_size=ROW_GROUP_SIZE)
@@ -106,7 +159,7 @@ class EventWriter:
         self._buffers: dict[str, list[dict[str, Any]]] = {}
         self._n_buffered = 0
         self._oldest: float | None = None  # monotonic time of the oldest buffered event
-        self._lock = threading.Lock()
+        self._lock = self._env.lock  # one lock for seq and buffers: reserve_seq/adopt_seq take it too
         self._flush_lock = threading.Lock()
         self._pending: list[tuple[str, str, bytes, int]] = []  # (kind, target, bytes, rows) cut but not yet published
         self.files_written: list[str] = []
@@ -159,8 +212,10 @@ class EventWriter:
         self._env.adopt(block)
 
     def _buffer(self, kind: str, rows: list[dict[str, Any]]) -> None:
-        with self._lock:
-            self._env.number(rows)
+        with self._lock:  # the envelope's lock: seq and buffer change together, so a batch stays contiguous
+            take = self._env.take
+            for row in rows:
+                row["seq"] = take(row["attempt_id"])
             self._buffers.setdefault(kind, []).extend(rows)
             self._n_buffered += len(rows)
             if self._oldest is None:
@@ -172,53 +227,77 @@ class EventWriter:
     def emit(self, kind: str, *, attempt_id: str | None = None, **payload: Any) -> str:
         """Buffer one event; returns its event_id. Raises SchemaError here, at the call site, for a bad row.
 
-        The check is the full check_row the first time a shape of payload (its keys and value
-        types) is seen, and only the int ranges after that (see mkb.events._validate.seen_shape).
+        The per-event path does little more than a plain loop building the same dict would: a
+        payload of a shape (keys and value types) seen before is checked only for its int ranges
+        (mkb.events._validate.seen_shape) and buffered as its values, with the envelope columns that
+        vary per event; flush lays them out column by column (see _Entry).
         """
         schema = schema_for(kind)
         if attempt_id is not None:
             payload["attempt_id"] = attempt_id  # `payload` is this call's own dict: type-check attempt_id with it
-        if seen_shape(schema, payload):
-            row = self._env.row(kind, schema.version, attempt_id, payload, time.time_ns() // 1000)
-        else:
-            self._env.check_payload(payload)  # attempt_id is not an envelope column the writer fills
-            row = self._env.row(kind, schema.version, attempt_id, payload, time.time_ns() // 1000)
-            check_row(schema, row, where="event", user=payload)
-            remember_shape(schema, payload)
-        self._buffer_one(kind, row)
+        keys = seen_shape(schema, payload)
+        if keys is not None:
+            event_id = self._env.event_id()
+            ts = time.time_ns() // 1000
+            values = tuple(payload.values())
+            with self._lock:
+                buf = self._buffers.get(kind)
+                if buf is None:
+                    buf = self._buffers[kind] = []
+                buf.append((keys, values, event_id, ts, self._env.take(attempt_id)))
+                self._n_buffered = n = self._n_buffered + 1
+                if self._oldest is None:
+                    self._oldest = time.monotonic()
+            if n >= self.flush_every:
+                self.flush()
+            return event_id
+        self._env.check_payload(payload)  # attempt_id is not an envelope column the writer fills
+        row = self._env.row(kind, schema.version, attempt_id, payload, time.time_ns() // 1000)
+        check_row(schema, row, where="event", user=payload)  # may serialise a JSON column into row
+        remember_shape(schema, payload)
+        self._buffer(kind, [row])
         return row["event_id"]
 
-    def _buffer_one(self, kind: str, row: dict[str, Any]) -> None:
-        """_buffer for one row, with one lock taken instead of two (the per-event path of emit)."""
-        with self._lock:
-            self._env.number_one(row)
-            buf = self._buffers.get(kind)
-            if buf is None:
-                buf = self._buffers[kind] = []
-            buf.append(row)
-            self._n_buffered += 1
+    def emit_many(self, kind: str, rows: Iterable[dict[str, Any]]) -> list[str]:
+        """Buffer a batch of one kind (each row may carry its attempt_id); all rows are checked before any is buffered.
+
+        The caller's dicts are not changed; a row of a shape already checked takes emit's fast path.
+        """
+        schema = schema_for(kind)
+        ts = time.time_ns() // 1000
+        built: list = []
+        for i, payload in enumerate(rows):
+            keys = seen_shape(schema, payload)
+            if keys is not None:
+                built.append((keys, tuple(payload.values()), self._env.event_id(), payload.get("attempt_id")))
+                continue
+            user = dict(payload)
+            attempt_id = user.pop("attempt_id", None)
+            self._env.check_payload(user)
+            row = self._env.row(kind, schema.version, attempt_id, user, ts)
+            if attempt_id is not None:
+                user["attempt_id"] = attempt_id
+            check_row(schema, row, where=f"row {i}", user=user)
+            remember_shape(schema, payload)
+            built.append(row)
+        with self._lock:  # seq and buffer change together, so a batch stays contiguous
+            take = self._env.take
+            entries = []
+            for item in built:
+                if type(item) is dict:
+                    item["seq"] = take(item["attempt_id"])
+                    entries.append(item)
+                else:
+                    keys, values, event_id, attempt_id = item
+                    entries.append((keys, values, event_id, ts, take(attempt_id)))
+            self._buffers.setdefault(kind, []).extend(entries)
+            self._n_buffered += len(entries)
             if self._oldest is None:
                 self._oldest = time.monotonic()
             full = self._n_buffered >= self.flush_every
         if full:
             self.flush()
-
-    def emit_many(self, kind: str, rows: Iterable[dict[str, Any]]) -> list[str]:
-        """Buffer a batch of one kind (each row may carry its attempt_id); all rows are checked before any is buffered."""
-        schema = schema_for(kind)
-        ts = time.time_ns() // 1000
-        built = []
-        for i, payload in enumerate(rows):
-            payload = dict(payload)
-            attempt_id = payload.pop("attempt_id", None)
-            self._env.check_payload(payload)
-            row = self._env.row(kind, schema.version, attempt_id, payload, ts)
-            if attempt_id is not None:
-                payload["attempt_id"] = attempt_id
-            check_row(schema, row, where=f"row {i}", user=payload)
-            built.append(row)
-        self._buffer(kind, built)
-        return [r["event_id"] for r in built]
+        return [e["event_id"] if type(e) is dict else e[2] for e in built]
 
     def flush(self) -> list[str]:
         """Write each buffered kind as one new file; returns the paths written.
@@ -233,7 +312,7 @@ class EventWriter:
             cut = []
             try:
                 for kind, rows in buffers.items():
-                    data = table_bytes(rows_to_table(schema_for(kind), rows))
+                    data = table_bytes(_entries_to_table(schema_for(kind), rows, self._env))
                     cut.append((kind, f"{self.store.kind_dir(kind)}/{uuid7()}.parquet", data, len(rows)))
             except BaseException:
                 with self._lock:  # nothing of this flush was cut: put every row back, ahead of newer ones
