@@ -23,6 +23,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow._parquet import ParquetReader  # pq.read_metadata adds ~100 us a file of Python bookkeeping
 
+try:  # parses a footer's Thrift bytes alone (pyarrow's unpickling of FileMetaData): 20% less than opening a reader, which also builds an Arrow schema
+    from pyarrow._parquet import _reconstruct_filemetadata
+except ImportError:  # pragma: no cover - a pyarrow without it opens a reader
+    _reconstruct_filemetadata = None
+
 from mkb.events._schema import META_COMPACTED_FROM, META_KIND, META_VERSION, KindSchema, NewerSchemaError, SchemaError, parse_version, schema_for
 from mkb.events._store import Store, StoreError, _protocols, resolve_store
 from mkb.events._upcast import chain, upcast
@@ -105,11 +110,8 @@ def _parse_footer(path: str, size: int, tail: bytes) -> FileInfo | str:
         return "empty file (torn, or a write in progress on a filesystem without hard links)"
     if len(tail) < 12 or tail[-4:] != b"PAR1":
         return "not a complete Parquet file (no PAR1 footer: torn or not Parquet)"
-    buf = tail if len(tail) >= size else b"PAR1" + tail  # pyarrow wants a leading magic; offsets in the footer are not followed
     try:
-        reader = ParquetReader()
-        reader.open(pa.py_buffer(buf))
-        meta = reader.metadata
+        meta = _footer_metadata(tail, size)
         kv = meta.metadata or {}
         shape = _shape(meta, kv.get(b"ARROW:schema"))
         id_range, null_counts = _statistics(meta, shape)
@@ -126,6 +128,16 @@ def _parse_footer(path: str, size: int, tail: bytes) -> FileInfo | str:
         version=kv.get(META_VERSION, b"").decode(errors="replace"), rows=meta.num_rows,
         types=shape.types, compacted_from=compacted,
     )
+
+
+def _footer_metadata(tail: bytes, size: int) -> pq.FileMetaData:
+    n = _footer_len(tail)
+    if _reconstruct_filemetadata is not None and 0 < n <= len(tail) - 8:
+        return _reconstruct_filemetadata(pa.py_buffer(tail[len(tail) - 8 - n:-8]))
+    buf = tail if len(tail) >= size else b"PAR1" + tail  # pyarrow wants a leading magic; offsets in the footer are not followed
+    reader = ParquetReader()
+    reader.open(pa.py_buffer(buf))
+    return reader.metadata
 
 
 @dataclass(frozen=True)
@@ -248,13 +260,14 @@ def _inspect_local(files: list[tuple[str, int]]) -> list[FileInfo | str]:
     def one(item):
         path, size = item
         try:
-            with open(path, "rb") as f:
-                f.seek(max(0, size - _TAIL))
-                tail = f.read()
+            fd = os.open(path, os.O_RDONLY)  # os.pread: a buffered file object costs more than the read
+            try:
+                tail = os.pread(fd, min(size, _TAIL), max(0, size - _TAIL))
                 need = _footer_len(tail) + 8
                 if tail[-4:] == b"PAR1" and len(tail) < need <= size:
-                    f.seek(size - need)
-                    tail = f.read()
+                    tail = os.pread(fd, need, size - need)
+            finally:
+                os.close(fd)
             return tail
         except Exception as exc:
             return exc
@@ -508,7 +521,8 @@ def scan(kind: str, store: str | Store | None = None, *, report: ScanReport | No
             )
         if predicate is not None:
             df = df.filter(predicate)
-        df = df.select(cols)
+        if df.columns != cols:  # a select on a frame of a chunk per file costs ~1 s per 10,000 files: only when it changes something
+            df = df.select(cols)
         if n_rows is not None:
             df = df.head(n_rows)
         yield df
