@@ -51,10 +51,10 @@ COMPRESSION = "zstd"
 # A buffered event is a row dict, or, for a payload of a shape already checked (the per-event path of
 # emit), the tuple (payload keys, payload values, event_id, ts, seq): building no dict per event and
 # converting column by column at flush cost less than the dict rows a plain loop hands to from_pylist.
-_Entry = "dict[str, Any] | tuple[tuple[str, ...], tuple[Any, ...], str, int, int]"
+_Entry = dict[str, Any] | tuple[tuple[str, ...], tuple[Any, ...], str, int, int]
 
 
-def _entries_to_table(schema: KindSchema, entries: list, env: Envelope) -> pa.Table:
+def _entries_to_table(schema: KindSchema, entries: list[_Entry], env: Envelope) -> pa.Table:
     """Buffered entries (see _Entry) as one table of the canonical schema, in the order they were buffered."""
     if all(type(e) is dict for e in entries):
         return rows_to_table(schema, entries)
@@ -68,7 +68,7 @@ def _entries_to_table(schema: KindSchema, entries: list, env: Envelope) -> pa.Ta
         if keys is None:
             tables.append(rows_to_table(schema, [entries[i] for i in idx]))
         else:
-            tables.append(_tuples_to_table(schema, arrow, keys, [entries[i] for i in idx], const))
+            tables.append(_tuples_to_table(arrow, keys, [entries[i] for i in idx], const))
         order.extend(idx)
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     if len(tables) > 1:
@@ -78,7 +78,8 @@ def _entries_to_table(schema: KindSchema, entries: list, env: Envelope) -> pa.Ta
     return table
 
 
-def _tuples_to_table(schema: KindSchema, arrow: pa.Schema, keys: tuple[str, ...], entries: list, const: dict[str, Any]) -> pa.Table:
+def _tuples_to_table(arrow: pa.Schema, keys: tuple[str, ...], entries: list[_Entry], const: dict[str, Any]) -> pa.Table:
+    """Entries of one payload shape, column by column; the envelope's constant columns are one value repeated."""
     n = len(entries)
     _, values, event_ids, ts, seqs = zip(*entries)
     by_key = dict(zip(keys, zip(*values)))
@@ -156,7 +157,7 @@ class EventWriter:
         self.writer_id = self._env.writer
         self.flush_every = flush_every
         self.flush_after_s = flush_after_s
-        self._buffers: dict[str, list[dict[str, Any]]] = {}
+        self._buffers: dict[str, list[_Entry]] = {}
         self._n_buffered = 0
         self._oldest: float | None = None  # monotonic time of the oldest buffered event
         self._lock = self._env.lock  # one lock for seq and buffers: reserve_seq/adopt_seq take it too
