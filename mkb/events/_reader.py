@@ -147,7 +147,7 @@ class _Shape:
     types: tuple[tuple[str, pa.DataType], ...]  # (column, arrow type) in file order
     id_index: int | None  # leaf index of event_id
     required: tuple[tuple[str, int], ...]  # (flat column, leaf index) of columns some kind requires
-    leaves: int
+    parquet: pq.ParquetSchema = field(compare=False)  # the layout these indices hold for
 
 
 _shapes: dict[bytes, _Shape] = {}
@@ -156,7 +156,7 @@ _shapes: dict[bytes, _Shape] = {}
 def _shape(meta: pq.FileMetaData, blob: bytes | None) -> _Shape:
     """The file's _Shape; converting a Parquet schema costs ~50 us a file, and files of one schema version share one ARROW:schema blob."""
     hit = _shapes.get(blob) if blob is not None else None
-    if hit is not None and hit.leaves == meta.num_columns:
+    if hit is not None and hit.parquet.equals(meta.schema):  # ~5 us: a blob copied onto other columns must not borrow their indices
         return hit
     types = tuple((f.name, f.type) for f in meta.schema.to_arrow_schema())
     leaves = [meta.schema.column(j).path for j in range(meta.num_columns)]
@@ -165,7 +165,7 @@ def _shape(meta: pq.FileMetaData, blob: bytes | None) -> _Shape:
         types=types,
         id_index=next((j for j, name in enumerate(leaves) if name == "event_id"), None),
         required=tuple((name, j) for j, name in enumerate(leaves) if name in required),  # list leaves ("x.list.element") never match
-        leaves=len(leaves),
+        parquet=meta.schema,
     )
     if blob is not None and len(_shapes) < 4096:
         _shapes[blob] = shape
