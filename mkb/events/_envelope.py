@@ -91,7 +91,7 @@ class Envelope:
         return _uuid7()
 
     def number(self, rows: list[dict[str, Any]]) -> None:
-        """Assign `seq` to accepted rows, in order; call under the writer's lock so a batch stays contiguous."""
+        """Assign `seq` to accepted rows, in order, under `lock` (a writer that shares `lock` calls `take` while it holds it instead)."""
         with self.lock:
             for row in rows:
                 row["seq"] = self.take(row["attempt_id"])
