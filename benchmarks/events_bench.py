@@ -1,15 +1,20 @@
 """Benchmarks the event store against plain pyarrow and polars measured in the same run: append, read, compaction.
 
-Run: `python benchmarks/events_bench.py [--events 1000000] [--many-files 10000] [--dir /tmp/x]`. Prints one table.
-Each mkb figure is printed next to its plain counterpart timed on the same machine moments apart, and
-as a ratio (machines' noise cancels in it):
-- append: EventWriter.emit (envelope, schema check, atomic fsynced publish) against a plain loop that
-  builds the same rows as dicts (envelope included: uuid4, timestamp) and writes each 10k with
-  `pa.Table.from_pylist` + `pq.write_table`; target >= 0.9x.
+Run: `python benchmarks/events_bench.py [--events 1000000] [--many-files 10000] [--rounds 5] [--dir /tmp/x]`.
+Prints one table. Each mkb figure is printed next to its plain counterpart, timed in the same run in
+alternating rounds (plain first in even rounds, mkb first in odd ones, after an untimed warm-up of
+both), and the ratio is the median of the rounds' ratios with their range: a machine shared with other
+work slows both sides of a round alike, and the median drops the rounds that a burst hit on one side.
+- append: EventWriter.emit (envelope, schema check, seq, atomic fsynced publish) against a plain loop
+  that builds the same rows as dicts (the same envelope columns, ids from the same uuid7 function, the
+  same integer-microsecond timestamp) and writes each 10k with `pa.Table.from_pylist` +
+  `pq.write_table`, with the same schema, compression (zstd) and row-group size; the plain loop does
+  no validation, no seq and no fsync. Target >= 0.9x.
 - read: `mkb.events.read` (footer checks, schema conformance, de-duplication) against
-  `polars.scan_parquet(files).collect()` of the same files, with a cold footer cache.
-- compaction: `compact_kind` of N events in many small files against polars reading them and
-  writing one file (`scan_parquet(files).sink_parquet`).
+  `polars.scan_parquet(files).collect()` of the same files; cold = every in-process cache of mkb
+  cleared first (footers, verdicts), the OS page cache warm for both.
+- compaction: `compact_kind` of N events in many small files (a fresh copy each round) against
+  polars reading them and writing one file (`scan_parquet(files).sink_parquet`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,34 +36,34 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from mkb.events import EventWriter, ScanReport, scan, schema_for, write_table  # noqa: E402
-from mkb.events._reader import _cache, _check  # noqa: E402
+from mkb.events import EventWriter, scan, schema_for, uuid7, write_table  # noqa: E402
+from mkb.events._reader import clear_caches  # noqa: E402
 from mkb.events._store import resolve_store  # noqa: E402
+from mkb.events._writer import COMPRESSION, ROW_GROUP_SIZE  # noqa: E402
 
 PAYLOAD = dict(scope="attempt", problem=28, dsl="cute", passed=True, s=60.0, gpu="NVIDIA H200", speedup=1.7,
                eager_median_us=120.0, candidate_median_us=70.0, r_at_0=True, r_at_0_5=True, r_at_1=True, r_at_2=False, r_at_4=False)
 
 
 def bench_plain_append(root: str, n: int, *, flush_every: int) -> float:
-    """The baseline: what a project without mkb writes: dict rows with an envelope, one pyarrow file per flush."""
-    import datetime as dt
-    import uuid
-
+    """The baseline: what a project without mkb writes: the same rows as dicts, one pyarrow file per flush, no checks, no fsync."""
+    import mkb
     import pyarrow.parquet as pq
 
     schema = schema_for("verdict").arrow()
+    version = schema_for("verdict").version
     os.makedirs(root, exist_ok=True)
     t = time.perf_counter()
     rows, k = [], 0
     for i in range(n):
-        rows.append({**PAYLOAD, "event_id": str(uuid.uuid4()), "kind": "verdict", "schema_version": "1.0",
-                     "ts": dt.datetime.now(dt.timezone.utc), "run_id": "run", "attempt_id": f"a{i % 500}", "seq": i,
-                     "writer": "w", "mkb_version": "0"})
+        rows.append({**PAYLOAD, "event_id": uuid7(), "kind": "verdict", "schema_version": version,
+                     "ts": time.time_ns() // 1000, "run_id": "run", "attempt_id": f"a{i % 500}", "seq": i,
+                     "writer": "w", "mkb_version": mkb.__version__})
         if len(rows) >= flush_every:
-            pq.write_table(pa.Table.from_pylist(rows, schema=schema), f"{root}/{k}.parquet", compression="zstd")
+            pq.write_table(pa.Table.from_pylist(rows, schema=schema), f"{root}/{k}.parquet", compression=COMPRESSION, row_group_size=ROW_GROUP_SIZE)
             rows, k = [], k + 1
     if rows:
-        pq.write_table(pa.Table.from_pylist(rows, schema=schema), f"{root}/{k}.parquet", compression="zstd")
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), f"{root}/{k}.parquet", compression=COMPRESSION, row_group_size=ROW_GROUP_SIZE)
     return n / (time.perf_counter() - t)
 
 
@@ -68,9 +74,8 @@ def bench_emit(root: str, n: int, *, batch: int | None, flush_every: int) -> flo
             for i in range(n):
                 w.emit("verdict", attempt_id=f"a{i % 500}", **PAYLOAD)
         else:
-            rows = [dict(PAYLOAD, attempt_id=f"a{i % 500}") for i in range(batch)]
-            for _ in range(n // batch):
-                w.emit_many("verdict", rows)
+            for _ in range(n // batch):  # fresh dicts each batch, as a caller would build them (plain builds one per event too)
+                w.emit_many("verdict", [dict(PAYLOAD, attempt_id=f"a{i % 500}") for i in range(batch)])
     return n / (time.perf_counter() - t)
 
 
@@ -144,8 +149,24 @@ def timed(fn, *a, **k):
     return time.perf_counter() - t, out
 
 
-def _ratio(mkb_value: float, plain_value: float) -> str:
-    return f"{mkb_value / plain_value:.2f}x"
+def rounds(n: int, plain, mkb) -> tuple[list[float], list[float]]:
+    """Time `plain()` and `mkb()` (each returns seconds or a rate) in `n` rounds, alternating which goes first."""
+    p, m = [], []
+    for r in range(n):
+        if r % 2 == 0:
+            p.append(plain())
+            m.append(mkb())
+        else:
+            m.append(mkb())
+            p.append(plain())
+    return p, m
+
+
+def ratio_cell(ratios: list[float], target: str = "") -> str:
+    """Median of the rounds' ratios, with their range."""
+    med = statistics.median(ratios)
+    spread = f" [{min(ratios):.2f}-{max(ratios):.2f}]" if len(ratios) > 1 else ""
+    return f"{med:.2f}x{spread}" + (f" ({target})" if target else "")
 
 
 def main() -> None:
@@ -154,62 +175,93 @@ def main() -> None:
     from mkb.events._compact import compact_kind
     from mkb.events._reader import list_files
 
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--many-files", type=int, default=10_000)
     ap.add_argument("--append-events", type=int, default=200_000)
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of append (reads: 3 at most, compaction: 2 at most)")
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     base = Path(args.dir or tempfile.mkdtemp(prefix="mkb-bench-"))
-    rows: list[tuple[str, str, str, str]] = []  # (measurement, mkb, plain, ratio/target)
+    load0 = os.getloadavg()[0]
+    started = time.time()
+    rows: list[tuple[str, str, str, str]] = []  # (measurement, mkb, plain, ratio)
     try:
         n = args.append_events
-        plain, mkb_eps = [], []
-        for rep in range(3):  # interleaved, so both see the same machine load
-            plain.append(bench_plain_append(str(base / f"p{rep}"), n, flush_every=10_000))
-            mkb_eps.append(bench_emit(str(base / f"w{rep}"), n, batch=None, flush_every=10_000))
-        p, m = sorted(plain)[1], sorted(mkb_eps)[1]
-        rows.append((f"append {n:,} events, emit() one at a time, a file per 10k (median of 3)", f"{m:,.0f}/s", f"{p:,.0f}/s", f"{_ratio(m, p)} (>= 0.90x)"))
-        m = bench_emit(str(base / "wb"), n, batch=1_000, flush_every=10_000)
-        rows.append((f"append {n:,} events, emit_many() batches of 1k", f"{m:,.0f}/s", f"{p:,.0f}/s", _ratio(m, p)))
+        k = iter(range(10**6))
+        bench_plain_append(str(base / "warm-p"), n // 10, flush_every=10_000)  # warm-up: imports, allocator, page cache
+        bench_emit(str(base / "warm-w"), n // 10, batch=None, flush_every=10_000)
+        plain, mkb_eps = rounds(args.rounds, lambda: bench_plain_append(str(base / f"p{next(k)}"), n, flush_every=10_000),
+                                lambda: bench_emit(str(base / f"w{next(k)}"), n, batch=None, flush_every=10_000))
+        ratios = [m / p for m, p in zip(mkb_eps, plain)]
+        p_med = statistics.median(plain)
+        rows.append((f"append {n:,} events, emit() one at a time, a file per 10k", f"{statistics.median(mkb_eps):,.0f}/s", f"{p_med:,.0f}/s",
+                     ratio_cell(ratios, ">= 0.90x")))
+        plain_b, mkb_b = rounds(min(args.rounds, 3), lambda: bench_plain_append(str(base / f"p{next(k)}"), n, flush_every=10_000),
+                                lambda: bench_emit(str(base / f"w{next(k)}"), n, batch=1_000, flush_every=10_000))
+        rows.append((f"append {n:,} events, emit_many() batches of 1k", f"{statistics.median(mkb_b):,.0f}/s", f"{statistics.median(plain_b):,.0f}/s",
+                     ratio_cell([m / p for m, p in zip(mkb_b, plain_b)])))
         eps, wall = bench_processes(str(base / "w8"), 8, 25_000, 5_000)
         rows.append(("append, 8 writer processes x 25k, a file per 5k", f"{eps:,.0f}/s", "", f"{wall:.1f} s wall"))
 
+        read_rounds = min(args.rounds, 3)
         for label, files in (("100 files", 100), (f"{args.many_files:,} files", args.many_files)):
             root = str(base / f"read-{files}")
             make_synthetic(root, args.events, files)
             paths = [p_ for p_, _ in list_files(resolve_store(root), "verdict")]
             pl.scan_parquet(paths[:1]).collect()  # polars' own start-up is not part of either figure
-            t_pl, _ = timed(lambda: pl.scan_parquet(paths).collect())
-            _cache.clear()
-            t_mkb, out = timed(lambda: scan("verdict", root).collect())
-            assert out.height == args.events
-            t_warm, _ = timed(lambda: scan("verdict", root).collect())
-            rows.append((f"read {args.events:,} events in {label}, cold footer cache", f"{t_mkb:.2f} s", f"{t_pl:.2f} s", f"{t_pl / t_mkb:.2f}x speed"))
-            rows.append((f"read {args.events:,} events in {label}, warm footer cache", f"{t_warm:.2f} s", f"{t_pl:.2f} s", f"{t_pl / t_warm:.2f}x speed"))
-            t_agg, _ = timed(aggregate, root)
-            t_pagg, _ = timed(lambda: pl.scan_parquet(paths).group_by("dsl", "gpu", "scope", "problem").agg(pl.len(), pl.col("passed").mean(), pl.col("speedup").median(), pl.col("s").mean()).collect())
-            rows.append((f"scan + group_by over {label}, warm", f"{t_agg:.2f} s", f"{t_pagg:.2f} s", f"{t_pagg / t_agg:.2f}x speed"))
+
+            def cold():
+                clear_caches()
+                t, out = timed(lambda: scan("verdict", root).collect())
+                assert out.height == args.events
+                return t
+
+            t_pl, t_mkb = rounds(read_rounds, lambda: timed(lambda: pl.scan_parquet(paths).collect())[0], cold)
+            t_warm = [timed(lambda: scan("verdict", root).collect())[0] for _ in range(read_rounds)]
+            rows.append((f"read {args.events:,} events in {label}, cold", f"{statistics.median(t_mkb):.2f} s", f"{statistics.median(t_pl):.2f} s",
+                         ratio_cell([p / m for p, m in zip(t_pl, t_mkb)], "speed, 1x = as fast")))
+            rows.append((f"read {args.events:,} events in {label}, warm footer cache", f"{statistics.median(t_warm):.2f} s", f"{statistics.median(t_pl):.2f} s",
+                         ratio_cell([p / m for p, m in zip(t_pl, t_warm)], "speed")))
+            group = lambda lf: lf.group_by("dsl", "gpu", "scope", "problem").agg(pl.len(), pl.col("passed").mean(), pl.col("speedup").median(), pl.col("s").mean())  # noqa: E731
+            t_pagg, t_agg = rounds(read_rounds, lambda: timed(lambda: group(pl.scan_parquet(paths)).collect())[0],
+                                   lambda: timed(lambda: group(scan("verdict", root)).collect())[0])
+            rows.append((f"scan + group_by over {label}, warm", f"{statistics.median(t_agg):.2f} s", f"{statistics.median(t_pagg):.2f} s",
+                         ratio_cell([p / m for p, m in zip(t_pagg, t_agg)], "speed")))
             if files == args.many_files:
-                t_psink, _ = timed(lambda: pl.scan_parquet(paths).sink_parquet(str(base / "plain-compacted.parquet")))
-                t_c, res = timed(compact_kind, "verdict", root, grace_s=0)
-                assert res.rows == args.events
-                left = len(list_files(resolve_store(root), "verdict"))
-                rows.append((f"compact {args.events:,} events in {label} (to {left} files)", f"{t_c:.2f} s", f"{t_psink:.2f} s", f"{t_psink / t_c:.2f}x speed"))
-                _cache.clear()
-                t_after, _ = timed(lambda: scan("verdict", root).collect())
-                rows.append((f"read them after compaction, cold", f"{t_after:.2f} s", "", ""))
+                left = []
+
+                def plain_compact():
+                    return timed(lambda: pl.scan_parquet(paths).sink_parquet(str(base / "plain-compacted.parquet")))[0]
+
+                def mkb_compact():
+                    copy = str(base / f"compact-{next(k)}")
+                    shutil.copytree(root, copy)
+                    clear_caches()
+                    t, res = timed(compact_kind, "verdict", copy, grace_s=0)
+                    assert res.rows == args.events
+                    left.append((copy, len(list_files(resolve_store(copy), "verdict"))))
+                    return t
+
+                t_psink, t_c = rounds(min(args.rounds, 2), plain_compact, mkb_compact)
+                rows.append((f"compact {args.events:,} events in {label} (to {left[0][1]} files)", f"{statistics.median(t_c):.2f} s",
+                             f"{statistics.median(t_psink):.2f} s", ratio_cell([p / m for p, m in zip(t_psink, t_c)], "speed")))
+                clear_caches()
+                t_after, _ = timed(lambda: scan("verdict", left[0][0]).collect())
+                rows.append(("read them after compaction, cold", f"{t_after:.2f} s", "", ""))
     finally:
         if not args.dir:
             shutil.rmtree(base, ignore_errors=True)
     width = max(len(r[0]) for r in rows)
-    print(f"{'measurement':<{width}}  {'mkb':>12}  {'plain':>12}  mkb vs plain")
-    print("-" * (width + 48))
+    print(f"{'measurement':<{width}}  {'mkb':>12}  {'plain':>12}  mkb vs plain: median of rounds [range]")
+    print("-" * (width + 64))
     for name, mv, pv, ratio in rows:
         print(f"{name:<{width}}  {mv:>12}  {pv:>12}  {ratio}")
     print("\nplain = pyarrow write_table (append) / polars.scan_parquet (read, aggregate, compaction) on the same files, same run;"
-          " 'x speed' above 1 means mkb was faster")
-    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end (other processes share this machine)")
+          " append: mkb events/s over plain's; the rest: 'speed' = plain's time over mkb's (above 1: mkb was faster)")
+    print(f"rounds: append {args.rounds}, reads {min(args.rounds, 3)}, compaction {min(args.rounds, 2)}; {os.cpu_count()} CPUs;"
+          f" load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end ({time.time() - started:.0f} s; other processes share this machine)")
+    print(f"command: python benchmarks/events_bench.py {' '.join(sys.argv[1:])}".rstrip())
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ class Envelope:
         self.writer = f"{socket.gethostname()}:{os.getpid()}:{_uuid7()[-8:]}"
         self._next: dict[str | None, int] = {}
         self._blocks: dict[str, list[int]] = {}  # attempt -> [next, stop] of an adopted block
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # guards the counters; a writer may hold it for its buffers too and call `take`
+        self._constants: dict[tuple[str, str], dict[str, Any]] = {}
 
     def check_payload(self, payload: dict[str, Any]) -> None:
         if not AUTO.isdisjoint(payload):
@@ -77,14 +78,27 @@ class Envelope:
         return {**payload, "event_id": _uuid7(), "kind": kind, "schema_version": version, "ts": ts, "run_id": self.run_id,
                 "attempt_id": attempt_id, "seq": 0, "writer": self.writer, "mkb_version": mkb.__version__}
 
-    def number(self, rows: list[dict[str, Any]]) -> None:
-        """Assign `seq` to accepted rows, in order; call under the writer's lock so a batch stays contiguous."""
-        with self._lock:
-            for row in rows:
-                row["seq"] = self._take(row["attempt_id"])
+    def constants(self, kind: str, version: str) -> dict[str, Any]:
+        """The envelope columns that are the same on every row of `kind` this writer writes (a writer lays them out per file, not per row)."""
+        const = self._constants.get((kind, version))
+        if const is None:
+            const = self._constants[(kind, version)] = {"kind": kind, "schema_version": version, "run_id": self.run_id, "writer": self.writer,
+                                                        "mkb_version": mkb.__version__}
+        return const
 
-    def _take(self, attempt_id: str | None) -> int:
-        block = self._blocks.get(attempt_id) if attempt_id is not None else None
+    @staticmethod
+    def event_id() -> str:
+        return _uuid7()
+
+    def number(self, rows: list[dict[str, Any]]) -> None:
+        """Assign `seq` to accepted rows, in order, under `lock` (a writer that shares `lock` calls `take` while it holds it instead)."""
+        with self.lock:
+            for row in rows:
+                row["seq"] = self.take(row["attempt_id"])
+
+    def take(self, attempt_id: str | None) -> int:
+        """The next seq of `attempt_id`; the caller holds `lock`."""
+        block = self._blocks.get(attempt_id) if self._blocks and attempt_id is not None else None
         if block is not None:
             if block[0] >= block[1]:
                 raise SeqExhausted(
@@ -101,12 +115,12 @@ class Envelope:
         """Reserve the next `n` seq numbers of `attempt_id` for another host (this writer's own events continue after them)."""
         if n < 1:
             raise ValueError(f"a seq block needs at least one number, got {n}")
-        with self._lock:
+        with self.lock:
             start = self._next.get(attempt_id, 0)
             self._next[attempt_id] = start + n
         return SeqBlock(attempt_id, start, start + n)
 
     def adopt(self, block: SeqBlock) -> None:
         """Number this writer's events of `block.attempt_id` from `block` (on the host the job was handed to)."""
-        with self._lock:
+        with self.lock:
             self._blocks[block.attempt_id] = [block.start, block.stop]

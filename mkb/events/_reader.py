@@ -12,16 +12,23 @@ immutable, so a second scan of the same store reads only new files' footers.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
 import warnings
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow._parquet import ParquetReader  # pq.read_metadata adds ~100 us a file of Python bookkeeping
+
+try:  # parses a footer's Thrift bytes alone (pyarrow's unpickling of FileMetaData): 20% less than opening a reader, which also builds an Arrow schema
+    from pyarrow._parquet import _reconstruct_filemetadata
+except ImportError:  # pragma: no cover - a pyarrow without it opens a reader
+    _reconstruct_filemetadata = None
 
 from mkb.events._schema import META_COMPACTED_FROM, META_KIND, META_VERSION, KindSchema, NewerSchemaError, SchemaError, parse_version, schema_for
 from mkb.events._store import Store, StoreError, _protocols, resolve_store
@@ -105,45 +112,102 @@ def _parse_footer(path: str, size: int, tail: bytes) -> FileInfo | str:
         return "empty file (torn, or a write in progress on a filesystem without hard links)"
     if len(tail) < 12 or tail[-4:] != b"PAR1":
         return "not a complete Parquet file (no PAR1 footer: torn or not Parquet)"
-    buf = tail if len(tail) >= size else b"PAR1" + tail  # pyarrow wants a leading magic; offsets in the footer are not followed
     try:
-        reader = ParquetReader()
-        reader.open(pa.py_buffer(buf))
-        meta = reader.metadata
+        meta = _footer_metadata(tail, size)
         kv = meta.metadata or {}
-        types = _types(meta, kv.get(b"ARROW:schema"))
+        shape = _shape(meta, kv.get(b"ARROW:schema"))
+        id_range, null_counts = _statistics(meta, shape)
     except Exception as exc:
         return f"unreadable Parquet footer ({type(exc).__name__}: {exc})"
+    compacted = kv.get(META_COMPACTED_FROM)
     try:
-        compacted = tuple(json.loads(kv.get(META_COMPACTED_FROM, b"[]")))
+        compacted = tuple(json.loads(compacted)) if compacted else ()
     except ValueError:
         compacted = ()
     return FileInfo(
-        id_range=_id_range(meta), null_counts=_null_counts(meta),
+        id_range=id_range, null_counts=null_counts,
         path=path, size=size, kind=kv.get(META_KIND, b"").decode(errors="replace"),
         version=kv.get(META_VERSION, b"").decode(errors="replace"), rows=meta.num_rows,
-        types=types, compacted_from=compacted,
+        types=shape.types, compacted_from=compacted,
     )
 
 
-def _id_range(meta: pq.FileMetaData) -> tuple[str, str] | None:
-    """(min, max) event_id over all row groups, from the footer statistics; None when any is missing."""
-    if meta.num_row_groups == 0:
-        return None
-    rg0 = meta.row_group(0)
-    idx = next((j for j in range(rg0.num_columns) if rg0.column(j).path_in_schema == "event_id"), None)
-    if idx is None:
-        return None
+def _footer_metadata(tail: bytes, size: int) -> pq.FileMetaData:
+    n = _footer_len(tail)
+    if _reconstruct_filemetadata is not None and 0 < n <= len(tail) - 8:
+        return _reconstruct_filemetadata(pa.py_buffer(tail[len(tail) - 8 - n:-8]))
+    buf = tail if len(tail) >= size else b"PAR1" + tail  # pyarrow wants a leading magic; offsets in the footer are not followed
+    reader = ParquetReader()
+    reader.open(pa.py_buffer(buf))
+    return reader.metadata
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What files of one column layout share: their Arrow types and where the columns the footer check reads sit."""
+
+    types: tuple[tuple[str, pa.DataType], ...]  # (column, arrow type) in file order
+    id_index: int | None  # leaf index of event_id
+    required: tuple[tuple[str, int], ...]  # (flat column, leaf index) of columns some kind requires
+    parquet: pq.ParquetSchema = field(compare=False)  # the layout these indices hold for
+
+
+_shapes: dict[bytes, _Shape] = {}
+
+
+def _shape(meta: pq.FileMetaData, blob: bytes | None) -> _Shape:
+    """The file's _Shape; converting a Parquet schema costs ~50 us a file, and files of one schema version share one ARROW:schema blob."""
+    hit = _shapes.get(blob) if blob is not None else None
+    if hit is not None and hit.parquet.equals(meta.schema):  # ~5 us: a blob copied onto other columns must not borrow their indices
+        return hit
+    types = tuple((f.name, f.type) for f in meta.schema.to_arrow_schema())
+    leaves = [meta.schema.column(j).path for j in range(meta.num_columns)]
+    required = _required_names()
+    shape = _Shape(
+        types=types,
+        id_index=next((j for j, name in enumerate(leaves) if name == "event_id"), None),
+        required=tuple((name, j) for j, name in enumerate(leaves) if name in required),  # list leaves ("x.list.element") never match
+        parquet=meta.schema,
+    )
+    if blob is not None and len(_shapes) < 4096:
+        _shapes[blob] = shape
+    return shape
+
+
+def _statistics(meta: pq.FileMetaData, shape: _Shape) -> tuple[tuple[str, str] | None, tuple[tuple[str, int | None], ...]]:
+    """(min, max) event_id and the null count of each required column over all row groups, from the footer statistics.
+
+    The id range is None when any row group lacks it; a null count is None when any row group lacks one.
+    Only the columns the checks use are touched: a footer holds statistics for every column.
+    """
+    n_groups = meta.num_row_groups
+    if n_groups == 0:
+        return None, ()
     lo = hi = None
-    for i in range(meta.num_row_groups):
-        st = meta.row_group(i).column(idx).statistics
-        if st is None or not st.has_min_max:
-            return None
-        lo = st.min if lo is None or st.min < lo else lo
-        hi = st.max if hi is None or st.max > hi else hi
-    if isinstance(lo, bytes):
-        lo, hi = lo.decode(errors="replace"), hi.decode(errors="replace")
-    return (lo, hi)
+    have_range = shape.id_index is not None
+    totals = dict.fromkeys((name for name, _ in shape.required), 0)
+    for i in range(n_groups):
+        rg = meta.row_group(i)
+        if have_range:
+            st = rg.column(shape.id_index).statistics
+            if st is None or not st.has_min_max:
+                have_range = False
+            else:
+                lo = st.min if lo is None or st.min < lo else lo
+                hi = st.max if hi is None or st.max > hi else hi
+        for name, j in shape.required:
+            st = rg.column(j).statistics
+            prev = totals[name]
+            if st is None or not st.has_null_count or prev is None:
+                totals[name] = None
+            else:
+                totals[name] = prev + st.null_count
+    id_range = None
+    if have_range:
+        if isinstance(lo, bytes):
+            lo, hi = lo.decode(errors="replace"), hi.decode(errors="replace")
+        id_range = (lo, hi)
+    return id_range, tuple(totals.items())
 
 
 def _required_names() -> frozenset[str]:
@@ -157,26 +221,6 @@ def _required_names() -> frozenset[str]:
 
 
 _REQUIRED: frozenset[str] | None = None
-
-
-def _null_counts(meta: pq.FileMetaData) -> tuple[tuple[str, int | None], ...]:
-    """Nulls per required flat column from the footer statistics, so required columns are checked without reading data."""
-    if meta.num_row_groups == 0:
-        return ()
-    required = _required_names()
-    totals: dict[str, int | None] = {}
-    for i in range(meta.num_row_groups):
-        rg = meta.row_group(i)
-        for j in range(rg.num_columns):
-            col = rg.column(j)
-            name = col.path_in_schema
-            if name not in required:  # also skips list leaves ("x.list.element"): list nullability is not checked from statistics
-                continue
-            st = col.statistics
-            n = st.null_count if st is not None and st.has_null_count else None
-            prev = totals.get(name, 0)
-            totals[name] = None if n is None or prev is None else prev + n
-    return tuple(totals.items())
 
 
 def overlap_groups(files: list[FileInfo]) -> list[list[FileInfo]]:
@@ -202,28 +246,19 @@ def overlap_groups(files: list[FileInfo]) -> list[list[FileInfo]]:
     return groups
 
 
-_types_by_blob: dict[bytes, tuple[tuple[str, pa.DataType], ...]] = {}
-
-
-def _types(meta: pq.FileMetaData, blob: bytes | None) -> tuple[tuple[str, pa.DataType], ...]:
-    """Column types; converting the Parquet schema costs ~50 us a file, and files of one schema version share one ARROW:schema blob."""
-    if blob is not None and blob in _types_by_blob:
-        return _types_by_blob[blob]
-    types = tuple((f.name, f.type) for f in meta.schema.to_arrow_schema())
-    if blob is not None:
-        _types_by_blob[blob] = types
-    return types
-
-
 def _footer_len(tail: bytes) -> int:
     return int.from_bytes(tail[-8:-4], "little") if len(tail) >= 8 else 0
 
 
 def _inspect_local(files: list[tuple[str, int]]) -> list[FileInfo | str]:
-    """Read and parse footers in a thread pool (pyarrow releases the GIL while it parses)."""
+    """Read footers in a thread pool, a few slices ahead, and parse them here.
 
-    def info(item):
-        tail = one(item)
+    Parsing holds the GIL (~100 us a footer), so threads parsing at once only contend (measured: slower than
+    one thread on an idle 2-core machine); reading is what threads overlap (a cold disk, a network
+    filesystem). At most `ahead` slices of tails are held at once, whatever the number of files.
+    """
+
+    def info(item, tail):
         if isinstance(tail, BaseException):
             return f"unreadable ({type(tail).__name__}: {tail})"
         return _parse_footer(item[0], item[1], tail)
@@ -231,21 +266,32 @@ def _inspect_local(files: list[tuple[str, int]]) -> list[FileInfo | str]:
     def one(item):
         path, size = item
         try:
-            with open(path, "rb") as f:
-                f.seek(max(0, size - _TAIL))
-                tail = f.read()
+            fd = os.open(path, os.O_RDONLY)  # os.pread: a buffered file object costs more than the read
+            try:
+                tail = os.pread(fd, min(size, _TAIL), max(0, size - _TAIL))
                 need = _footer_len(tail) + 8
                 if tail[-4:] == b"PAR1" and len(tail) < need <= size:
-                    f.seek(size - need)
-                    tail = f.read()
+                    tail = os.pread(fd, need, size - need)
+            finally:
+                os.close(fd)
             return tail
         except Exception as exc:
             return exc
 
     if len(files) < 64:
-        return [info(x) for x in files]
-    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-        return list(pool.map(info, files, chunksize=32))
+        return [info(x, one(x)) for x in files]
+    step, ahead = 128, 4
+    slices = iter([files[k:k + step] for k in range(0, len(files), step)])
+    out: list[FileInfo | str] = []
+    with ThreadPoolExecutor(max_workers=ahead) as pool:
+        queue = deque((part, pool.submit(lambda p: [one(x) for x in p], part)) for part in itertools.islice(slices, ahead))
+        while queue:
+            part, tails = queue.popleft()
+            nxt = next(slices, None)
+            if nxt is not None:
+                queue.append((nxt, pool.submit(lambda p: [one(x) for x in p], nxt)))
+            out.extend(info(item, tail) for item, tail in zip(part, tails.result()))
+    return out
 
 
 def _read_tails_remote(store: Store, files: list[tuple[str, int]]) -> list[bytes | Exception]:
@@ -324,11 +370,10 @@ def classify(schema: KindSchema, info: FileInfo | str) -> str | None:
         if chain(schema.kind, major, schema.major) is None:
             return f"older major schema {info.version} and no upcaster to {schema.major}.x registered (this mkb reads {schema.major}.x)\nhint: read it with the mkb release that wrote it"
         return None  # columns are checked after upcasting, when it is read
-    canon = {f.name: f.type for f in schema.arrow()}
+    why = _type_verdict(schema, info.types)
+    if why:
+        return why
     present = dict(info.types)
-    for name, typ in info.types:
-        if name in canon and not _same_type(canon[name], typ):
-            return f"column {name!r} is {typ}, the {schema.kind} schema says {canon[name]}"
     nulls = dict(info.null_counts)
     for c in schema.columns:
         if c.nullable:
@@ -343,6 +388,27 @@ def classify(schema: KindSchema, info: FileInfo | str) -> str | None:
         if n:
             return f"required column {c.name!r} holds {n} null(s) (the {schema.kind} schema forbids null)"
     return None
+
+
+_type_verdicts: dict[tuple, str | None] = {}
+
+
+def _type_verdict(schema: KindSchema, types: tuple[tuple[str, pa.DataType], ...]) -> str | None:
+    """Why a file of these column types is not of the schema, or None; files of one layout share it (comparing 16 types cost ~100 us a file)."""
+    key = (schema, types)
+    hit = _type_verdicts.get(key, False)
+    if hit is not False:
+        return hit
+    canon = {f.name: f.type for f in schema.arrow()}
+    why = None
+    for name, typ in types:
+        if name in canon and not _same_type(canon[name], typ):
+            why = f"column {name!r} is {typ}, the {schema.kind} schema says {canon[name]}"
+            break
+    if len(_type_verdicts) > 4096:
+        _type_verdicts.clear()
+    _type_verdicts[key] = why
+    return why
 
 
 _verdicts: dict[tuple, str | None] = {}
@@ -402,6 +468,14 @@ def _check(store: Store, kind: str, report: ScanReport, *, warn: bool = True, st
 
 
 _bad_data: dict[tuple, str] = {}  # files whose footer is intact but whose data pages are not (found when read)
+
+
+def clear_caches() -> None:
+    """Forget every footer, verdict and layout seen, as in a fresh process (benchmarks measure cold reads with it)."""
+    with _cache_lock:
+        _cache.clear()
+    for c in (_verdicts, _type_verdicts, _shapes, _bad_data):
+        c.clear()
 _CHUNK = 2048  # files per native scan: an error is searched for within one chunk, not the whole store
 _RETRIES = 5
 
@@ -459,7 +533,8 @@ def scan(kind: str, store: str | Store | None = None, *, report: ScanReport | No
             )
         if predicate is not None:
             df = df.filter(predicate)
-        df = df.select(cols)
+        if df.columns != cols:  # a select on a frame of a chunk per file costs ~1 s per 10,000 files: only when it changes something
+            df = df.select(cols)
         if n_rows is not None:
             df = df.head(n_rows)
         yield df

@@ -558,6 +558,38 @@ def test_files_missing_required_columns_or_holding_nulls_are_skipped_and_named(s
     assert read("annotation", store_url, dedupe=False).height == 4
 
 
+def test_a_file_carrying_another_layouts_arrow_schema_is_checked_on_its_own_columns(store_url):
+    """The footer check caches column positions per ARROW:schema blob; a blob copied onto reordered columns must not borrow them."""
+    _annotations(store_url, 4)  # their layout (and blob) is now cached
+    read("annotation", store_url)
+    schema = schema_for("annotation")
+    good = rows_to_table(schema, _envelope_rows("annotation", 100, prefix="y"))
+    meta = good.schema.metadata  # mkb.kind and mkb.schema_version
+    sink = pa.BufferOutputStream()
+    pq.write_table(good, sink)
+    arrow_blob = pq.read_metadata(pa.BufferReader(sink.getvalue())).metadata[b"ARROW:schema"]
+    names = list(good.column_names)
+    i, j = names.index("label"), names.index("attempt_id")  # label (required) where a nullable column sat
+    names[i], names[j] = names[j], names[i]
+    swapped = good.select(names)
+    swapped = swapped.set_column(swapped.schema.get_field_index("label"), pa.field("label", pa.string()), pa.array([None] * 100, pa.string()))
+    swapped = swapped.set_column(swapped.schema.get_field_index("attempt_id"), pa.field("attempt_id", pa.string()), pa.array(["a"] * 100))  # no nulls where label sat
+    swapped = swapped.replace_schema_metadata({**meta, b"ARROW:schema": arrow_blob})
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, swapped.schema, store_schema=False) as writer:  # no ARROW:schema of its own: the copied one goes in as given
+        writer.write_table(swapped)
+        writer.add_key_value_metadata({k.decode(): v.decode() for k, v in swapped.schema.metadata.items()})
+    assert pq.read_metadata(pa.BufferReader(sink.getvalue())).metadata[b"ARROW:schema"] == arrow_blob
+    store = resolve_store(store_url)
+    path = f"{store.kind_dir('annotation')}/borrowed-blob.parquet"
+    store.fs.pipe_file(path, sink.getvalue().to_pybytes())
+    report = ScanReport()
+    with pytest.warns(UserWarning):
+        df = read("annotation", store_url, report=report)
+    assert df.height == 4 and df["label"].null_count() == 0
+    assert "required column 'label' holds 100 null(s)" in report.skipped.get(path, ""), report.skipped
+
+
 def _corrupt_pages(data: bytes) -> bytes:
     """Garbage over the column chunks, the footer intact."""
     footer = int.from_bytes(data[-8:-4], "little") + 8

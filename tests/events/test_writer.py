@@ -116,3 +116,72 @@ def test_background_compaction_keeps_the_file_count_bounded(tmp_path):
     compact_kind("annotation", url, grace_s=0)
     assert len(list((tmp_path / "ds" / "kind=annotation").iterdir())) == 1
     assert sorted(read("annotation", url)["reason"].cast(int).to_list()) == list(range(200))
+
+
+def test_a_payload_shape_seen_before_is_still_checked_for_every_value_that_can_fail(tmp_path):
+    """emit checks a (keys, value types) shape once and then only int ranges: every other failure must still raise."""
+    import pytest
+
+    from mkb.events import SchemaError
+    from events_helpers import example_rows
+
+    url = str(tmp_path / "ds")
+    good = {k: v for k, v in example_rows("verdict", 1)[0].items() if k != "attempt_id"}
+    assert isinstance(good["problem"], int) and isinstance(good["speedup"], float)
+    w = EventWriter(url)
+    for _ in range(3):  # the shape is now known
+        w.emit("verdict", attempt_id="a", **good)
+    with pytest.raises(SchemaError, match=r"'problem' expects an int within int64"):
+        w.emit("verdict", attempt_id="a", **dict(good, problem=2**63))
+    with pytest.raises(SchemaError, match=r"'problem' expects an int within int64"):
+        w.emit("verdict", attempt_id="a", **dict(good, problem=-(2**63) - 1))
+    with pytest.raises(SchemaError, match=r"'speedup' expects a float or int"):
+        w.emit("verdict", attempt_id="a", **dict(good, speedup="fast"))
+    with pytest.raises(SchemaError, match=r"required column 'passed' is missing or null"):
+        w.emit("verdict", attempt_id="a", **dict(good, passed=None))
+    with pytest.raises(SchemaError, match=r"'attempt_id' expects a str"):
+        w.emit("verdict", attempt_id=7, **good)
+    with pytest.raises(SchemaError, match=r"envelope columns \['seq'\] are filled in by the writer"):
+        w.emit("verdict", attempt_id="a", **dict(good, seq=3))
+    w.emit("verdict", attempt_id="a", **dict(good, speedup=2))  # an int is a valid float64, checked and in range
+    w.close()
+    df = read("verdict", url).sort("seq")
+    assert df.height == 4 and df["seq"].to_list() == [0, 1, 2, 3]
+    assert df["speedup"].to_list() == [good["speedup"]] * 3 + [2.0]
+
+
+def test_a_flush_mixing_checked_shapes_and_full_rows_keeps_emit_order_and_every_value(tmp_path):
+    """Rows of a seen shape are buffered as values, others as dicts (a JSON dict, a list, a new shape): one file holds them all, in order."""
+    from mkb.events import schema_for
+
+    kind = next(k for k in ("timing", "verification", "characterisation") if any(c.type == "json" for c in schema_for(k).columns))
+    from events_helpers import example_rows
+
+    base = {k: v for k, v in example_rows(kind, 1)[0].items() if k != "attempt_id"}
+    json_col = next(c.name for c in schema_for(kind).columns if c.type == "json")
+    nullable = next(c.name for c in schema_for(kind).columns if c.nullable and c.name not in schema_for(kind).envelope and c.name != json_col)
+    url = str(tmp_path / "ds")
+    expected = []
+    with EventWriter(url, flush_every=10**6) as w:
+        for i in range(12):
+            row = dict(base)
+            if i % 4 == 1:
+                row[json_col] = {"i": i}  # a dict: checked in full and serialised every time
+            elif i % 4 == 2:
+                row.pop(nullable)  # another shape of keys
+            elif i % 4 == 3:
+                row[nullable] = None
+            attempt = f"a{i % 2}"
+            eid = w.emit(kind, attempt_id=attempt, **row)
+            expected.append((eid, attempt, json.loads(json.dumps(row[json_col])) if i % 4 == 1 else json.loads(row[json_col])))
+        ids = w.emit_many(kind, [dict(base, attempt_id="a0"), dict(base, attempt_id="a1", **{json_col: {"many": 1}})])
+        expected += [(ids[0], "a0", json.loads(base[json_col])), (ids[1], "a1", {"many": 1})]
+    assert len(w.files_written) == 1
+    df = read(kind, url)
+    assert df["event_id"].to_list() == [e[0] for e in expected]  # file order is emit order
+    assert df["attempt_id"].to_list() == [e[1] for e in expected]
+    assert [json.loads(v) for v in df[json_col].to_list()] == [e[2] for e in expected]
+    assert df["seq"].to_list() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]
+    assert df.filter(df["event_id"].is_in([e[0] for i, e in enumerate(expected[:12]) if i % 4 in (2, 3)]))[nullable].null_count() == 6
+    assert set(df["writer"].to_list()) == {w.writer_id} and set(df["run_id"].to_list()) == {w.run_id}
+    assert df["kind"].unique().to_list() == [kind] and df["schema_version"].unique().to_list() == [schema_for(kind).version]
