@@ -82,7 +82,7 @@ def plan_groups(files: list[FileInfo], *, target_rows: int, target_bytes: int = 
 
 def _read_canonical(store: Store, schema: KindSchema, info: FileInfo) -> pa.Table:
     with store.fs.open(info.path, "rb") as fh:
-        table = pq.read_table(fh)
+        table = pq.read_table(fh, use_threads=False)
     arrow = schema.arrow()
     cols = []
     for f in arrow:
@@ -159,7 +159,7 @@ def _shared_id_groups(store: Store, files: list[FileInfo]) -> list[list[FileInfo
         ids, owner = [], []
         for n, f in enumerate(group):
             with store.fs.open(f.path, "rb") as fh:
-                col = pq.read_table(fh, columns=["event_id"]).column("event_id").combine_chunks()
+                col = pq.read_table(fh, columns=["event_id"], use_threads=False).column("event_id").combine_chunks()
             ids.append(col)
             owner.append(pa.array([n] * len(col), pa.int32()))
         t = pa.table({"id": pa.concat_arrays(ids), "f": pa.concat_arrays(owner)})

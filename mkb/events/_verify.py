@@ -44,7 +44,7 @@ def verify(store: str | Store | None = None, *, kinds: list[str] | None = None, 
         for path in paths:
             try:
                 with store.fs.open(path, "rb") as fh:
-                    table = pq.read_table(fh)
+                    table = pq.read_table(fh, use_threads=False)
                 out.rows += table.num_rows if path not in superseded else 0
             except FileNotFoundError:
                 continue  # deleted by a compaction while we verified: its rows are in the merged file

@@ -161,7 +161,7 @@ def recorded(store: Any, *, size: str, ctx: Context, backend: str) -> dict[tuple
     cols = ["problem_hash", "mode", "size", "gpu", "gpu_model", "torch_version", "backend", "status", "error_class", "compile_cap_s"]
     for info in _check(st, "torch_compile", ScanReport()):
         with st.fs.open(info.path, "rb") as fh:
-            t = pq.read_table(fh, columns=cols).to_pylist()
+            t = pq.read_table(fh, columns=cols, use_threads=False).to_pylist()
         for r in t:
             if (r["size"], r["torch_version"], r["backend"]) != (size, ctx.torch_version, backend):
                 continue
