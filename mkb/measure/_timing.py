@@ -15,7 +15,7 @@ excess is the host's state, not the kernel's: problem 72's eager (about 60 small
 at 322 us (0.67%); and the grader's worker, whose profiler (CUPTI) slows every launch on the host,
 made 20 us kernels bimodal (19-59 us medians). The host's dispatch time is kept per call beside the
 window (`LoopRecord.host_us`) and reported, never mixed into the time. A call that dispatches for
-longer than the sleep, or syncs with the host, still pays it inside the window.
+longer than the hold, or syncs with the host, still pays it inside the window.
 `tail` (end -> after a spin on the current stream and a device-wide synchronize) is kept per call: work
 left on other streams after `end` shows up there, and the grader compares it with an empty call's
 (`side_work_us`); the spin keeps the host's wake-up from a blocking wait out of it.
