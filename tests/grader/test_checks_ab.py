@@ -1,0 +1,40 @@
+"""The A/B comparison of scripts/gpu_checks_ab.py (issue #9's unchanged-median evidence) judges what it should."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import gpu_checks_ab as ab  # noqa: E402
+
+
+def _v(us: float, *, passed: bool = True, calls: int = 100) -> dict:
+    return {"passed": passed, "median_us": us, "timed_calls": calls, "n_timed_planned": 100}
+
+
+def test_b_is_compared_with_the_mean_of_the_two_a_gradings() -> None:
+    (r,) = ab.compare({"28/cute": {"A1": _v(100.0), "B": _v(100.4), "A2": _v(100.2)}})
+    assert r["all_passed"] and r["full_calls"]
+    assert abs(r["a_vs_b"] - 0.3 / 100.1) < 1e-12
+    assert abs(r["a1_vs_a2"] - 0.002) < 1e-12
+    assert r["within_tol"]
+
+
+def test_a_median_moved_by_more_than_half_a_percent_is_outside() -> None:
+    (r,) = ab.compare({"25/tirx": {"A1": _v(20.0), "B": _v(20.2), "A2": _v(20.0)}})
+    assert abs(r["a_vs_b"] - 0.01) < 1e-12
+    assert not r["within_tol"]
+
+
+def test_a_failed_or_missing_grading_is_never_within_tolerance() -> None:
+    rows = ab.compare({"1/cute": {"A1": _v(10.0), "B": _v(10.0, passed=False), "A2": _v(10.0)},
+                       "1/tirx": {"A1": _v(10.0), "A2": _v(10.0)}})
+    assert [r["all_passed"] for r in rows] == [False, False]
+    assert [r["within_tol"] for r in rows] == [False, False]
+
+
+def test_an_early_stop_on_a_baseline_is_reported() -> None:
+    (r,) = ab.compare({"53/tirx": {"A1": _v(10.0, calls=51), "B": _v(10.0), "A2": _v(10.0)}})
+    assert not r["full_calls"]
