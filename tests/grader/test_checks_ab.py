@@ -38,3 +38,9 @@ def test_a_failed_or_missing_grading_is_never_within_tolerance() -> None:
 def test_an_early_stop_on_a_baseline_is_reported() -> None:
     (r,) = ab.compare({"53/tirx": {"A1": _v(10.0, calls=51), "B": _v(10.0), "A2": _v(10.0)}})
     assert not r["full_calls"]
+
+
+def test_without_the_second_pass_b_is_compared_with_a1() -> None:
+    (r,) = ab.compare({"72/cute": {"A1": _v(300.0), "B": _v(301.0)}})
+    assert r["all_passed"] and r["a1_vs_a2"] is None
+    assert abs(r["a_vs_b"] - 1.0 / 300.0) < 1e-12 and r["within_tol"]
