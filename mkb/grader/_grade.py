@@ -43,7 +43,7 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
     if not worker.wait_ready(cfg.start_limit_s):
         worker.kill()
         worker.cleanup()
-        return [], Reason.INFRA_ERROR, f"worker did not start:\n{worker.ready_error}", book
+        return [], Reason.INFRA_ERROR, f"worker did not start: {worker.ready_error}", book
     book["worker_wait_s"] = time.monotonic() - t_wait
     book["worker_start_s"] = worker.ready.get("start_s")
     book["gpu"] = worker.ready.get("gpu")

@@ -55,17 +55,35 @@ CLOCK_WARM_MIN_S = 0.03  # the shortest clock warm-up, even on a GPU that reads 
 SIDE_WORK_FRACTION = 0.1
 
 
+class WarmStartError(RuntimeError):
+    """A step of the worker's job-independent GPU warm-up failed: the message names the step in one line."""
+
+
+def _warm_step(what: str, hint: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - re-raised with the step named
+        raise WarmStartError(f"the grader worker's warm start failed at {what}: {type(exc).__name__}: "
+                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else '(no message)'}; hint: {hint}") from exc
+
+
 def warm_start(device: str) -> None:
     """Work that does not depend on the job, done while the worker waits for one: the profiler's (CUPTI)
     first-use initialisation, the harness stream's id as the profiler names it, and the timing window's
-    SM hold (compiled by NVRTC on first use)."""
+    SM hold (compiled by NVRTC on first use). A failure names its step (`WarmStartError`): it is the
+    host's, never a candidate's, and the operator needs to know which piece of the toolchain broke."""
     if device == "cuda" and "streams" not in _WARM:
         t0 = _perf()
-        _WARM["streams"] = _Device("cuda").harness_streams()
+        _WARM["streams"] = _warm_step(
+            "the profiler's first use (CUPTI)", "check that the CUDA toolkit's CUPTI library matches the driver",
+            lambda: _Device("cuda").harness_streams())
         _WARM["profiler_init_s"] = _perf() - t0
-        _WARM["sm_clock"] = SmClock()
+        _WARM["sm_clock"] = _warm_step("reading the SM clock (NVML)", "check that pynvml can open the GPU",
+                                       SmClock)
         t0 = _perf()
-        sm_hold()
+        _warm_step("building the timing window's SM hold (a jiterator kernel compiled by NVRTC)",
+                   "check that torch can compile a jiterator kernel here (torch.cuda.jiterator; NVRTC in the CUDA "
+                   "runtime torch ships)", sm_hold)
         _WARM["hold_compile_s"] = _perf() - t0
 
 

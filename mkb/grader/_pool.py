@@ -275,7 +275,8 @@ class Worker:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        err = msg.get("log", "") if isinstance(msg, dict) else f"worker start: {msg}"
+        err = (f"{msg['what']}\n{msg.get('log', '')}" if msg.get("what") else msg.get("log", "")) \
+            if isinstance(msg, dict) else f"worker start: {msg}"
         self._finish_start(None, err + "\n" + self.log_text())
 
     def quiet_wait_s(self) -> float:

@@ -92,3 +92,11 @@ class FakeBackendNoStatic(FakeBackend):
 
     def static_rules(self, source: str) -> tuple[StaticFinding, ...]:
         return ()
+
+
+class FakeBackendBrokenToolchain(FakeBackend):
+    """A DSL whose toolchain module is missing on this host: the worker cannot start."""
+
+    @property
+    def import_modules(self) -> tuple[str, ...]:
+        return ("mkb_no_such_toolchain_module",)
