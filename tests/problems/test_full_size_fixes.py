@@ -89,3 +89,36 @@ def test_problem_50_chunked_k_gemms_compute_the_reference(monkeypatch):
         x = p.make_inputs(seed, device="cpu", size="smoke")
         r = compare(expect(m, x), m.eager(*x), inputs_after=x, input_names=p.meta.inputs)
         assert r.ok, (seed, r.message)
+
+
+def test_problem_06_unshifted_prefix_lse_matches_the_shifted_one_and_falls_back_outside_exps_range():
+    from mkb.problems import split_kv
+
+    p = get_problem(6)
+    a = p.make_inputs(3, device="cpu", size="smoke")
+    fast = split_kv.split_prefix_prefill_eager(*a[:7], sm_scale=a[7])
+    shifted = split_kv.split_prefix_prefill_eager(*a[:7], sm_scale=a[7], shifted=True)
+    assert torch.equal(fast[0], shifted[0]) or (fast[0].float() - shifted[0].float()).abs().max() <= 2 ** -7
+    assert (fast[1] - shifted[1]).abs().max() <= 4e-6
+    # scores ~ N(0, 200^2): exp overflows, so the call must be redone with the max shift and still agree
+    big = list(a)
+    big[0] = (a[0].float() * 200).to(a[0].dtype)
+    calls = []
+    orig = split_kv.split_prefix_prefill_eager
+
+    def spy(*args, **kw):
+        calls.append(kw.get("shifted", False))
+        return orig(*args, **kw)
+
+    split_kv.split_prefix_prefill_eager = spy
+    try:
+        out = spy(*big[:7], sm_scale=big[7])
+    finally:
+        split_kv.split_prefix_prefill_eager = orig
+    assert calls == [False, True]
+    assert torch.isfinite(out[1]).all()
+    r = compare(expect(p.module, tuple(big)), out, inputs_after=big, input_names=p.meta.inputs)
+    assert r.ok, r.message
+    assert not bool(split_kv._lse_in_range(torch.tensor([1.0, float("inf")])))
+    assert not bool(split_kv._lse_in_range(torch.tensor([1.0, -61.0])))
+    assert bool(split_kv._lse_in_range(torch.tensor([1.0, -59.0])))
