@@ -12,6 +12,16 @@ ring (InputStream keeps >= 3 sets) and, while an anchor is computed, a set and i
 compares that bound with an H200's 141 GB (139.8 GiB usable).
 
     PYTHONPATH=$PWD python benchmarks/full_size_memory.py [--over-only]
+
+--audit N measures instead the peak of problem N's full-size audit (mkb.problems._audit) on the CPU: the audit runs
+at a probe size (AUDIT_PROBES: the full size's dimensions scaled down so that every large tensor keeps its
+proportion to the others, e.g. 50's tokens : expert weights), every storage an op allocates is counted while it
+lives (a TorchDispatchMode with a finaliser per storage: the bytes torch.cuda.max_memory_allocated would see,
+without the allocator's rounding), and the peak, as a multiple of one input set, is scaled to the full-size set
+(shapes on the meta device). 50 at its old 2048 tokens and the audit before the one-swapped-input change predicts
+the 121 GiB allocated + 8 GiB requested of its H200 out-of-memory failure (events/h200-characterisation-3):
+
+    PYTHONPATH=$PWD python benchmarks/full_size_memory.py --audit 50 [--audit 51] [--probe 50=4,64,16,32]
 """
 
 from __future__ import annotations
@@ -32,6 +42,90 @@ def _f64_bytes(values) -> int:
     return sum(v.numel() * 8 for v in values if isinstance(v, torch.Tensor) and v.is_floating_point())
 
 
+# probe dimensions, in the order of the problem's SIZES tuple, with the full size's proportions between its large
+# tensors: 50 (T, H, I, E): T / (E I) = 1024 / (256 x 1024) = 1 / 256 at full size and 2 / (32 x 16) here;
+# 51 (T, H, I, E): T / (E I) = 4096 / (128 x 2880) ~ 1 / 90 at full size, 3 / (8 x 32) here, H = I as at full size
+AUDIT_PROBES: dict[int, tuple[int, ...]] = {50: (2, 64, 16, 32), 51: (3, 32, 32, 8)}
+
+
+class LiveBytes:
+    """Counts the bytes of every tensor storage created inside it while that storage lives, and their peak."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        live = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in torch.utils._pytree.tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                        live._track(t.untyped_storage())
+                return out
+
+        self._mode = _Mode()
+        self._sizes: dict[int, int] = {}
+        self.current = self.peak = 0
+
+    def _track(self, storage) -> None:
+        import weakref
+
+        key, n = storage.data_ptr(), storage.nbytes()
+        if n == 0 or key in self._sizes:
+            return
+        self._sizes[key] = n
+        self.current += n
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(storage, self._free, key)
+
+    def _free(self, key: int) -> None:
+        self.current -= self._sizes.pop(key, 0)
+
+    def __enter__(self) -> "LiveBytes":
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+
+
+def audit_peak(number: int, dims: tuple[int, ...]) -> tuple[int, int, int, object]:
+    """(peak bytes of the audit at the probe size, one probe input set's bytes, one full-size set's bytes, report)."""
+    from mkb.problems import get_problem
+    from mkb.problems._audit import audit_problem
+
+    p = get_problem(number)
+    sizes = getattr(p.module, "SIZES", None)
+    if not isinstance(sizes, dict) or len(sizes["full"]) != len(dims):
+        raise SystemExit(f"problem {number}: no SIZES dict with {len(dims)} dimensions to probe\n"
+                         "hint: --audit works for problems whose make_inputs reads SIZES[size]")
+    full_set = _bytes(p.make_inputs(0, device="meta", size="full"))
+    sizes["probe"] = tuple(dims)
+    try:
+        probe_set = _bytes(p.make_inputs(0, device="meta", size="probe"))
+        with LiveBytes() as live:
+            report = audit_problem(p, size="probe", device="cpu")
+    finally:
+        del sizes["probe"]
+    return live.peak, probe_set, full_set, report
+
+
+def audit_main(numbers: list[int], probes: dict[int, tuple[int, ...]]) -> None:
+    print(f"{'problem':52s} {'probe':>16s} {'probe peak':>10s} {'x sets':>6s} {'full set GiB':>12s} "
+          f"{'full peak GiB':>13s}  fits H200  audit at probe size")
+    for n in numbers:
+        dims = probes.get(n) or AUDIT_PROBES.get(n)
+        if dims is None:
+            raise SystemExit(f"problem {n}: no probe dimensions\nhint: pass --probe {n}=d1,d2,...")
+        peak, probe_set, full_set, rep = audit_peak(n, dims)
+        ratio = peak / probe_set
+        full_peak = ratio * full_set / 2**30
+        status = "ok" if rep.ok else "FAIL: " + rep.failures().splitlines()[0][:80]
+        print(f"{rep.slug[:52]:52s} {','.join(map(str, dims)):>16s} {peak / 2**10:8.0f}KB {ratio:6.2f} "
+              f"{full_set / 2**30:12.2f} {full_peak:13.1f}  {'yes' if full_peak < H200_GIB else 'NO':9s}  {status}")
+
+
 def main() -> None:
     from mkb.grader import GraderConfig
     from mkb.measure import as_tuple
@@ -39,7 +133,21 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--over-only", action="store_true", help="only problems whose grading may exceed an H200")
+    ap.add_argument("--audit", type=int, action="append", default=[], metavar="N",
+                    help="measure problem N's full-size audit peak instead (CPU, at a probe size; repeatable)")
+    ap.add_argument("--probe", action="append", default=[], metavar="N=D1,D2,...",
+                    help="probe dimensions for --audit N, in the order of the problem's SIZES tuple")
     a = ap.parse_args()
+    if a.audit:
+        probes = {}
+        for item in a.probe:
+            num, _, dims = item.partition("=")
+            try:
+                probes[int(num)] = tuple(int(d) for d in dims.split(","))
+            except ValueError:
+                raise SystemExit(f"--probe {item!r}: expected N=D1,D2,... (integers)") from None
+        audit_main(a.audit, probes)
+        return
     cfg = GraderConfig()
     n_exp = cfg.draws + max(1, round(cfg.recheck_fraction * cfg.n_timed)) + 1
     print(f"# grading: {n_exp} expectations kept (GraderConfig draws={cfg.draws}, n_timed={cfg.n_timed}, "
