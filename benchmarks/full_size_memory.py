@@ -151,8 +151,12 @@ def main() -> None:
     cfg = GraderConfig()
     n_exp = cfg.draws + max(1, round(cfg.recheck_fraction * cfg.n_timed)) + 1
     print(f"# grading: {n_exp} expectations kept (GraderConfig draws={cfg.draws}, n_timed={cfg.n_timed}, "
-          f"recheck_fraction={cfg.recheck_fraction}), plus at most 4 input sets and one fp64 copy")
-    print(f"{'problem':58s} {'inputs GiB':>10s} {'fp64 in GiB':>11s} {'outputs GiB':>11s} {'peak GiB':>9s}  fits H200")
+          f"recheck_fraction={cfg.recheck_fraction}), plus at most 4 input sets and one fp64 copy; 'sampled': the "
+          f"same with every float output over {SAMPLE_K} elements kept at {SAMPLE_K} positions (DESIGN, full-size "
+          f"memory), beside the larger of the trusted phase (a set, its fp64 copy, the one full expectation being "
+          f"computed) and the timing phase (4 sets)")
+    print(f"{'problem':58s} {'inputs GiB':>10s} {'fp64 in GiB':>11s} {'outputs GiB':>11s} {'peak GiB':>9s}  fits H200"
+          f"  {'sampled GiB':>11s}")
     over = 0
     for p in problems():
         try:
@@ -161,23 +165,54 @@ def main() -> None:
             print(f"{p.slug:58s} {'?':>10s}")
             continue
         ib, fb = _bytes(inputs) / 2**30, _f64_bytes(inputs) / 2**30
-        try:
-            outs = as_tuple(p.reference(*inputs))
-            ob = _bytes(outs) / 2**30
-            ob64 = _f64_bytes(outs) / 2**30
-        except Exception:  # data-dependent reference: no shapes without values
-            ob = ob64 = math.nan
+        outs, approx = _output_shapes(p, inputs)
+        known = outs is not None
         # per expectation: the reference's outputs and their fp64 anchors (plus mutated inputs, counted in the set)
         # unknown outputs count as 0: the figure is then a lower bound (">=")
-        known = not math.isnan(ob)
+        ob = sum(n * e for n, e, _ in outs) / 2**30 if known else math.nan
+        ob64 = sum(n * 8 for n, _, f in outs if f) / 2**30 if known else math.nan
         peak = n_exp * (ob + ob64 if known else 0.0) + 4 * ib + fb
+        # sampled: the kept expectations beside the larger of the trusted phase (one set, its fp64 copy and the full
+        # expectation being computed, before it is sampled) and the timing phase (the compile set and a ring of 3)
+        kept = n_exp * sum(min(n, SAMPLE_K) * (e + 8 * f) for n, e, f in outs) / 2**30 if known else math.nan
+        sampled = kept + max(ib + fb + ob + ob64, 4 * ib)
         fits = "NO" if peak >= H200_GIB else ("yes" if known else "?")
         over += fits == "NO"
         if a.over_only and fits != "NO":
             continue
-        fmt = lambda x: "?" if math.isnan(x) else f"{x:.1f}"  # noqa: E731
-        print(f"{p.slug:58s} {ib:10.2f} {fb:11.2f} {fmt(ob):>11s} {('' if known else '>=') + f'{peak:.1f}':>9s}  {fits}")
-    print(f"# {over} problems' gradings may exceed an H200 at full size")
+        fmt = lambda x: "?" if math.isnan(x) else ("~" if approx else "") + f"{x:.1f}"  # noqa: E731
+        print(f"{p.slug:58s} {ib:10.2f} {fb:11.2f} {fmt(ob):>11s} {('' if known else '>=') + fmt(peak):>9s}  "
+              f"{fits:9s}  {fmt(sampled):>11s}")
+    print(f"# {over} problems' gradings may exceed an H200 at full size (~: outputs scaled from the audit probe size)")
+
+
+SAMPLE_K = 2**24  # positions kept per sampled output (DESIGN, Problem contract, full-size memory)
+
+
+def _output_shapes(p, inputs) -> tuple[list[tuple[int, int, bool]] | None, bool]:
+    """[(numel, element bytes, is float)] of the reference's full-size outputs, and whether they are scaled from the
+    audit probe size: a data-dependent reference (routing by nonzero/unique) cannot run on the meta device, so one in
+    AUDIT_PROBES runs on the CPU at its probe size and each output's size is scaled by full set / probe set."""
+    from mkb.measure import as_tuple
+
+    try:
+        outs = as_tuple(p.reference(*inputs))
+        return [(o.numel(), o.element_size(), o.is_floating_point()) for o in outs if isinstance(o, torch.Tensor)], False
+    except Exception:  # noqa: BLE001 - data-dependent on meta
+        pass
+    dims = AUDIT_PROBES.get(p.number)
+    sizes = getattr(p.module, "SIZES", None)
+    if dims is None or not isinstance(sizes, dict):
+        return None, False
+    sizes["probe"] = dims
+    try:
+        small = p.make_inputs(0, device="cpu", size="probe")
+        scale = _bytes(inputs) / _bytes(small)
+        outs = as_tuple(p.reference(*small))
+    finally:
+        del sizes["probe"]
+    return [(round(o.numel() * scale), o.element_size(), o.is_floating_point()) for o in outs
+            if isinstance(o, torch.Tensor)], True
 
 
 if __name__ == "__main__":
