@@ -49,3 +49,18 @@ def test_audit_peak_refuses_a_problem_without_sizes():
     fsm = _load()
     with pytest.raises(SystemExit, match="SIZES"):
         fsm.audit_peak(1, (1, 2))
+
+
+def test_a_data_dependent_reference_gets_its_output_sizes_from_the_audit_probe():
+    fsm = _load()
+    from mkb.problems import get_problem
+
+    p = get_problem(50)
+    full = p.make_inputs(0, device="meta", size="full")
+    outs, approx = fsm._output_shapes(p, full)
+    assert approx and "probe" not in p.module.SIZES
+    t, h, i, e = p.module.SIZES["full"]
+    # the three weight gradients are [E, I, H] / [E, H, I] fp32 at full size; scaled by the whole set's ratio, which
+    # the probe's small index tensors move a little ("~" in the table)
+    assert all(abs(n / (e * i * h) - 1) < 1e-3 for n in sorted(n for n, _, _ in outs)[-3:])
+    assert all(size == 4 and is_float for _, size, is_float in outs)
