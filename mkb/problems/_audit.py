@@ -21,6 +21,13 @@ from mkb.measure import as_tuple, clone_inputs, compare, expect, inputs_unchange
 from mkb.problems._loader import Problem
 
 SMOKE_LIMIT_S = 0.1
+# a second seed's input set up to this size is kept for the per-input swaps; a larger one (full size) is made
+# again for each input swapped, so that only the swapped tensor of it is alive beside the first set
+KEEP_SECOND_SET_BYTES = 2**28
+
+
+def _nbytes(values: Sequence[Any]) -> int:
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
 @dataclass(frozen=True)
@@ -56,16 +63,27 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _run(problem: Problem, fn, inputs: Sequence[Any]):
-    """Call fn on copies of inputs; returns (outputs, the copies after the call)."""
-    args = clone_inputs(inputs)
+def _run(problem: Problem, fn, inputs: Sequence[Any], *, copy_all: bool = True):
+    """Call fn on copies of inputs; returns (outputs, the copies after the call).
+
+    copy_all=False copies only the inputs META.mutates declares (the rest are passed as they are): for calls after
+    the reference has been seen to change no other input (`reference_mutates_only_declared_inputs`), where a copy of
+    a full-size set (12 GB for 50's expert weights) would only add to the peak.
+    """
+    if copy_all:
+        args = clone_inputs(inputs)
+    else:
+        mut = set(problem.meta.mutates)
+        args = tuple(v.detach().clone() if isinstance(v, torch.Tensor) and n in mut else v
+                     for n, v in zip(problem.meta.inputs, inputs))
     return fn(*args), args
 
 
-def _differs(problem: Problem, exp, fn, inputs) -> tuple[bool, str]:
+def _differs(problem: Problem, exp, fn, inputs, *, copy_all: bool = True) -> tuple[bool, str]:
     """Whether fn(inputs) fails the comparison against `exp` (i.e. is distinguishable from it)."""
-    out, after = _run(problem, fn, inputs)
+    out, after = _run(problem, fn, inputs, copy_all=copy_all)
     res = compare(exp, out, inputs_after=after, input_names=problem.meta.inputs)
+    del out
     return (not res.ok), res.message
 
 
@@ -142,6 +160,9 @@ def _audit(problem: Problem, seeds, smoke_limit_s, checks: list[AuditCheck], *, 
     add("reference_self_consistent", res.ok, res.message)
     res = inputs_unchanged(a, ref_after, names=m.inputs, mutates=m.mutates)
     add("reference_mutates_only_declared_inputs", res.ok, res.message)
+    lean = res.ok  # later calls copy only the declared in-place inputs (a reference seen to change no other)
+    if lean:  # the copies it left unchanged are bitwise the first set: keep one of the two alive, not both
+        ref_after = tuple(v if n in m.mutates else x for n, v, x in zip(m.inputs, ref_after, a))
     for name, v in zip(m.mutates, exp.reference[exp.n_outputs:]):
         k = m.inputs.index(name)
         add(f"mutates_changes[{name}]", not _same(v, a[k]), "the reference leaves this declared input unchanged")
@@ -167,25 +188,31 @@ def _audit(problem: Problem, seeds, smoke_limit_s, checks: list[AuditCheck], *, 
         r = compare(exp, tuple(ref_out) if len(ref_out) > 1 else ref_out[0], inputs_after=after, input_names=m.inputs)
         add(f"fails_on[{name} not updated]", not r.ok, "the comparison accepted an un-updated input")
     ref_out = ref_after = ref = outs = after = cand = None  # let the reference's outputs and inputs go (see above)
+    # outputs change with every input and with the seed. Only the swapped input of the second seed's set is kept
+    # (its set is made for each input in turn, deterministic): with the expectation (50: 12 GB of gradients and
+    # 24 GB of fp64 anchors), the first set, the reference's outputs and the comparison's fp64 temporaries, a
+    # whole second set did not fit an H200 (events/h200-characterisation-3; benchmarks/full_size_memory.py --audit)
     b = problem.make_inputs(seeds[1], device=device, size=size)
-    # outputs change with every input and with the seed
+    if _nbytes(b) > KEEP_SECOND_SET_BYTES:
+        b = None
     for k, name in enumerate(m.inputs):
         if not isinstance(a[k], torch.Tensor):
             continue
         if name in m.structure_inputs:
             continue
+        b_k = b[k] if b is not None else problem.make_inputs(seeds[1], device=device, size=size)[k]
         if name in m.fixed_inputs:  # the same for every seed by specification
-            add(f"fixed_input_is_fixed[{name}]", _same(a[k], b[k]), "a declared fixed input changes with the seed")
+            add(f"fixed_input_is_fixed[{name}]", _same(a[k], b_k), "a declared fixed input changes with the seed")
             continue
-        if _same(a[k], b[k]):
+        if _same(a[k], b_k):
             add(f"input_changes_with_seed[{name}]", False,
                 "this input is identical for two seeds; draw its values from the seed, or declare it in "
                 "META.fixed_inputs (the same for every seed by specification)")
             continue
         x = list(a)
-        x[k] = b[k].clone()
+        x[k] = b_k
         try:
-            differs, _ = _differs(problem, exp, problem.reference, x)
+            differs, _ = _differs(problem, exp, problem.reference, x, copy_all=not lean)
         except Exception as exc:
             differs = False
             add(f"output_depends_on[{name}]", False, f"reference raised on swapped input: {type(exc).__name__}: {exc}")
@@ -195,9 +222,14 @@ def _audit(problem: Problem, seeds, smoke_limit_s, checks: list[AuditCheck], *, 
             add(f"output_depends_on[{name}]", True, f"exempt at size={size} (META.insensitive_inputs): {why}")
             continue
         add(f"output_depends_on[{name}]", differs, "redrawing this input leaves every output within tolerance")
-    differs, _ = _differs(problem, exp, problem.reference, b)
+    x = b_k = None
+    a = None  # the first set is made again for the eager check: only one set is alive at a time
+    if b is None:
+        b = problem.make_inputs(seeds[1], device=device, size=size)
+    differs, _ = _differs(problem, exp, problem.reference, b, copy_all=not lean)
     add("output_depends_on_seed", differs, "two seeds give outputs within tolerance of each other")
     del b
+    a = problem.make_inputs(seeds[0], device=device, size=size)
     # fp64 gap
     gaps = exp.fp64_gap()
     gap = max(gaps.values()) if gaps else None
@@ -222,8 +254,9 @@ def _audit(problem: Problem, seeds, smoke_limit_s, checks: list[AuditCheck], *, 
     # eager agrees
     if problem.has_eager:
         try:
-            out, after = _run(problem, problem.module.eager, a)
+            out, after = _run(problem, problem.module.eager, a, copy_all=not lean)
             r = compare(exp, out, inputs_after=after, input_names=m.inputs)
+            del out
             add("eager_agrees", r.ok, r.message)
         except Exception as exc:
             add("eager_agrees", False, f"{type(exc).__name__}: {exc}")

@@ -79,8 +79,30 @@ def _scaled_scores_f32(a, b, scale: float):
         return _scores_f32(a, b).mul_(scale)
 
 
+# A row's lse from exp(s) without the max shift is exact to fp32 rounding while exp stays normal: below this (natural
+# log) the largest terms near exp's subnormal range (e^-87) lose bits, and an overflow makes the sum infinite.
+_UNSHIFTED_MIN_LSE = -60.0
+
+
+def _unshifted_lse(s):
+    """Natural lse of each row of fp32 scores s [..., n], consuming s: log(sum(exp(s))) in three passes over s.
+
+    Why no max shift: torch.logsumexp reads and writes the scores six times (amax, s - max, exp, sum), and at
+    problem 06's full size they are ~17 GB of fp32 a call, most of the eager's time (61 ms on the H200,
+    events/h200-characterisation-3). exp(s) is as exact as exp(s - max) (more: s - max is itself rounded) as long
+    as it neither overflows nor nears the subnormal range; rows outside that range are found by the caller
+    (`_lse_in_range`) and recomputed with torch.logsumexp, so the result never depends on the scores' scale.
+    """
+    return s.exp_().sum(-1).log_()
+
+
+def _lse_in_range(lse) -> torch.Tensor:
+    """A 0-dim bool: every unshifted lse is finite and above _UNSHIFTED_MIN_LSE (no sync; the caller reads it once)."""
+    return (torch.isfinite(lse) & (lse > _UNSHIFTED_MIN_LSE)).all()
+
+
 def split_prefix_prefill_eager(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *,
-                               sm_scale: float):
+                               sm_scale: float, shifted: bool = False):
     """The causal paged-prefill eager baseline with each sequence cut at its prefix: bf16 SDPA over the cached prefix
     (no mask: every new row sees all of it) and over the square block of the new rows (top-left causal, which is
     the bottom-right mask there), merged by their lse, which comes from fp32 scores.
@@ -89,7 +111,9 @@ def split_prefix_prefill_eager(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_ind
     fp32 score matrix (~16 GB a pass at problem 06's full size: scale, mask and reduce passes), measured 76 ms on
     the H200 (events/h200-characterisation-2), over the 50 ms ceiling of the eager band. Here the masks are plain
     (no bias tensor: flash attention, GQA native) and the prefix's scores are written once, scaled in the GEMM,
-    and reduced once. q [total_q, H, D] -> (out bf16 [total_q, H, D], lse base 2 float32 [total_q, H]).
+    and reduced without torch.logsumexp's max pass (`_unshifted_lse`; 61 ms with it, events/h200-characterisation-3).
+    A call whose prefix scores leave exp's exact range (`_lse_in_range`, read once at the end) is computed again
+    with the max shift (`shifted=True`). q [total_q, H, D] -> (out bf16 [total_q, H, D], lse base 2 float32 [total_q, H]).
     """
     from mkb.problems.gqa import _causal_lse
 
@@ -100,6 +124,7 @@ def split_prefix_prefill_eager(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_ind
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     num_heads = q.shape[1]
     group = num_heads // kv_heads
+    in_range = []
     for b, n in enumerate(lens):
         pages = kv_indices[kvp[b] : kvp[b + 1]].long()
         kb = k_cache[pages].reshape(-1, kv_heads, head_dim)[:n].transpose(0, 1)  # [kv_heads, kv_len, D]
@@ -117,10 +142,17 @@ def split_prefix_prefill_eager(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_ind
             o_p = F.scaled_dot_product_attention(qb[None], kb[None, :, :prefix], vb[None, :, :prefix], scale=sm_scale,
                                                  enable_gqa=gqa)[0]
             s = _scaled_scores_f32(qb.reshape(kv_heads, group * q_len, head_dim), kb[:, :prefix], sm_scale)
-            l_p = torch.logsumexp(s, dim=-1).view(num_heads, q_len)
+            if shifted:
+                l_p = torch.logsumexp(s, dim=-1).view(num_heads, q_len)
+            else:
+                l_p = _unshifted_lse(s).view(num_heads, q_len)
+                in_range.append(_lse_in_range(l_p))
             del s
             l_nat = torch.logaddexp(l_p, l_d)
             o = o_p.float() * torch.exp(l_p - l_nat)[..., None] + o_d.float() * torch.exp(l_d - l_nat)[..., None]
         out[qo[b] : qo[b + 1]] = o.transpose(0, 1).to(q.dtype)
         lse[qo[b] : qo[b + 1]] = (l_nat / math.log(2.0)).T
+    if in_range and not bool(torch.stack(in_range).all()):  # the call's one sync: a rare, scale-dependent redo
+        return split_prefix_prefill_eager(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                                          sm_scale=sm_scale, shifted=True)
     return out, lse

@@ -89,3 +89,84 @@ def test_problem_50_chunked_k_gemms_compute_the_reference(monkeypatch):
         x = p.make_inputs(seed, device="cpu", size="smoke")
         r = compare(expect(m, x), m.eager(*x), inputs_after=x, input_names=p.meta.inputs)
         assert r.ok, (seed, r.message)
+
+
+def test_problem_06_unshifted_prefix_lse_matches_the_shifted_one_and_falls_back_outside_exps_range():
+    from mkb.problems import split_kv
+
+    p = get_problem(6)
+    a = p.make_inputs(3, device="cpu", size="smoke")
+    fast = split_kv.split_prefix_prefill_eager(*a[:7], sm_scale=a[7])
+    shifted = split_kv.split_prefix_prefill_eager(*a[:7], sm_scale=a[7], shifted=True)
+    assert torch.equal(fast[0], shifted[0]) or (fast[0].float() - shifted[0].float()).abs().max() <= 2 ** -7
+    assert (fast[1] - shifted[1]).abs().max() <= 4e-6
+    # scores ~ N(0, 200^2): exp overflows, so the call must be redone with the max shift and still agree
+    big = list(a)
+    big[0] = (a[0].float() * 200).to(a[0].dtype)
+    calls = []
+    orig = split_kv.split_prefix_prefill_eager
+
+    def spy(*args, **kw):
+        calls.append(kw.get("shifted", False))
+        return orig(*args, **kw)
+
+    split_kv.split_prefix_prefill_eager = spy
+    try:
+        out = spy(*big[:7], sm_scale=big[7])
+    finally:
+        split_kv.split_prefix_prefill_eager = orig
+    assert calls == [False, True]
+    assert torch.isfinite(out[1]).all()
+    r = compare(expect(p.module, tuple(big)), out, inputs_after=big, input_names=p.meta.inputs)
+    assert r.ok, r.message
+    assert not bool(split_kv._lse_in_range(torch.tensor([1.0, float("inf")])))
+    assert not bool(split_kv._lse_in_range(torch.tensor([1.0, -61.0])))
+    assert bool(split_kv._lse_in_range(torch.tensor([1.0, -59.0])))
+
+
+@pytest.mark.parametrize("number", [6, 21, 28, 50])
+def test_the_audit_gives_the_same_checks_when_the_second_set_is_made_per_input(monkeypatch, number):
+    """The full-size audit keeps one input of the second seed's set at a time and copies only declared in-place inputs
+    (50's sets did not fit an H200 otherwise); at smoke size, forced onto that path, every check is the same."""
+    from mkb.problems import _audit
+
+    p = get_problem(number)
+    kept = audit_problem(p)
+    monkeypatch.setattr(_audit, "KEEP_SECOND_SET_BYTES", 0)
+    made = []
+    orig = type(p).make_inputs
+
+    def counting(self, seed, **kw):
+        made.append(seed)
+        return orig(self, seed, **kw)
+
+    monkeypatch.setattr(type(p), "make_inputs", counting)
+    per_input = audit_problem(p)
+    timed = "smoke_reference_fast"  # a wall-clock check: it depends on the machine's load, not on the path
+    assert [(c.name, c.ok) for c in per_input.checks if c.name != timed] == \
+        [(c.name, c.ok) for c in kept.checks if c.name != timed]
+    assert all(c.ok for c in per_input.checks if c.name != timed), per_input.failures()
+    assert made.count(1) > 2  # the second seed's set was made again for the swaps
+
+
+def test_the_audit_copies_every_input_for_a_reference_that_changes_an_undeclared_one(tmp_path, monkeypatch):
+    from mkb.problems import _audit
+
+    calls = []
+    orig = _audit._run
+
+    def spy(problem, fn, inputs, *, copy_all=True):
+        calls.append(copy_all)
+        return orig(problem, fn, inputs, copy_all=copy_all)
+
+    monkeypatch.setattr(_audit, "_run", spy)
+    clean = _tiny(tmp_path / "c")
+    assert audit_problem(clean, size="full").ok is False  # d moves y by 1e-9 only: output_depends_on[d] fails
+    assert calls[0] is True and calls[1:] and not any(calls[1:])  # after the first reference call: declared copies only
+    calls.clear()
+    src = TINY.replace("EXEMPT", "").replace("return torch.exp(x * 3) * 100 + d * 1e-9",
+                                             "y = torch.exp(x * 3) * 100 + d\n    d.add_(1.0)\n    return y")
+    p = load_problem(_write(tmp_path / "m", "mlp_norm/27_tiny", src))
+    rep = {c.name: c for c in audit_problem(p, size="full").checks}
+    assert not rep["reference_mutates_only_declared_inputs"].ok
+    assert calls and all(calls)  # every later call ran on copies: the first set was not changed under the checks

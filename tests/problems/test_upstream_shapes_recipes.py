@@ -35,8 +35,8 @@ DOCUMENTED_FULL = {
     # upstream: batch 64 x 128 tokens; mkb batch 16 (same hidden 16384, intermediate 53248)
     34: [((16, 128, 16384), BF16)] * 2 + [((16, 128, 53248), BF16)] * 3
         + [((53248, 16384), BF16)] * 2 + [((16384, 53248), BF16)],
-    # upstream: 6144 tokens; mkb 2048 (hidden 4096, intermediate 1024, 256 experts, top 8 as upstream)
-    50: [((2048, 4096), F32)] * 2 + [((2048, 8), I64), ((2048, 8), F32)] + [((256, 1024, 4096), F32)] * 2
+    # upstream: 6144 tokens; mkb 1024 (hidden 4096, intermediate 1024, 256 experts, top 8 as upstream)
+    50: [((1024, 4096), F32)] * 2 + [((1024, 8), I64), ((1024, 8), F32)] + [((256, 1024, 4096), F32)] * 2
         + [((256, 4096, 1024), F32)],
     # upstream: batch 64 x 128 tokens; mkb batch 32 (hidden 8192, 64 experts, intermediates 3584 / 7168 as upstream)
     47: [((32, 128, 8192), BF16), ((64, 8192), F32), ((1, 64), F32), ((64, 3584, 8192), BF16), ((64, 3584, 8192), BF16),

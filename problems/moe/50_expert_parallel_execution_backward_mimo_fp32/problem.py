@@ -28,7 +28,7 @@ from mkb.problems import Output, ProblemMeta, Upstream
 from mkb.problems.quant import compute_dtype
 
 TOP_K = 8
-SIZES = {"full": (2048, 4096, 1024, 256), "smoke": (16, 32, 16, 16)}  # T, H, I, E
+SIZES = {"full": (1024, 4096, 1024, 256), "smoke": (16, 32, 16, 16)}  # T, H, I, E
 _T, _H, _I, _E = SIZES["full"]
 _PAIRS = _T * TOP_K
 
@@ -53,10 +53,13 @@ META = ProblemMeta(
         matches=("outputs", "in_place", "dtypes", "structure_per_draw", "exactness"),
         differs=(
             ("computation", "the recipe's reference body is masked; mkb reads its five outputs as (hidden states, routing weights, gate, up, down weights' gradients), from its description and its five zero-initialised accumulators, with g, u, a and o recomputed from the inputs."),
-            ("shapes", "upstream: 6144 tokens; mkb 2048 (hidden 4096, intermediate 1024, 256 experts, top 8 as "
+            ("shapes", "upstream: 6144 tokens; mkb 1024 (hidden 4096, intermediate 1024, 256 experts, top 8 as "
              "upstream): the fp32 backward is 9 GEMMs of 4096 x 1024 per (token, expert) pair, 3.7 TFLOP at 6144 "
              "tokens, ~74 ms at ~50 TFLOP/s SGEMM without TF32, over the 50 ms ceiling of the eager band; 2048 "
-             "tokens take ~25 ms plus the padding of the busiest expert."),
+             "tokens measured 57 ms on the H200 (events/h200-characterisation-3: the eager pads every expert to the "
+             "busiest one's ~87 pairs and sums K in chunks, as exactly as the reference), so mkb takes 1024 (~48 "
+             "pairs for the busiest expert, ~32 ms by that measurement). The expert weights and their gradients "
+             "(12 GB each) are upstream's whatever the token count."),
             ("distributions", "the scale of the recipe's three expert weights is masked; mkb draws them N(0, 1)/"
              "sqrt(fan-in). Other inputs as upstream: grad_output and hidden_states N(0, 1), topk_indices 8 "
              "distinct uniform experts per token (the first 8 of a random permutation), topk_weights a softmax "
