@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                         "n_timed_planned": t.figures.get("n_timed_planned") if t else None,
                         "cv": t.figures.get("cv") if t else None, "evaluation_id": v.evaluation_id}
                     log(f"{tag:2s} {key:10s} -> {v.reason or 'passed'} median={v.candidate_median_us} calls={v.timed_calls}")
+                    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))  # kept if cut short
     writer.close()
     cmp = compare(summary["rows"])
     summary["compare"] = cmp
