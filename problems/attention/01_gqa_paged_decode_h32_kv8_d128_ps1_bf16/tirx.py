@@ -22,6 +22,16 @@ Bound: memory. The referenced KV is 241.5 MB of the 242.8 MB counted (problem ME
 is ~51 us. Extra traffic: the fp32 workspace (279 chunks x 32 heads x 129 floats, 4.6 MB, written
 and read once, ~4%). 279 x 8 = 2232 CTAs of 128 KB each, ~4 waves at 4 CTAs per SM. Expect 50-70% of the bandwidth roof, like the CuTe DSL version (same algorithm).
 
+Against CuTe DSL: 110.7 us, 11.62x torch.compile and 0.457 of the speed of light, against CuTe DSL's 102.4 us
+(12.57x, 0.494) (problems/README.md speed table, events/h200-grader-2-2): 8% slower, and as much under grader 2.1
+(110.0 against 99.9 us, events/h200-baselines-2-1). The code does not show why. Same algorithm, CHUNK and TPI, and
+the split kernel's sm_90a SASS (nvcc / ptxas 13.0 on the CPU) has the same instruction mix in both DSLs: 12 16-byte
+and 10 4-byte global loads, 158 SHFL.BFLY, 52 MUFU.EX2, 2 barriers. Registers: 155 here, 168 in CuTe DSL, so both
+fit 3 CTAs of 128 threads per SM by registers (not the 4 estimated above: 2232 CTAs are ~5.6 waves in both). What
+differs: the instruction order, not compared; this kernel's loads take the read-only path (LDG.E.CONSTANT, from
+TVM's __restrict__ const parameters); and the combine kernel, compiled differently (76 global loads in CuTe DSL's
+SASS against 28 here). Which of these holds the 8 us is not measured (no per-kernel times were recorded).
+
 Risks not checked without a GPU (lines to look at first if it fails on the H200):
 - the warp prefix sum in `gqa_split` (`__shfl_up_sync` keeps lanes below the offset unchanged;
   the `lane >= off` test adds only where a source exists);

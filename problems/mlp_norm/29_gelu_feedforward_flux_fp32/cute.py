@@ -7,6 +7,19 @@ conflict-free), A and W tiles loaded with 128-bit global loads and stored k-majo
 memory. No double buffering and no prefetch (a register-prefetch variant of this kernel measured
 slower on the H200: 22.5 ms against 19.5 ms at full size). Two launches: h = gelu(x W1^T + b1), then y = h W2^T + b2.
 Operands are viewed as [rows, K/4, 4] so every 4-float group is a 16-byte aligned vector.
+
+Against torch.compile: 19435.2 us, 0.62x torch.compile (12074.9 us) and 0.62x eager, 0.476 of the fp32 SIMT speed
+of light (problems/README.md speed table, events/h200-grader-2-2). Both torch.compile modes time as eager (12074.9
+and 12098.5 us against 12056.0 us eager, events/h200-torch-compile): the fp32 GEMMs (cuBLAS's in eager, TF32 off)
+run these 618.5 GFLOP at ~51 TFLOP/s against this kernel's ~32. Not yet tuned, no missing primitive (both
+DSLs reach cp.async, wider register tiles and multi-stage shared memory). What the code lacks against a tuned
+SGEMM: one shared-memory stage with two barriers per 8-wide K step, each K step waiting on its own global loads;
+no cp.async multi-stage pipeline; 64 scalar output stores per thread. ptxas 13.0 (CPU, sm_90a): 128 registers,
+no spills, so 2 CTAs of 256 threads (16 warps) per SM. The TIRx version is 7% faster (18146.8 us, 0.67x): it
+prefetches the next K step into registers at 127 registers (nvcc 13.0), still 2 CTAs per SM. This DSL's
+register-prefetch variant (commit c1c614d, measured at 22.5 ms above) needs 135 registers (ptxas 13.0, sm_90a),
+which leaves room for only 1 CTA of 256 threads per SM: the likely cause of its slowdown (not measured). Keeping
+the prefetch under 128 registers (e.g. __launch_bounds__-style occupancy hints, fewer live fragments) is untried.
 """
 
 import math

@@ -38,6 +38,16 @@ ldmatrix, without cp.async multi-stage pipelining and with two barriers per K st
 30-50% of the tensor-core peak -> ~70-120 us, plus ~10 us of routing (16 MiB of logits). wgmma +
 TMA with a fused routing epilogue is the next step (the logits round trip and a launch would go).
 
+Against CuTe DSL: 294.0 us, 4.68x torch.compile and 0.118 of the speed of light, against CuTe DSL's 265.9 us (5.17x,
+0.131) (problems/README.md speed table, events/h200-grader-2-2): 10.6% slower, and as much under grader 2.1 (294.4
+against 265.5 us, events/h200-baselines-2-1). The code does not show the cause. Same algorithm and tiles, and the
+GEMM kernel's sm_90a SASS (nvcc / ptxas 13.0 on the CPU) has the same instruction mix in both DSLs: 16
+HMMA.16816.F32.BF16, 4 16-byte global loads, 2 STS.128, 32 LDS, 2 barriers; both run one 512-thread CTA per SM (96
+registers here, 124 in CuTe DSL). The differences are outside the K loop: this GEMM writes the logits (16 MiB) as 32
+4-byte stores per thread where CuTe DSL's writes 16 8-byte ones, and the routing kernel reads a lane's 8 bf16 biases
+with 8 2-byte loads where CuTe DSL's uses one 16-byte load. Which kernel holds the 28 us is not measured (no
+per-kernel times were recorded).
+
 Unchecked without a GPU (least sure first): the mma fragment indexing (modelled in numpy at smoke
 size against the PTX fragment layout, which matches CuTe's printed MMA atom partitions), the
 shuffles (`Tx.cuda.__shfl_xor_sync` / `__shfl_sync` with `__activemask()` inside the warp-uniform
