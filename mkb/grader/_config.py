@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,13 @@ class GraderConfig:
     def from_dict(cls, d: dict) -> "GraderConfig":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields that differ from the shipped defaults, recorded on every verdict: a figure graded under a
+        changed configuration (an A/B run, a quick test config) must be told apart from one the grader as shipped
+        gave (`mkb-run problems speed-table` uses only the latter)."""
+        base = GraderConfig()
+        return {k: v for k, v in self.as_dict().items() if getattr(base, k) != v}
 
     @property
     def meets_design(self) -> bool:

@@ -215,7 +215,8 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
 
     verdict = _verdict(evaluation_id, number, dsl, sha, stages, failure, log, book, t_req, queue_wait_s,
                        problem_hash=None if phash == "unknown" else phash)
-    _emit(writer, verdict, attempt_id=attempt_id, scope=scope, failure_log=log, pair_id=pair_id)
+    _emit(writer, verdict, attempt_id=attempt_id, scope=scope, failure_log=log, pair_id=pair_id,
+          config_overrides=cfg.overrides())
     return verdict, dict(book.get("trusted_fresh") or {})
 
 
@@ -260,7 +261,7 @@ def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[S
 
 
 def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failure_log: str,
-          pair_id: str | None = None) -> None:
+          pair_id: str | None = None, config_overrides: dict[str, Any] | None = None) -> None:
     common = dict(evaluation_id=v.evaluation_id, problem=v.problem, dsl=v.dsl, kernel_sha256=v.kernel_sha256)
     for s in v.stages:
         f = dict(s.figures)
@@ -293,5 +294,5 @@ def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failur
         reference_median_us=v.reference_median_us, speedup_upstream=v.speedup_upstream, s_upstream=v.s_upstream,
         queue_wait_s=v.queue_wait_s, pair_id=pair_id, problem_hash=v.problem_hash,
         details=_jsonable({"wall_s": v.wall_s, "overhead_s": v.overhead_s, "worker_wait_s": v.worker_wait_s,
-                           "grader_version": GRADER_VERSION}),
+                           "grader_version": GRADER_VERSION, "config_overrides": config_overrides or {}}),
     )

@@ -86,7 +86,10 @@ def speed_rows(stores: Sequence[str]) -> tuple[list[SpeedRow], list[Missing]]:
     from mkb.scoring import sol_fraction, speedup_over_compile
 
     v = _read("verdict", stores, ["ts", "problem", "dsl", "kernel_sha256", "problem_hash", "passed", "reason", "speedup",
-                                   "candidate_median_us", "gpu", "gpu_model"])
+                                   "candidate_median_us", "gpu", "gpu_model", "details"])
+    if v is not None:  # only the grader as shipped: a verdict under a changed config (an A/B arm) says so since 2.2
+        ov = pl.col("details").str.json_path_match("$.config_overrides")
+        v = v.filter(ov.is_null() | (ov == "{}"))
     tc = _read("torch_compile", stores, ["ts", "problem", "problem_hash", "size", "mode", "gpu", "gpu_model", "status", "ok",
                                          "median_us", "eager_median_us", "speedup_over_eager", "compile_s", "error_class"])
     ct = compile_times(tc.drop("dataset") if tc is not None else pl.DataFrame())

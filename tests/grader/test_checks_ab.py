@@ -44,3 +44,10 @@ def test_without_the_second_pass_b_is_compared_with_a1() -> None:
     (r,) = ab.compare({"72/cute": {"A1": _v(300.0), "B": _v(301.0)}})
     assert r["all_passed"] and r["a1_vs_a2"] is None
     assert abs(r["a_vs_b"] - 1.0 / 300.0) < 1e-12 and r["within_tol"]
+
+
+def test_a_config_records_only_what_differs_from_the_shipped_one() -> None:
+    from mkb.grader import GraderConfig
+
+    assert GraderConfig().overrides() == {}
+    assert GraderConfig(early_stop=False, n_profiled=0).overrides() == {"early_stop": False, "n_profiled": 0}

@@ -61,6 +61,8 @@ def test_correct_kernel_passes_and_writes_one_event_per_stage(tmp_path, fake_dsl
     from mkb.problems import get_problem
 
     assert verdict["problem_hash"] == v.problem_hash == get_problem(28).hash  # the problem as graded (verdict >= 1.3)
+    # the test's config differs from the shipped one, and the verdict says how (the speed table skips such verdicts)
+    assert json.loads(verdict["details"])["config_overrides"] == cpu_config.overrides() != {}
     timing = json.loads(_rows(store, "timing")[0]["details"])
     assert timing["reference_n_timed"] == cpu_config.reference_timed and timing["reference_policy"].startswith("upstream-mkb-d90ba28")
     assert timing["n_timed_planned"] == cpu_config.n_timed and timing["stopped_early"] is False

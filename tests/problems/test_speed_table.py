@@ -14,11 +14,12 @@ from mkb.problems._speed import kernel_sha256, speed_rows
 README = "# Problems\n\nintro\n"
 
 
-def _verdict(w, b, *, median, problem_hash, passed=True, gpu_model="H200"):
+def _verdict(w, b, *, median, problem_hash, passed=True, gpu_model="H200", details=None):
     w.emit("verdict", evaluation_id=f"e-{median}", scope="attempt", problem=b.problem, dsl=b.dsl, kernel_sha256=kernel_sha256(b.path),
            passed=passed, reason=None if passed else "wrong_values", speedup=1000.0 / median if passed else None,
            eager_median_us=1000.0, candidate_median_us=median, r_at_0=passed, r_at_0_5=passed, r_at_1=passed, r_at_2=passed,
-           r_at_4=passed, s=100.0 if passed else 0.0, gpu=f"NVIDIA {gpu_model}", gpu_model=gpu_model, problem_hash=problem_hash)
+           r_at_4=passed, s=100.0 if passed else 0.0, gpu=f"NVIDIA {gpu_model}", gpu_model=gpu_model, problem_hash=problem_hash,
+           details=details)
 
 
 def _cli(*args):
@@ -43,6 +44,19 @@ def test_rows_take_the_newest_verdict_under_the_current_hash_and_torch_compile_o
     assert r.speedup_eager == 12.5 and r.speedup_compile == 2.0 and r.compile_mode == "default" and r.dataset == "h200-x"
     assert 0 < r.sol_fraction < 1
     assert (28, "tirx") in {(m.problem, m.dsl) for m in missing}
+
+
+def test_a_verdict_under_a_changed_grader_config_is_never_shown(tmp_path):
+    b = next(x for x in baselines([28]) if x.dsl == "cute")
+    p = get_problem(28)
+    store = str(tmp_path / "h200-ab")
+    with EventWriter(store) as w:
+        _verdict(w, b, median=90.0, problem_hash=p.hash, details='{"grader_version": "2.2", "config_overrides": {}}')
+    with EventWriter(store) as w:  # newer, but an A/B arm: not the grader as shipped
+        _verdict(w, b, median=70.0, problem_hash=p.hash,
+                 details='{"grader_version": "2.2", "config_overrides": {"n_profiled": 0, "early_stop": false}}')
+    rows, _ = speed_rows([store])
+    assert [r.median_us for r in rows] == [90.0]
 
 
 def test_check_fails_when_the_table_is_stale_and_passes_after_write(tmp_path):
