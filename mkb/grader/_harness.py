@@ -453,6 +453,7 @@ class _Evaluation:
         self.solve = solve
         self.stage("compile", True, None, "", **self.compile_figures().as_dict())
         self.send({"type": "phase", "phase": "run"})
+        self.ph.mark("compile")  # so that run_phases_s' verification steps hold no compile time
 
     # ---------------- verification: fresh secret draws, one a pointer-reuse probe, the write check ----------------
     def verify(self) -> None:
@@ -473,11 +474,13 @@ class _Evaluation:
                 first = ()
             pristine = clone_inputs(inputs)
             _poison(exp.reference)
+            self.ph.mark("verify_inputs")
             before = python_threads()
             watch = CopyWatch(inputs)  # the write check: which output elements torch copies produced
             with watch:
                 out = _call(solve, inputs, "verification")
             dev.sync()
+            self.ph.mark("verify_calls")
             bad = guard.check(threads=before)
             if bad:
                 raise Fail("integrity", *bad)
@@ -502,6 +505,7 @@ class _Evaluation:
                 if c.max_abs_err is not None and c.max_abs_err >= worst_err:
                     worst_err, worst_tol = c.max_abs_err, c.tolerance
             del out
+            self.ph.mark("verify_checks")
         self.stage("verification", True, None, "", **VerificationFigures(
             draws=len(draws), max_abs_err=worst_err, tolerance=worst_tol, details=details, copied_fraction_max=copied_max).as_dict())
 

@@ -66,6 +66,8 @@ def test_correct_kernel_passes_and_writes_one_event_per_stage(tmp_path, fake_dsl
     timing = json.loads(_rows(store, "timing")[0]["details"])
     assert timing["reference_n_timed"] == cpu_config.reference_timed and timing["reference_policy"].startswith("upstream-mkb-d90ba28")
     assert timing["n_timed_planned"] == cpu_config.n_timed and timing["stopped_early"] is False
+    # overhead attribution: the compile's own seconds apart from the verification's steps
+    assert {"compile", "verify_inputs", "verify_calls", "verify_checks", "timing_loop"} <= set(timing["run_phases_s"])
 
 
 def test_static_finding_stops_before_any_worker_runs(tmp_path, fake_dsl, cpu_config, store):
