@@ -16,7 +16,7 @@ from typing import Any
 
 from mkb.experiment._executor import Executor, RunReport, Runner
 from mkb.experiment._plan import Coordinate, Plan
-from mkb.experiment._ray_pace import ray_limiters, start_pacers
+from mkb.experiment._ray_pace import check_pacers, ray_limiters, start_pacers
 
 
 def _ray():
@@ -138,6 +138,11 @@ class RayExecutor(Executor):
     def _submit(self, pool: ThreadPoolExecutor, c: Coordinate) -> Future:
         return self._task.remote(self.plan, self.store.url, c.key, self.actors, self.grader.version, self._runner_remote,
                                  self.ttl_s, self.versions, self.pacers).future()
+
+    def _after(self, c: Coordinate, out: Any, not_before: dict[str, float]) -> None:
+        if self.pacers and out.result is not None and out.result.status == "infra_error":
+            check_pacers(self.pacers, self.cfg.name)  # a lost pacer would fail every attempt: stop, exclude nothing
+        super()._after(c, out, not_before)
 
     def close(self) -> None:
         ray = _ray()

@@ -6,7 +6,8 @@ wait; the attempt sleeps in its own process (charged like backoff), so the actor
 delays nobody. The actor is named in a namespace per experiment (`mkb-pace/<experiment>`) and fetched with
 `get_if_exists`, so a second driver of the same experiment on the cluster shares it; it is owned by the driver
 that created it and ends with it. A dead actor or a lost Ray fails the request with a one-line error naming the
-model, never an unpaced send and never a hang.
+model, never an unpaced send and never a hang; the driver then finds the actor gone and stops the run (rather than
+retrying and excluding every arm of that model).
 """
 
 from __future__ import annotations
@@ -69,11 +70,10 @@ class RayLimiter:
         try:
             rid, slot, wait = ray.get(self.handle.reserve.remote(tokens), timeout=self.timeout_s)
         except Exception as exc:  # noqa: BLE001 - dead actor, lost GCS, timeout: all mean no pacing, so no request
-            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
             raise PacingUnavailable(
-                f"model {self.model}: the cluster's rate limiter ({self.where}) did not answer: {detail}"
+                f"model {self.model}: the cluster's rate limiter ({self.where}) did not answer: {_detail(exc)}"
                 "\nhint: its actor died or Ray is gone; check `ray status` and the driver's log, then run again "
-                "(finished attempts are kept)") from None
+                "(the same plan resumes; finished attempts are kept)") from None
         if wait > 0:
             self._sleep(wait)
         return Reservation(rid, slot), wait
@@ -86,11 +86,21 @@ class RayLimiter:
             pass
 
 
+def _detail(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+
+
 def start_pacers(experiment: str, models: Any, *, window_s: float = 60.0) -> dict[Key, Any]:
-    """On the driver: get or create the actor of every model with rpm/tpm, with this config's limits."""
+    """On the driver: get or create the actor of every model with rpm/tpm, with this config's limits.
+
+    The actor is pinned to the driver's node (it needs no CPU), so it is lost only with the driver's node.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     from mkb.experiment._ray import _ray
 
     ray = _ray()
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     Actor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(PaceActorImpl)
     ns = namespace(experiment)
     out: dict[Key, Any] = {}
@@ -100,13 +110,27 @@ def start_pacers(experiment: str, models: Any, *, window_s: float = 60.0) -> dic
             continue
         name = actor_name(m.config.name, m.config.api_base)
         try:
-            h = Actor.options(name=name, namespace=ns, get_if_exists=True).remote(rpm, tpm, window_s)
+            h = Actor.options(name=name, namespace=ns, get_if_exists=True, scheduling_strategy=here).remote(rpm, tpm, window_s)
             ray.get(h.configure.remote(rpm, tpm), timeout=RESERVE_TIMEOUT_S)  # an existing actor takes this driver's limits
         except Exception as exc:  # noqa: BLE001 - one line for the CLI
-            raise RuntimeError(f"model {m.config.name}: cannot start the cluster's rate limiter {name!r} in namespace {ns!r}: "
-                               f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}\nhint: check `ray status`") from None
+            raise PacingUnavailable(f"model {m.config.name}: cannot start the cluster's rate limiter (actor {name!r} in "
+                                    f"namespace {ns!r}): {_detail(exc)}\nhint: check `ray status`") from None
         out[(m.config.name, m.config.api_base)] = h
     return out
+
+
+def check_pacers(pacers: Mapping[Key, Any], experiment: str) -> None:
+    """On the driver, after an attempt failed: raise if a pacer is gone, so the run stops instead of excluding every arm."""
+    import ray
+
+    ns = namespace(experiment)
+    for (model, base), h in pacers.items():
+        try:
+            ray.get(h.booked.remote(), timeout=RESERVE_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - see RayLimiter.acquire
+            raise PacingUnavailable(
+                f"model {model}: the cluster's rate limiter (actor {actor_name(model, base)!r} in namespace {ns!r}) is gone: "
+                f"{_detail(exc)}\nhint: check `ray status` and run again (the same plan resumes; finished attempts are kept)") from None
 
 
 def ray_limiters(pacers: Mapping[Key, Any], experiment: str) -> dict[Key, Limiter]:

@@ -33,6 +33,12 @@ def cluster():
     c.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def _own_limiters(monkeypatch):
+    """A Ray executor installs cluster limiters in this process too; they must not outlive the test (or the cluster)."""
+    monkeypatch.setattr("mkb.agent._pace._LIMITERS", {})
+
+
 def test_ray_executor_with_replay_grader(cluster, tmp_path):
     from mkb.experiment._ray import RayExecutor
 
@@ -107,15 +113,34 @@ def test_two_worker_processes_share_one_rate_limit(cluster):
     ray.kill(pacers[key])
 
 
-def test_a_dead_pacing_actor_fails_the_request_in_one_line(cluster):
-    m = replace(demo_config("pace-dead").models[0], tpm=1000)
-    exp = f"pace-dead-{os.getpid()}"
-    pacers = start_pacers(exp, [m])
-    (key, h), = pacers.items()
-    lim = ray_limiters(pacers, exp)[key]
-    lim.acquire(10)
-    ray.kill(h, no_restart=True)
-    with pytest.raises(PacingUnavailable) as e:
+def test_a_dead_pacing_actor_fails_the_request_in_one_line_and_stops_the_run(cluster, tmp_path):
+    from mkb.experiment._ray import RayExecutor
+
+    def pacing_gone(spec, n):  # the attempt's first request, as the agent makes it: the limiter's failure is an infra_error
+        try:
+            limiter_for(spec.model.name, spec.model.api_base).acquire(10)
+        except PacingUnavailable:
+            return True
+        return False
+
+    cfg = demo_config("pace-dead", arms=("solo",))
+    plan = build_plan(replace(cfg, models=(replace(cfg.models[0], tpm=100_000),)))
+    store = str(tmp_path / "s")
+    ex = RayExecutor(plan, store=store, grader_spec="replay:events/replay-demo", n_graders=1, gpus_per_grader=0.0,
+                     runner=FakeRunner(infra=pacing_gone), versions={"v": 1}, poll_s=0.2, ttl_s=10.0)
+    try:
+        (key, h), = ex.pacers.items()
+        lim = limiter_for(*key)
         lim.acquire(10)
-    first, hint = str(e.value).split("\n")
-    assert first.startswith(f"model {m.config.name}: the cluster's rate limiter") and hint.startswith("hint: ")
+        ray.kill(h, no_restart=True)
+        with pytest.raises(PacingUnavailable) as e:
+            lim.acquire(10)
+        first, hint = str(e.value).split("\n")
+        assert first.startswith(f"model {key[0]}: the cluster's rate limiter") and hint.startswith("hint: ")
+        with pytest.raises(PacingUnavailable, match="is gone"):
+            ex.run()  # the first attempt's infra_error stops the run: no arm is retried into exclusion
+    finally:
+        ex.close()
+    claims = read("claim", store)
+    assert "excluded" not in set(claims["action"])
+    assert set(read("attempt_finished", store)["status"]) == {"infra_error"}
