@@ -55,6 +55,7 @@ class PaceBook:
         self.window_s = window_s
         self._entries: list[_Entry] = []  # sorted by t (slots are granted in order)
         self._by_id: dict[int, _Entry] = {}
+        self._tokens = 0  # sum over _entries: a reservation costs O(entries it passes), not O(window)
         self._next_id = 0
 
     def configure(self, *, rpm: int | None, tpm: int | None) -> None:
@@ -67,6 +68,7 @@ class PaceBook:
         k = 0
         while k < len(self._entries) and self._entries[k].t + self.window_s <= now:
             self._by_id.pop(self._entries[k].id, None)
+            self._tokens -= self._entries[k].tokens
             k += 1
         del self._entries[:k]
 
@@ -80,10 +82,10 @@ class PaceBook:
         self._prune(now)
         es = self._entries
         s = max(now, es[-1].t) if es else now
-        lo = 0
+        lo, used = 0, self._tokens
         while lo < len(es) and es[lo].t + self.window_s <= s:  # outside: t + window <= s, the one float rule
+            used -= es[lo].tokens
             lo += 1
-        used = sum(e.tokens for e in es[lo:])
         while not self._fits(len(es) - lo, used, tokens):
             oldest = es[lo].t  # the earliest time the window changes: the oldest entry (and its equals) leave it
             s = oldest + self.window_s
@@ -94,12 +96,14 @@ class PaceBook:
         self._next_id += 1
         es.append(e)
         self._by_id[e.id] = e
+        self._tokens += tokens
         return Reservation(e.id, s)
 
     def settle(self, rid: int, tokens: int) -> None:
         """Replace a request's estimate with what the provider counted (a slot already gone from the window is ignored)."""
         e = self._by_id.get(rid)
         if e is not None:
+            self._tokens += tokens - e.tokens
             e.tokens = tokens
 
     def booked(self) -> list[tuple[float, int]]:
@@ -169,5 +173,6 @@ def set_rate_limits(model: str, api_base: str | None = None, *, rpm: int | None 
 
 
 def limiter_for(model: str, api_base: str | None = None) -> Limiter | None:
+    """The limiter this process's requests to `model` (at `api_base`) go through, or None (unpaced)."""
     with _REG_LOCK:
         return _LIMITERS.get((model, api_base))

@@ -153,11 +153,16 @@ def test_random_traffic_never_exceeds_the_limits_and_each_slot_is_the_earliest_t
         now += rng.expovariate(4.0 / w)
         est = rng.randint(1, 800)
         r = b.reserve(now, est)
-        final = rng.randint(0, est)  # the provider counts no more than the estimate (max_tokens bounds the output)
-        b.settle(r.id, final)
         earlier = [t for t, _ in granted]
         assert r.t >= now and r.t >= prev
         assert r.t in (now, prev) or any(r.t == t + w for t in earlier)  # it waits only for an entry to leave the window
+        start = max(now, prev)
+        for c in [start] + [t + w for t in earlier if start < t + w < r.t]:  # no earlier moment would have fitted
+            inside = [tok for t, tok in granted if t <= c < t + w]
+            fits = not inside or ((rpm is None or len(inside) < rpm) and (tpm is None or sum(inside) + est <= tpm))
+            assert c >= r.t or not fits, (c, r.t)
+        final = rng.randint(0, est)  # the provider counts no more than the estimate (max_tokens bounds the output)
+        b.settle(r.id, final)
         granted.append((r.t, final))
         prev = r.t
     assert _window_ok(granted, rpm=rpm, tpm=tpm, window_s=w)
