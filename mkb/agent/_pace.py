@@ -42,8 +42,9 @@ class _Entry:
 class PaceBook:
     """The reservation logic, without a clock or a lock: `reserve(now, tokens)` books the earliest slot that fits.
 
-    A request fits at time s when the window (s - window_s, s] (entries with t + window_s > s) holds fewer than rpm requests and at most tpm
-    tokens with it (an empty window admits one request however large, or it could never be sent). Slots are
+    A request fits at time s when the window (s - window_s, s] (entries with t + window_s > s) holds fewer than
+    rpm requests and at most tpm tokens with it (an empty window admits one request however large, or it could
+    never be sent). Slots are
     granted in arrival order (never before the latest one granted): a small request does not overtake a large
     one, so the wait is shared evenly among whoever is asking, whichever arm they run.
     """

@@ -3,7 +3,8 @@
 Each attempt task would otherwise pace alone in its worker process, and the cluster's total could exceed the
 provider's rpm/tpm. The actor only books slots (`mkb.agent._pace.PaceBook`) and answers at once with how long to
 wait; the attempt sleeps in its own process (charged like backoff), so the actor never blocks and one slow caller
-delays nobody. The actor is named in a namespace per experiment (`mkb-pace/<experiment>`) and fetched with
+delays nobody. A wait is a duration, so no two nodes' clocks are compared; a request goes out at its slot plus the
+reply's latency (about a millisecond), never before it. The actor is named in a namespace per experiment (`mkb-pace/<experiment>`) and fetched with
 `get_if_exists`, so a second driver of the same experiment on the cluster shares it; it is owned by the driver
 that created it and ends with it. A dead actor or a lost Ray fails the request with a one-line error naming the
 model, never an unpaced send and never a hang; the driver then finds the actor gone and stops the run (rather than
