@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from mkb.agent._pace import limiter_for
+from mkb.agent._pace import PacingUnavailable, limiter_for
 from mkb.agent._types import ModelConfig
 
 # Before litellm is imported: use the price map bundled with the pinned version (no remote fetch at import).
@@ -141,7 +141,10 @@ def complete(model: ModelConfig, messages: list[dict], tools: list[dict], *, max
     while True:
         entry = None
         if limiter is not None:  # the provider's rpm/tpm (set by the experiment): waiting counts as backoff
-            entry, waited = limiter.acquire(max_tokens + len(json.dumps(messages)) // 4)
+            try:
+                entry, waited = limiter.acquire(max_tokens + len(json.dumps(messages)) // 4)
+            except PacingUnavailable as exc:  # an unpaced request could break the cluster's limits: fail, never send
+                raise InfraError(str(exc)) from None
             backoff += waited
         t0 = time.monotonic()
         try:

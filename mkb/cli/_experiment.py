@@ -121,6 +121,7 @@ def run_cmd(
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where attempt workspaces go (default: a temporary folder)."),
 ) -> None:
     """Run CONFIG: solos first, then each block's skill arms together; resumable, any number of hosts on one store."""
+    from mkb.agent._pace import PacingUnavailable
     from mkb.experiment._executor import Executor, PlanMismatch
 
     plan = _load(config)
@@ -143,7 +144,7 @@ def run_cmd(
                 rep = ex.run(only=only, rerun=only if rerun else (), rerun_stale=rerun_stale)
         else:
             _fail(f"--executor must be local or ray, not {executor!r}")
-    except PlanMismatch as exc:
+    except (PlanMismatch, PacingUnavailable) as exc:  # a pacer that cannot start or died: one line, not a traceback
         _fail(str(exc))
     finally:
         if g is not None and hasattr(g, "close"):

@@ -25,7 +25,7 @@ class ModelSpec:
 
     config: ModelConfig
     concurrency: int = 4  # attempts of this model running at once
-    rpm: int | None = None  # requests per minute the provider allows: every attempt of a process is paced to it (mkb.agent._pace)
+    rpm: int | None = None  # requests per minute the provider allows, for the whole run (on Ray, cluster-wide): mkb.agent._pace
     tpm: int | None = None  # tokens per minute (likewise); `concurrency` bounds parallel attempts, the agent backs off on 429
     usd_cap: float | None = None  # spend at which this model's attempts pause
     price_in_per_mtok: float | None = None  # USD per million input tokens, for the dry-run estimate

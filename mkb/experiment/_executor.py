@@ -15,9 +15,10 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from mkb.agent import AttemptResult, AttemptSpec, SkillSlot
+from mkb.agent._pace import Limiter, RateLimiter, set_limiter
 from mkb.events import EventWriter, Lease, LeaseLost, Store, resolve_store, uuid7
 from mkb.experiment._placebo import choose_placebo
 from mkb.experiment._plan import Coordinate, Plan
@@ -167,7 +168,8 @@ class Executor:
                  holder: str | None = None, ttl_s: float = 60.0, workdir: str | Path | None = None,
                  versions: dict[str, Any] | None = None, poll_s: float = 2.0, pair_regrade: bool = True,
                  sleep: Callable[[float], None] = time.sleep, log: Callable[[str], None] | None = None,
-                 max_workers: int | None = None, progress: Callable[[Progress], None] | None = None) -> None:
+                 max_workers: int | None = None, progress: Callable[[Progress], None] | None = None,
+                 limiters: Mapping[tuple[str, str | None], Limiter] | None = None) -> None:
         self.plan, self.cfg = plan, plan.config
         self.store = resolve_store(store, for_writing=True)
         if self.store.is_local:  # a new experiment's store: the reader takes a missing local path for a typo
@@ -179,11 +181,7 @@ class Executor:
         self.versions = versions if versions is not None else current_versions(self.cfg.dsls)
         self.sleep, self.log = sleep, log or (lambda s: None)
         self.max_workers = max_workers or sum(m.concurrency for m in self.cfg.models)
-        from mkb.agent._pace import set_rate_limits
-
-        for m in self.cfg.models:  # the provider's limits pace every attempt of this process (mkb.agent._pace)
-            if m.rpm or m.tpm:
-                set_rate_limits(m.config.name, m.config.api_base, rpm=m.rpm, tpm=m.tpm)
+        self._install_limiters(limiters)
         self.writer = EventWriter(self.store)
         self._paused_logged: set[str] = set()
         self.launched: list[str] = []  # coordinate keys in the order they were handed to a worker thread
@@ -191,6 +189,18 @@ class Executor:
         self._t0 = time.monotonic()
         self._ran_s: list[float] = []
         self.report = RunReport(total=len(plan.coordinates))
+
+    def _install_limiters(self, limiters: Mapping[tuple[str, str | None], Limiter] | None) -> None:
+        """The provider's limits pace every attempt of this process (mkb.agent._pace): a book of the process's own, or
+        `limiters` (the Ray executor's cluster-wide ones, which then replace the local books). A model without limits
+        is unpaced, whatever an earlier executor of the process set."""
+        for m in self.cfg.models:
+            key = (m.config.name, m.config.api_base)
+            if limiters is not None:
+                lim = limiters.get(key)
+            else:
+                lim = RateLimiter(rpm=m.rpm or None, tpm=m.tpm or None) if m.rpm or m.tpm else None
+            set_limiter(*key, lim)
 
     # ---- events -------------------------------------------------------------------------------------------
     def _claim_row(self, c: Coordinate, action: str, **kw: Any) -> dict[str, Any]:

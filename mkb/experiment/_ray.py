@@ -2,7 +2,8 @@
 
 The driver runs the local executor's scheduling loop unchanged; only where an attempt runs and where its gradings go
 differ. Every task and actor reads and writes the one store (shared storage: a path every node mounts, or s3://, gs://),
-and claims still go through the store's Lease, so two drivers, or a driver restarted after a crash, are safe.
+and claims still go through the store's Lease, so two drivers, or a driver restarted after a crash, are safe. A model's
+rpm/tpm hold for the whole cluster: one pacing actor per (model, api_base) books every worker's requests.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from mkb.experiment._executor import Executor, RunReport, Runner
 from mkb.experiment._plan import Coordinate, Plan
+from mkb.experiment._ray_pace import check_pacers, ray_limiters, start_pacers
 
 
 def _ray():
@@ -103,9 +105,9 @@ class ActorGrader:
 
 
 def _attempt_task(plan: Plan, store: str, key: str, actors: list[Any], version: str | None, runner: Runner | None,
-                  ttl_s: float, versions: dict) -> Any:
+                  ttl_s: float, versions: dict, pacers: dict[Any, Any] | None = None) -> Any:
     ex = Executor(plan, store=store, grader=ActorGrader(actors, version), runner=runner, ttl_s=ttl_s, versions=versions,
-                  pair_regrade=False)
+                  pair_regrade=False, limiters=ray_limiters(pacers or {}, plan.config.name))
     try:
         return ex.run_coordinate(plan.by_key[key])
     finally:
@@ -113,7 +115,10 @@ def _attempt_task(plan: Plan, store: str, key: str, actors: list[Any], version: 
 
 
 class RayExecutor(Executor):
-    """`Executor` whose attempts run as Ray tasks (num_cpus each) and whose gradings go to one actor per GPU."""
+    """`Executor` whose attempts run as Ray tasks (num_cpus each) and whose gradings go to one actor per GPU.
+
+    Every model with rpm/tpm is paced by one book for the whole cluster (`mkb.experiment._ray_pace`), not per process.
+    """
 
     def __init__(self, plan: Plan, *, store: str, grader_spec: str, n_graders: int | None = None, gpus_per_grader: float = 1.0,
                  task_cpus: float = 1.0, runner: Runner | None = None, **kw: Any) -> None:
@@ -126,11 +131,18 @@ class RayExecutor(Executor):
         version = ray.get(self.actors[0].get_version.remote())
         self._task = ray.remote(num_cpus=task_cpus, max_retries=0)(_attempt_task)
         self._runner_remote = runner
-        super().__init__(plan, store=store, grader=ActorGrader(self.actors, version), runner=runner, **kw)
+        self.pacers = start_pacers(plan.config.name, plan.config.models)
+        super().__init__(plan, store=store, grader=ActorGrader(self.actors, version), runner=runner,
+                         limiters=ray_limiters(self.pacers, plan.config.name), **kw)
 
     def _submit(self, pool: ThreadPoolExecutor, c: Coordinate) -> Future:
         return self._task.remote(self.plan, self.store.url, c.key, self.actors, self.grader.version, self._runner_remote,
-                                 self.ttl_s, self.versions).future()
+                                 self.ttl_s, self.versions, self.pacers).future()
+
+    def _after(self, c: Coordinate, out: Any, not_before: dict[str, float]) -> None:
+        if self.pacers and out.result is not None and out.result.status == "infra_error":
+            check_pacers(self.pacers, self.cfg.name)  # a lost pacer would fail every attempt: stop, exclude nothing
+        super()._after(c, out, not_before)
 
     def close(self) -> None:
         ray = _ray()

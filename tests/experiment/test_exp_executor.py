@@ -291,3 +291,22 @@ def test_a_models_rpm_and_tpm_pace_its_attempts_in_this_process(tmp_path):
         assert lim is not None and (lim.rpm, lim.tpm) == (30, 90_000)
     finally:
         set_rate_limits(m.config.name, m.config.api_base)
+
+
+def test_limiters_given_to_an_executor_replace_the_local_books(tmp_path):
+    from dataclasses import replace
+
+    from mkb.agent._pace import RateLimiter, limiter_for, set_rate_limits
+
+    cfg = demo_config()
+    m = cfg.models[0]
+    key = (m.config.name, m.config.api_base)
+    shared = RateLimiter(rpm=7)  # stands for the Ray executor's cluster-wide limiter
+    try:
+        Executor(build_plan(replace(cfg, models=(replace(m, rpm=30),))), store=str(tmp_path / "s"), runner=FakeRunner(),
+                 versions={"v": 1}, sleep=lambda s: None, limiters={key: shared})
+        assert limiter_for(*key) is shared
+        Executor(build_plan(cfg), store=str(tmp_path / "s2"), runner=FakeRunner(), versions={"v": 1}, sleep=lambda s: None)
+        assert limiter_for(*key) is None  # this config sets no limits: an earlier executor's pacing does not linger
+    finally:
+        set_rate_limits(*key)
