@@ -6,16 +6,17 @@ only on a side that cannot reach a threshold (early stopping), so by constructio
 run measures it: on one warm pool, every discovered baseline is graded under the grader as it ships (A) and under
 a configuration without what 2.x added around the timed loop (B: no early-stop bookkeeping between calls, no
 profiled calls planned inside the loop; the content-repeat probe stays, it predates 2.0), A then B per baseline;
-then, while `--budget-s` lasts, a second pass grades each under A again, so that the grading-to-grading spread of
-one configuration (A1 vs A2) is measured beside the A-vs-B difference (B is compared with the mean of A1 and A2
-where both exist, else with A1).
+then, while `--budget-s` lasts, a second pass grades each B then A (ABBA: the second grading of a kernel in a pool
+falls once on each arm), so that each arm's grading-to-grading spread is measured beside the A-vs-B difference
+(the mean of the B gradings against the mean of the A ones). The first recorded run (`events/h200-checks-ab`,
+one pass) found B slower for every short kernel, which one A and one B per kernel cannot tell from an order effect.
 
     export PYTHONPATH=/tmp/mkb-site/nvidia_cutlass_dsl/dsl_packages:/tmp/mkb-site:$PWD CUDA_PATH=/usr/local/cuda \
            CUTE_DSL_ARCH=sm_90a PYTHONUNBUFFERED=1
     python3 scripts/gpu_checks_ab.py --out $OUT --name h200-checks-ab 2>&1 | tee $OUT/log
 
 $OUT gets: log, summary.json (every verdict's figures, the per-baseline comparison), events.tar.gz (the store).
-About 3 s per grading: 32 gradings for 16 baselines in the first pass, 16 more in the second.
+About 3 s per grading: 32 gradings for 16 baselines per pass, two passes: about 3.5 minutes (--budget-s 240).
 """
 
 from __future__ import annotations
@@ -44,21 +45,27 @@ def rel(a: float | None, b: float | None) -> float | None:
     return abs(a - b) / b if a and b else None
 
 
+def _mean(xs: list[dict]) -> float:
+    return sum(x["median_us"] for x in xs) / len(xs)
+
+
 def compare(rows: dict[str, dict[str, dict]]) -> list[dict]:
-    """Per baseline: A2 against A1 (the spread of one configuration) and B against the mean of A1 and A2 (A1 alone
-    when the second pass did not reach it); every grading it has must have passed."""
+    """Per baseline: the mean of its B gradings against the mean of its A gradings, and each arm's own spread (its
+    second grading against its first). Tags: A1, B1 (or B, the first run's name), then B2, A2 (the ABBA order: a
+    drift or an order effect lands on both arms alike). Every grading it has must have passed."""
     out = []
     for key, r in rows.items():
-        a1, b, a2 = (r.get(k) for k in ("A1", "B", "A2"))
-        have = [x for x in (a1, b, a2) if x is not None]
-        passed = a1 is not None and b is not None and all(x["passed"] for x in have)
-        a_ref = ((a1["median_us"] + a2["median_us"]) / 2 if a2 is not None else a1["median_us"]) if passed else None
-        ab = rel(b["median_us"], a_ref) if passed else None
-        aa = rel(a2["median_us"], a1["median_us"]) if passed and a2 is not None else None
-        out.append({"key": key, "all_passed": passed, "a1_us": a1 and a1["median_us"], "b_us": b and b["median_us"],
-                    "a2_us": a2 and a2["median_us"], "a_vs_b": ab, "a1_vs_a2": aa,
+        r = {("B1" if k == "B" else k): v for k, v in r.items()}
+        a = [r[k] for k in ("A1", "A2") if k in r]
+        b = [r[k] for k in ("B1", "B2") if k in r]
+        passed = bool(a) and bool(b) and all(x["passed"] and x["median_us"] for x in a + b)
+        ab = rel(_mean(b), _mean(a)) if passed else None
+        aa = rel(a[1]["median_us"], a[0]["median_us"]) if passed and len(a) == 2 else None
+        bb = rel(b[1]["median_us"], b[0]["median_us"]) if passed and len(b) == 2 else None
+        out.append({"key": key, "all_passed": passed, "a_us": [x["median_us"] for x in a], "b_us": [x["median_us"] for x in b],
+                    "a_vs_b": ab, "a1_vs_a2": aa, "b1_vs_b2": bb,
                     "within_tol": ab is not None and ab <= MEDIAN_TOL,
-                    "full_calls": all(x["timed_calls"] == x["n_timed_planned"] for x in have if x is not b)})
+                    "full_calls": all(x["timed_calls"] == x["n_timed_planned"] for x in a)})
     return out
 
 
@@ -89,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     found = baselines()
     log(f"{len(found)} baselines: {[f'{b.problem}/{b.dsl}' for b in found]}")
     with WorkerPool(device=a.device, depth=2) as pool:
-        for tags in (("A1", "B"), ("A2",)):
+        for tags in (("A1", "B1"), ("B2", "A2")):
             for b in found:
                 key = f"{b.problem}/{b.dsl}"
                 if time.monotonic() - t0 > a.budget_s:
@@ -114,12 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     cmp = compare(summary["rows"])
     summary["compare"] = cmp
     for r in cmp:
-        log(f"AB {r['key']:10s} A1 {r['a1_us']} B {r['b_us']} A2 {r['a2_us']}  A-vs-B {r['a_vs_b']}  A1-vs-A2 {r['a1_vs_a2']}"
+        log(f"AB {r['key']:10s} A {r['a_us']} B {r['b_us']}  A-vs-B {r['a_vs_b']}  A1-vs-A2 {r['a1_vs_a2']}  B1-vs-B2 {r['b1_vs_b2']}"
             f"  {'ok' if r['within_tol'] else 'OUTSIDE 0.5%'}")
     summary["result"] = {
         "baselines": len(cmp), "all_passed": sum(r["all_passed"] for r in cmp),
         "a_vs_b_within_0_5pct": sum(r["within_tol"] for r in cmp),
         "a1_vs_a2_within_0_5pct": sum(r["a1_vs_a2"] is not None and r["a1_vs_a2"] <= MEDIAN_TOL for r in cmp),
+        "b1_vs_b2_within_0_5pct": sum(r["b1_vs_b2"] is not None and r["b1_vs_b2"] <= MEDIAN_TOL for r in cmp),
         "full_calls": sum(r["full_calls"] for r in cmp), "errors": len(summary["errors"]), "skipped": summary["skipped"]}
     log("RESULT " + json.dumps(summary["result"]))
     summary["elapsed_s"] = time.monotonic() - t0

@@ -14,12 +14,17 @@ def _v(us: float, *, passed: bool = True, calls: int = 100) -> dict:
     return {"passed": passed, "median_us": us, "timed_calls": calls, "n_timed_planned": 100}
 
 
-def test_b_is_compared_with_the_mean_of_the_two_a_gradings() -> None:
-    (r,) = ab.compare({"28/cute": {"A1": _v(100.0), "B": _v(100.4), "A2": _v(100.2)}})
+def test_the_b_mean_is_compared_with_the_a_mean_and_each_arm_has_its_spread() -> None:
+    (r,) = ab.compare({"28/cute": {"A1": _v(100.0), "B1": _v(100.4), "B2": _v(100.6), "A2": _v(100.2)}})
     assert r["all_passed"] and r["full_calls"]
-    assert abs(r["a_vs_b"] - 0.3 / 100.1) < 1e-12
-    assert abs(r["a1_vs_a2"] - 0.002) < 1e-12
+    assert abs(r["a_vs_b"] - 0.4 / 100.1) < 1e-12
+    assert abs(r["a1_vs_a2"] - 0.002) < 1e-12 and abs(r["b1_vs_b2"] - 0.2 / 100.4) < 1e-12
     assert r["within_tol"]
+
+
+def test_the_first_runs_b_tag_reads_as_b1() -> None:
+    (r,) = ab.compare({"28/cute": {"A1": _v(100.0), "B": _v(100.4), "A2": _v(100.2)}})
+    assert abs(r["a_vs_b"] - 0.3 / 100.1) < 1e-12 and r["b1_vs_b2"] is None
 
 
 def test_a_median_moved_by_more_than_half_a_percent_is_outside() -> None:
@@ -29,7 +34,7 @@ def test_a_median_moved_by_more_than_half_a_percent_is_outside() -> None:
 
 
 def test_a_failed_or_missing_grading_is_never_within_tolerance() -> None:
-    rows = ab.compare({"1/cute": {"A1": _v(10.0), "B": _v(10.0, passed=False), "A2": _v(10.0)},
+    rows = ab.compare({"1/cute": {"A1": _v(10.0), "B1": _v(10.0, passed=False), "A2": _v(10.0)},
                        "1/tirx": {"A1": _v(10.0), "A2": _v(10.0)}})
     assert [r["all_passed"] for r in rows] == [False, False]
     assert [r["within_tol"] for r in rows] == [False, False]
@@ -41,7 +46,7 @@ def test_an_early_stop_on_a_baseline_is_reported() -> None:
 
 
 def test_without_the_second_pass_b_is_compared_with_a1() -> None:
-    (r,) = ab.compare({"72/cute": {"A1": _v(300.0), "B": _v(301.0)}})
+    (r,) = ab.compare({"72/cute": {"A1": _v(300.0), "B1": _v(301.0)}})
     assert r["all_passed"] and r["a1_vs_a2"] is None
     assert abs(r["a_vs_b"] - 1.0 / 300.0) < 1e-12 and r["within_tol"]
 
