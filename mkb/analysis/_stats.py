@@ -35,6 +35,31 @@ class BootstrapSpec:
                 f"seed {self.seed}")
 
 
+@dataclass(frozen=True)
+class Ratio:
+    """The statistic (sums[num] - sums[sub]) / sums[den], NaN where the denominator is <= 0.
+
+    Every ratio of the lift, contrast and two-part tables has this form, and saying so lets the bootstrap select
+    its percentiles in float32. With integer sums whose resampled values stay below 2^24, numerator and
+    denominator are exact in float32 and in float64, so each precision's value is the correctly rounded division
+    of one exact quotient; rounding is monotone, so float32 values order the resamples as the float64 values do,
+    up to ties. `_order_stats` brackets the tails in float32 and computes float64 values for the candidates only:
+    the same float64 percentiles as a float64 pass over every resample, at a fraction of the memory traffic.
+    """
+
+    num: str
+    den: str
+    sub: str | None = None
+
+    @property
+    def operands(self) -> tuple[str, ...]:
+        return tuple(x for x in (self.num, self.sub, self.den) if x is not None)
+
+    def __call__(self, **sums):
+        num = sums[self.num] if self.sub is None else sums[self.num] - sums[self.sub]
+        return _ratio(num, sums[self.den])
+
+
 def _cluster_weights(n: int, spec: BootstrapSpec, rng: np.random.Generator) -> np.ndarray:
     """[resamples, n] counts: how often each of n clusters is drawn in each resample."""
     idx = rng.integers(0, n, size=(spec.resamples, n))
@@ -42,11 +67,12 @@ def _cluster_weights(n: int, spec: BootstrapSpec, rng: np.random.Generator) -> n
     return np.bincount(flat, minlength=spec.resamples * n).reshape(spec.resamples, n).astype(np.float64)
 
 
-def _percentiles(x: np.ndarray, qs: list[float]) -> np.ndarray:
+def _percentiles(x: np.ndarray, qs: list[float], *, exact=None) -> np.ndarray:
     """[len(qs), rows]: np.quantile(x, qs, axis=1) (method "linear") of a NaN-free [rows, resamples] array.
 
     The needed order statistics of each row (`_order_stats`), then numpy's own interpolation (`_lerp`)
-    written out: the same values as np.quantile (a test checks).
+    written out: the same values as np.quantile (a test checks). With `exact` (see `_order_stats`), x is a
+    float32 stand-in and the percentiles are those of the float64 values `exact` gives.
     """
     x = np.ascontiguousarray(x)
     n = x.shape[1]
@@ -58,7 +84,7 @@ def _percentiles(x: np.ndarray, qs: list[float]) -> np.ndarray:
     pi = prev.astype(np.intp) % n
     ni = np.where(top, -1, pi + 1) % n
     kth = np.unique(np.concatenate([pi, ni]))
-    stats = _order_stats(x, kth)
+    stats = _order_stats(x, kth, exact=exact)
     at = {int(k): i for i, k in enumerate(kth)}
     a, b = stats[[at[int(k)] for k in pi]], stats[[at[int(k)] for k in ni]]
     g = gamma[:, None]
@@ -73,7 +99,7 @@ _TAIL_CAP = 2500  # candidates per row and tail past which a row is selected in 
 _ROW_BLOCK = 128  # rows at a time: a block's values and masks stay in cache
 
 
-def _order_stats(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
+def _order_stats(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
     """[len(ks), rows]: the k-th smallest value (0-based k) of each row of a NaN-free C-contiguous [rows, n] array, exact.
 
     A percentile CI needs a few order statistics in the two tails of each row, and a full selection
@@ -81,19 +107,35 @@ def _order_stats(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
     the first 500 resamples (independent draws like any other): one comparison pass finds the values
     beyond the bracket (~5% of a row), and only those are partitioned. The k-th smallest is then read off
     exactly; a row whose bracket holds too few values (probability ~1%) or too many (ties) is selected in full.
+
+    `exact(rows, cols)` -> the float64 values at those positions, when x holds float32 values that order the
+    positions as those float64 values do, up to ties (x_i < x_j implies value_i <= value_j, and value_i < value_j
+    implies x_i <= x_j: both correctly rounded from one exact quantity, see `Ratio`). Then x brackets the tails
+    and only the candidates' float64 values are computed and selected: the values beyond a bracket are the
+    positions whose exact quantity is at or beyond some level (a tail of the exact order), so the k-th smallest
+    float64 value of a row is the k-th smallest among them. The result is the float64 order statistics.
     """
     rows, n = x.shape
     ks = np.asarray(ks, dtype=np.intp)
     tail = np.minimum(ks, n - 1 - ks)
     if n < 8 * _PILOT or rows == 0 or tail.max() >= n // 20:  # a short row, or a rank far from both ends: select in full
-        return np.partition(x, ks, axis=1)[:, ks].T if rows else np.empty((len(ks), 0))
+        if not rows:
+            return np.empty((len(ks), 0))
+        full = x if exact is None else _exact_rows(exact, np.arange(rows), n)
+        return np.partition(full, ks, axis=1)[:, ks].T
     out = np.empty((len(ks), rows))
     for r0 in range(0, rows, _ROW_BLOCK):
-        out[:, r0:r0 + _ROW_BLOCK] = _order_stats_block(x[r0:r0 + _ROW_BLOCK], ks)
+        sub = None if exact is None else (lambda r, c, r0=r0: exact(r + r0, c))
+        out[:, r0:r0 + _ROW_BLOCK] = _order_stats_block(x[r0:r0 + _ROW_BLOCK], ks, exact=sub)
     return out
 
 
-def _order_stats_block(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
+def _exact_rows(exact, rows: np.ndarray, n: int) -> np.ndarray:
+    """[len(rows), n]: every float64 value of these rows."""
+    return exact(np.repeat(rows, n), np.tile(np.arange(n), len(rows))).reshape(len(rows), n)
+
+
+def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
     rows, n = x.shape
     out = np.empty((len(ks), rows))
     good = np.ones(rows, bool)
@@ -113,7 +155,8 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
         if not len(okrows):
             continue
         xs, ms = (x, m) if len(okrows) == rows else (x[okrows], m[okrows])
-        vals = xs.ravel().take(np.flatnonzero(ms))  # row-major: each row's candidates together
+        flat = np.flatnonzero(ms)  # row-major: each row's candidates together
+        vals = xs.ravel().take(flat) if exact is None else exact(okrows[flat // n], flat % n)
         cnt = c[okrows]
         pad = np.full((len(okrows), int(cnt.max())), np.inf)
         pad[np.repeat(np.arange(len(okrows)), cnt), np.arange(vals.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)] = vals if low else -vals
@@ -121,7 +164,8 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
         out[np.ix_(np.flatnonzero(sel), okrows)] = got if low else -got
     bad = np.flatnonzero(~good)
     if len(bad):
-        out[:, bad] = np.partition(x[bad], ks, axis=1)[:, ks].T
+        full = x[bad] if exact is None else _exact_rows(exact, bad, n)
+        out[:, bad] = np.partition(full, ks, axis=1)[:, ks].T
     return out
 
 
@@ -161,7 +205,8 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     present problems are the same share one resample matrix, applied to all their cells and sums in one
     matrix product. `shares` are statistics that are shares of problems: `f(**sums)` gives the count of
     drawn problems with the property (an integer), divided by the cell's number of present problems,
-    which every resample draws exactly; their percentiles are counted, not partitioned.
+    which every resample draws exactly; their percentiles are counted, not partitioned. A statistic that is
+    a `Ratio` of integer sums has its percentiles selected in float32 and read off in float64 (see `Ratio`).
     """
     shares = shares or {}
     C = len(cells)
@@ -180,49 +225,72 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     a = (1 - spec.level) / 2
     rng = np.random.default_rng(spec.seed)
     names = list(sums)
+    P = max(1, present.shape[1])
+    big = {k: float(np.abs(m).max(initial=0.0)) for k, m in sums.items()}
     # float32 products when they are exact: integer-valued sums (S is a multiple of 20, the rest counts) whose every
     # partial sum over a resample (at most max|v| x problems, since a resample's counts add up to the problems) stays
     # below 2^24. Then every product equals the float64 one bit for bit, at a third of its cost.
-    exact32 = all(np.array_equal(m, np.rint(m)) and float(np.abs(m).max(initial=0.0)) * max(1, m.shape[1]) < 2**24
-                  for m in sums.values())
+    exact32 = all(np.array_equal(m, np.rint(m)) and big[k] * P < 2**24 for k, m in sums.items())
+    # ratios selected in float32: their numerator (a difference of two such sums) exact in float32 too
+    fast = {name: st for name, st in stats.items()
+            if exact32 and _fast(st) and (big[st.num] + (big[st.sub] if st.sub else 0.0)) * P < 2**24}
+    slow = {name: st for name, st in stats.items() if name not in fast}
+    wide = bool(slow) or not exact32  # the resampled sums are needed in float64
     # cells in blocks, so the resampled sums stay under ~BLOCK_BYTES however many cells share these problems (the
     # draws are the group's, so blocking changes no number); blocks run on a thread per core (numpy releases the
-    # GIL in its products, selections and element-wise loops), each with one buffer reused for all its blocks:
+    # GIL in its products, selections and element-wise loops), each with buffers reused for all its blocks:
     # fresh arrays of this size cost a page fault per 4 KiB, which took longer than filling them
-    block = max(1, int(BLOCK_BYTES // (len(names) * spec.resamples * 8)))
+    block = max(1, int(BLOCK_BYTES // (len(names) * spec.resamples * (8 if wide else 4))))
     local = threading.local()
 
     def run(cb: list[int], cols: np.ndarray, wt: np.ndarray) -> None:
         v = np.concatenate([sums[k][np.ix_(cb, cols)] for k in names])  # [sums x cells, problems]
         rows = len(names) * block
         if getattr(local, "buf", None) is None:
-            local.buf = np.empty((rows, spec.resamples))
+            local.buf = np.empty((rows, spec.resamples)) if wide else None
             local.buf32 = np.empty((rows, spec.resamples), dtype=np.float32) if exact32 else None
+            local.r32 = np.empty((block, spec.resamples), dtype=np.float32) if fast else None
         # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous for
         # the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts), so every
         # product is exact and equals the former per-sum `w @ v.T` bit for bit
-        summed = local.buf[:v.shape[0]]
-        if exact32:
-            np.matmul(v.astype(np.float32), wt, out=local.buf32[:v.shape[0]])
-            summed[...] = local.buf32[:v.shape[0]]
-        else:
-            np.matmul(v, wt, out=summed)
         k = len(cb)
-        parts = {name: summed[i * k:(i + 1) * k] for i, name in enumerate(names)}  # [cells, resamples] views
-        for name, stat in stats.items():
-            boot = np.asarray(stat(**parts))  # [cells, resamples]: the statistics are element-wise
-            nan = np.isnan(boot)
-            if not nan.any():
-                q = _percentiles(boot, [a, 1 - a])
-            else:  # a cell undefined in every resample stays NaN (reported null); no warnings filter (not thread-safe)
-                q = np.full((2, boot.shape[0]), np.nan)
-                some = ~nan.all(1)
-                if some.any():
-                    with np.errstate(invalid="ignore"):
-                        q[:, some] = np.nanquantile(boot[some], [a, 1 - a], axis=1)
+        if exact32:
+            summed32 = local.buf32[:v.shape[0]]
+            np.matmul(v.astype(np.float32), wt, out=summed32)
+            parts32 = {name: summed32[i * k:(i + 1) * k] for i, name in enumerate(names)}  # [cells, resamples] views
+        if wide:
+            summed = local.buf[:v.shape[0]]
+            if exact32:
+                summed[...] = summed32
+            else:
+                np.matmul(v, wt, out=summed)
+            parts = {name: summed[i * k:(i + 1) * k] for i, name in enumerate(names)}
+        for name, stat in slow.items():
+            lo[name][cb], hi[name][cb] = _ci_rows(np.asarray(stat(**parts)), a)  # the statistics are element-wise
+        for name, st in fast.items():
+            x = local.r32[:k]
+            if st.sub is None:
+                x[...] = parts32[st.num]
+            else:
+                np.subtract(parts32[st.num], parts32[st.sub], out=x)
+            den = parts32[st.den]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                np.divide(x, den, out=x)
+            undefined = den.min(1) <= 0  # a cell with a resample whose ratio is undefined (NaN): float64 throughout
+            q = np.empty((2, k))
+            for rs, whole in ((np.flatnonzero(~undefined), False), (np.flatnonzero(undefined), True)):
+                if not len(rs):
+                    continue
+                if whole:
+                    q[:, rs] = _ci_rows(np.asarray(st(**{n: parts32[n][rs].astype(np.float64) for n in st.operands})), a)
+                else:
+                    def exact(r, c, rs=rs, st=st):  # the float64 statistic at (row r of rs, resample c), from the exact sums
+                        at = rs[r] * spec.resamples + c
+                        return st(**{n: parts32[n].reshape(-1).take(at).astype(np.float64) for n in st.operands})
+                    q[:, rs] = _percentiles(x if len(rs) == k else x[rs], [a, 1 - a], exact=exact)
             lo[name][cb], hi[name][cb] = q[0], q[1]
         for name, f in shares.items():
-            cnt = np.asarray(f(n_present=len(cols), **parts))  # [cells, resamples] integer counts
+            cnt = np.asarray(f(n_present=len(cols), **(parts32 if exact32 else parts)))  # [cells, resamples] integer counts
             q = _count_percentiles(np.ascontiguousarray(cnt), len(cols), [a, 1 - a])
             lo[name][cb], hi[name][cb] = q[0], q[1]
 
@@ -247,6 +315,26 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
         if pool is not None:
             pool.shutdown()
     return {name: (est[name], lo[name], hi[name]) for name in [*stats, *shares]}
+
+
+def _fast(stat) -> bool:
+    """Whether a statistic may have its percentiles selected in float32 (a `Ratio`: see there)."""
+    return isinstance(stat, Ratio)
+
+
+def _ci_rows(boot: np.ndarray, a: float) -> np.ndarray:
+    """[2, rows]: the (a, 1 - a) percentiles of each row of [rows, resamples] float64 statistics; a row undefined in
+    every resample stays NaN (reported null), one undefined in some is read over the rest (no warnings filter: not
+    thread-safe)."""
+    nan = np.isnan(boot)
+    if not nan.any():
+        return _percentiles(boot, [a, 1 - a])
+    q = np.full((2, boot.shape[0]), np.nan)
+    some = ~nan.all(1)
+    if some.any():
+        with np.errstate(invalid="ignore"):
+            q[:, some] = np.nanquantile(boot[some], [a, 1 - a], axis=1)
+    return q
 
 
 def cluster_bootstrap(cells: list, problems: np.ndarray, sums: dict[str, np.ndarray], stat, spec: BootstrapSpec):
@@ -355,12 +443,12 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
     if sol:
         names += ["SA_sol", "SB_sol", "n_sol"]
     cells, problems, m = _dense(per_problem, cell, names)
-    stats = {"rel": lambda SA, SB, n, **_: _rel(SA, SB, n), "mean": lambda SA, SB, n, **_: _mean_lift(SA, SB, n)}
+    stats = {"rel": Ratio("SA", sub="SB", den="SB"), "mean": Ratio("SA", sub="SB", den="n")}
     # shares of problems: counts of drawn problems (a problem's replicate-mean lift is < 0, > 0 or 0)
     shares = {"reg": lambda reg, **_: reg, "imp": lambda imp, **_: imp, "tie": lambda reg, imp, n_present, **_: n_present - reg - imp}
     if sol:
-        stats["rel_sol"] = lambda SA_sol, SB_sol, n_sol, **_: _rel(SA_sol, SB_sol, n_sol)
-        stats["mean_sol"] = lambda SA_sol, SB_sol, n_sol, **_: _ratio(SA_sol - SB_sol, n_sol)
+        stats["rel_sol"] = Ratio("SA_sol", sub="SB_sol", den="SB_sol")
+        stats["mean_sol"] = Ratio("SA_sol", sub="SB_sol", den="n_sol")
     boot = cluster_bootstrap_many(cells, problems, m, stats, spec, shares=shares)
     cols = {}
     for name, (lo_name) in (("mean", "lift"), ("rel", "rel_lift"), ("reg", "regression_rate"), ("imp", "improvement_rate"),
@@ -597,8 +685,8 @@ def _standing_cells(p: pl.DataFrame, *, col: str, pooled: bool, spec: BootstrapS
              "effect_S": lambda lift_above, n_above, lift_below, n_below, **_:
              _ratio(lift_above, n_above) - _ratio(lift_below, n_below)}
     for c in ("above", "tie", "below"):
-        stats[f"improve_{c}"] = (lambda c: lambda **k: _ratio(k[f"imp_{c}"], k[f"n_{c}"]))(c)
-        stats[f"regress_{c}"] = (lambda c: lambda **k: _ratio(k[f"reg_{c}"], k[f"n_{c}"]))(c)
+        stats[f"improve_{c}"] = Ratio(f"imp_{c}", den=f"n_{c}")
+        stats[f"regress_{c}"] = Ratio(f"reg_{c}", den=f"n_{c}")
     boot = cluster_bootstrap_many(cells, problems, m, stats, spec)
     tot = {k: v.sum(1) for k, v in m.items()}
     out = cells.with_columns(n_pairs=pl.Series(tot["n"].astype(int)))
@@ -645,8 +733,8 @@ def contrast_table(pairs: pl.DataFrame, *, against: tuple[str, ...] = ("placebo"
     j = pl.concat(rows, how="vertical_relaxed")
     cell = ["stratum", "model", "contrast", "direction", "source_dsl", "target_dsl"]
     cells, problems, m = _matrices(j, cell, {"SA": pl.col("S_tr").sum(), "SB": pl.col("S_ot").sum(), "n": pl.len()})
-    boot = cluster_bootstrap_many(cells, problems, m, {"rel": lambda SA, SB, n: _rel(SA, SB, n),
-                                                       "mean": lambda SA, SB, n: _mean_lift(SA, SB, n)}, spec)
+    boot = cluster_bootstrap_many(cells, problems, m, {"rel": Ratio("SA", sub="SB", den="SB"), "mean": Ratio("SA", sub="SB", den="n")},
+                                  spec)
     info = j.group_by(cell).agg(n_blocks=pl.len(), n_problems=pl.col("problem").n_unique(), S_transfer=pl.col("S_tr").mean(),
                                 S_other=pl.col("S_ot").mean(), lift_vs_solo=pl.col("lift_tr").mean(),
                                 served_changed=pl.col("changed").sum(), served_recorded=pl.col("changed").is_not_null().sum())
@@ -670,7 +758,7 @@ def two_part_table(pairs: pl.DataFrame, *, spec: BootstrapSpec = BootstrapSpec()
     cell = ["stratum", "model", "arm_kind", "direction"]
     cells, problems, m = _matrices(p, cell, {"PA": pl.col("passed").cast(pl.Int64).sum(), "PB": pl.col("passed_solo").cast(pl.Int64).sum(),
                                              "n": pl.len()})
-    est, lo, hi = cluster_bootstrap(cells, problems, m, lambda PA, PB, n: _ratio(PA - PB, n), spec)
+    est, lo, hi = cluster_bootstrap(cells, problems, m, Ratio("PA", sub="PB", den="n"), spec)
     sp = p.group_by(cell).agg(
         pass_arm=pl.col("passed").mean(), pass_solo=pl.col("passed_solo").mean(),
         gm_speedup_arm_given_pass=pl.col("speedup").filter(pl.col("passed") & (pl.col("speedup") > 0)).log().mean().exp(),
