@@ -506,6 +506,25 @@ def _zero_prob_steps(steps: tuple[int, ...]) -> float:
     return float(dist[(len(dist) - 1) // 2])
 
 
+def _flat(lists: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(values, lengths) of a list column of numbers without nulls."""
+    lens = lists.list.len().fill_null(0).to_numpy().astype(np.int64)
+    return np.ascontiguousarray(lists.explode(empty_as_null=False).to_numpy(), dtype=np.float64), lens
+
+
+def _by_length(lens: np.ndarray, *flats: np.ndarray):
+    """The rows of ragged values (`_flat`) as [rows, L] matrices, one per distinct length L: yields (row indices, *matrices).
+
+    Each matrix is C-contiguous, so a reduction along its rows runs numpy's pairwise sum over each row exactly as
+    over that row alone: per-row figures equal those of a loop over rows bit for bit, in one call per length.
+    """
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    for L in np.unique(lens):
+        rows = np.flatnonzero(lens == L)
+        at = starts[rows][:, None] + np.arange(L)
+        yield (rows, *(f[at] for f in flats))
+
+
 def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
     """The regression rate's noise floor and an empirical-Bayes estimate of the true share of negative lifts.
 
@@ -517,41 +536,62 @@ def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
     is N(mu + (1 - B_p)(d_p - mu), (1 - B_p) s2/n_p) with B_p = (s2/n_p) / (s2/n_p + tau2), and the true
     share is the mean of P(true lift < 0). Null unless tau2 exceeds three times the variance ratio's null SE
     (the variance components do not allow it: with no real spread between problems the share is noise).
+    Computed for all cells of one problem count at once (`_by_length`): the arithmetic of a loop over cells.
     """
     from math import erf, sqrt
 
-    floor, shrink, tau = [], [], []
-    for lifts, pair_lifts, ns, sq in zip(out["problem_lifts"].to_list(), out["_pair_lifts"].to_list(), out["_n"].to_list(),
-                                         out["_sq"].to_list()):
-        pair_lifts = [tuple(x) for x in pair_lifts]  # each problem's sorted lift sizes in S steps (see _zero_prob)
-        d = np.asarray(lifts, float)
-        n = np.asarray(ns, float)
-        floor.append(float(np.mean([(1 - _zero_prob_steps(v)) / 2 for v in pair_lifts])) if len(d) else None)
-        within = np.asarray(sq, float) - n * d**2  # sum of squared deviations per problem
-        dof = (n - 1).sum()
-        if len(d) < 3 or dof <= 0:
-            shrink.append(None), tau.append(None)
+    C = out.height
+    floor, shrink, tau = np.full(C, np.nan), np.full(C, np.nan), np.full(C, np.nan)
+    # each problem's sorted lift sizes in S steps (see _zero_prob): problems share a handful of step multisets
+    steps = out["_pair_lifts"].explode(empty_as_null=False)
+    key = steps.cast(pl.List(pl.String)).list.join(",")
+    uniq = pl.DataFrame({"key": key, "steps": steps}).unique("key")
+    zp = dict(zip(uniq["key"].to_list(), (_zero_prob_steps(tuple(s)) for s in uniq["steps"].to_list())))
+    zero = key.replace_strict(zp, return_dtype=pl.Float64).to_numpy()
+    d_all, lens = _flat(out["problem_lifts"])
+    n_all, sq_all = _flat(out["_n"])[0], _flat(out["_sq"])[0]
+    has_shrink = np.zeros(C, bool)
+    for rows, d, n, sq, z in _by_length(lens, d_all, n_all, sq_all, zero):
+        P = d.shape[1]
+        if P == 0:
             continue
-        s2 = within.sum() / dof
-        se2 = s2 / n
-        t2 = float(d.var(ddof=1) - se2.mean())
+        floor[rows] = ((1 - z) / 2).mean(1)
+        within = sq - n * d**2  # sum of squared deviations per problem
+        dof = (n - 1).sum(1)
+        ok = dof > 0
+        if P < 3 or not ok.any():
+            continue
+        rows, d, n, within, dof = rows[ok], d[ok], n[ok], within[ok], dof[ok]
+        s2 = within.sum(1) / dof
+        se2 = s2[:, None] / n
+        t2 = d.var(axis=1, ddof=1) - se2.mean(1)
         # only where the between-problem variance clearly exceeds the noise: the variance ratio var(d) / mean(se2)
         # above 1 + 3 SE under no spread, SE^2 = 2 / (P - 1) + excess kurtosis / P (S lifts are discrete and
         # heavy-tailed, which widens the ratio's null); with no real spread any share of "negative true lifts" is noise
-        c = d - d.mean()
-        kurt = max(0.0, float((c**4).mean() / max((c**2).mean() ** 2, 1e-300) - 3.0))
-        if t2 <= 3 * np.sqrt(2 / (len(d) - 1) + kurt / len(d)) * se2.mean():
-            shrink.append(None), tau.append(0.0)
+        c = d - d.mean(1)[:, None]
+        m2 = (c**2).mean(1) ** 2
+        k = (c**4).mean(1) / np.where(1e-300 > m2, 1e-300, m2) - 3.0
+        kurt = np.where(k > 0.0, k, 0.0)  # max(0.0, k) as Python takes it
+        tau[rows] = 0.0
+        go = ~(t2 <= 3 * np.sqrt(2 / (P - 1) + kurt / P) * se2.mean(1))
+        if not go.any():
             continue
-        mu = float(d.mean())
-        B = se2 / (se2 + t2)
+        rows, d, se2, t2 = rows[go], d[go], se2[go], t2[go]
+        mu = d.mean(1)[:, None]
+        B = se2 / (se2 + t2[:, None])
         mean = mu + (1 - B) * (d - mu)
         sd = np.sqrt((1 - B) * se2)
-        pneg = [0.5 * (1 + erf((0 - mm) / (ss * sqrt(2)))) if ss > 0 else float(mm < 0) for mm, ss in zip(mean, sd)]
-        shrink.append(float(np.mean(pneg))), tau.append(sqrt(t2))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            arg = (0 - mean) / (sd * sqrt(2))
+        pneg = np.where(sd > 0, 0.5 * (1 + np.frompyfunc(erf, 1, 1)(np.where(sd > 0, arg, 0.0)).astype(np.float64)),
+                        (mean < 0).astype(np.float64))
+        shrink[rows] = pneg.mean(1)
+        has_shrink[rows] = True
+        tau[rows] = np.sqrt(t2)
     return out.drop("_pair_lifts", "_n", "_sq").with_columns(
-        regression_noise_floor=pl.Series(floor, dtype=pl.Float64), regression_true_share=pl.Series(shrink, dtype=pl.Float64),
-        between_problem_sd=pl.Series(tau, dtype=pl.Float64))
+        regression_noise_floor=pl.Series(floor, dtype=pl.Float64).fill_nan(None),
+        regression_true_share=pl.Series(np.where(has_shrink, shrink, np.nan), dtype=pl.Float64).fill_nan(None),
+        between_problem_sd=pl.Series(tau, dtype=pl.Float64).fill_nan(None))
 
 
 def wilcoxon_pratt(d: np.ndarray) -> float:
@@ -585,6 +625,53 @@ def wilcoxon_pratt(d: np.ndarray) -> float:
     return float(math.erfc(abs(z) / math.sqrt(2.0)))
 
 
+def _wilcoxon_pratt_rows(d: np.ndarray) -> np.ndarray:
+    """`wilcoxon_pratt` of each row of a [rows, n] array at once, with its arithmetic (a test checks: bit for bit).
+
+    Ranks are half-integers, so their sums are exact in any order; every other step is the same operation on
+    the same operands, element by element.
+    """
+    rows, n = d.shape
+    out = np.full(rows, math.nan)
+    if n == 0:
+        return out
+    a = np.abs(d)
+    order = np.argsort(a, axis=1, kind="stable")
+    sa, sd = np.take_along_axis(a, order, 1), np.take_along_axis(d, order, 1)
+    pos = np.arange(n)
+    start = np.ones((rows, n), bool)  # the first of a run of tied |d|
+    start[:, 1:] = sa[:, 1:] != sa[:, :-1]
+    end = np.ones((rows, n), bool)
+    end[:, :-1] = start[:, 1:]
+    first = np.maximum.accumulate(np.where(start, pos, 0), axis=1)
+    last = np.minimum.accumulate(np.where(end, pos, n)[:, ::-1], axis=1)[:, ::-1]
+    counts = last - first + 1
+    avg = first + (counts + 1) / 2.0  # average ranks over ties
+    r_plus, r_minus = np.where(sd > 0, avg, 0.0).sum(1), np.where(sd < 0, avg, 0.0).sum(1)
+    n_zero = (d == 0).sum(1)
+    mn = n * (n + 1) / 4.0 - n_zero * (n_zero + 1) / 4.0
+    se = n * (n + 1) * (2 * n + 1) - n_zero * (n_zero + 1) * (2 * n_zero + 1)
+    se = se - 0.5 * np.where(start & (sa != 0), counts * (counts * counts - 1), 0).sum(1).astype(np.float64)
+    se = np.sqrt(se / 24.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (np.minimum(r_plus, r_minus) - mn) / se
+    p = np.frompyfunc(lambda v: math.erfc(abs(v) / math.sqrt(2.0)), 1, 1)(np.where(se == 0, 0.0, z)).astype(np.float64)
+    out[:] = np.where(se == 0, 1.0, p)
+    out[n_zero == n] = 1.0
+    return out
+
+
+def _wilcoxon_lists(lists: pl.Series) -> np.ndarray:
+    """`wilcoxon_pratt` of each list (values rounded to 9 decimals, as the tests take them); NaN for a null list."""
+    out = np.full(len(lists), math.nan)
+    valid = np.flatnonzero(lists.is_not_null().to_numpy())
+    if len(valid):
+        flat, lens = _flat(lists.gather(valid))
+        for rows, m in _by_length(lens, flat):
+            out[valid[rows]] = _wilcoxon_pratt_rows(np.round(m, 9))
+    return out
+
+
 def mcnemar_exact(b: int, c: int) -> float:
     """Exact two-sided McNemar p-value: binomial test of c successes in b + c discordant pairs at 1/2."""
     n = b + c
@@ -603,13 +690,10 @@ def add_tests(cells: pl.DataFrame, *, group: list[str]) -> pl.DataFrame:
     problem (one easy problem can supply every discordant pair); the per-problem net change (pairs gaining a
     pass minus pairs losing one, over the problem's pairs) is one number per problem, the unit that is sampled.
     """
-    pw, pm, pp = [], [], []
-    diffs = cells["problem_pass_diffs"].to_list() if "problem_pass_diffs" in cells.columns else [None] * cells.height
-    for lifts, b, c, dp in zip(cells["problem_lifts"].to_list(), cells["mcnemar_b"].to_list(), cells["mcnemar_c"].to_list(), diffs):
-        # normal approximation: with zeros and ties (the rule for S lifts) an exact null does not apply
-        pw.append(wilcoxon_pratt(np.round(np.asarray(lifts, dtype=float), 9)))
-        pm.append(mcnemar_exact(int(b), int(c)))
-        pp.append(wilcoxon_pratt(np.round(np.asarray(dp, dtype=float), 9)) if dp is not None else float("nan"))
+    # normal approximation: with zeros and ties (the rule for S lifts) an exact null does not apply
+    pw = _wilcoxon_lists(cells["problem_lifts"])
+    pm = [mcnemar_exact(int(b), int(c)) for b, c in zip(cells["mcnemar_b"].to_list(), cells["mcnemar_c"].to_list())]
+    pp = _wilcoxon_lists(cells["problem_pass_diffs"]) if "problem_pass_diffs" in cells.columns else np.full(cells.height, np.nan)
     cells = cells.drop("problem_lifts", "problem_pass_diffs", strict=False).with_columns(
         p_wilcoxon=pl.Series(pw, dtype=pl.Float64), p_mcnemar=pl.Series(pm, dtype=pl.Float64),
         p_pass_clustered=pl.Series(pp, dtype=pl.Float64))
