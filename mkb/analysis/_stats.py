@@ -105,13 +105,13 @@ def _order_stats(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
     A percentile CI needs a few order statistics in the two tails of each row, and a full selection
     (np.partition) costs ~30x a comparison per value. So each tail is bracketed by an order statistic of
     the first 500 resamples (independent draws like any other): one comparison pass finds the values
-    beyond the bracket (~5% of a row), and only those are partitioned. The k-th smallest is then read off
-    exactly; a row whose bracket holds too few values (probability ~1%) or too many (ties) is selected in full.
+    beyond the brackets (~5% of a row each), and only those are partitioned. The k-th smallest is then read
+    off exactly; a row whose bracket holds too few values (probability ~1%) or too many (ties) is selected in full.
 
-    `exact(rows, cols)` -> the float64 values at those positions, when x holds float32 values that order the
-    positions as those float64 values do, up to ties (x_i < x_j implies value_i <= value_j, and value_i < value_j
-    implies x_i <= x_j: both correctly rounded from one exact quantity, see `Ratio`). Then x brackets the tails
-    and only the candidates' float64 values are computed and selected: the values beyond a bracket are the
+    `exact(positions)` -> the float64 values at these flat positions of x, when x holds float32 values that order
+    the positions as those float64 values do, up to ties (x_i < x_j implies value_i <= value_j, and value_i <
+    value_j implies x_i <= x_j: both correctly rounded from one exact quantity, see `Ratio`). Then x brackets the
+    tails and only the candidates' float64 values are computed and selected: the values beyond a bracket are the
     positions whose exact quantity is at or beyond some level (a tail of the exact order), so the k-th smallest
     float64 value of a row is the k-th smallest among them. The result is the float64 order statistics.
     """
@@ -121,24 +121,20 @@ def _order_stats(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
     if n < 8 * _PILOT or rows == 0 or tail.max() >= n // 20:  # a short row, or a rank far from both ends: select in full
         if not rows:
             return np.empty((len(ks), 0))
-        full = x if exact is None else _exact_rows(exact, np.arange(rows), n)
+        full = x if exact is None else exact(np.arange(rows * n)).reshape(rows, n)
         return np.partition(full, ks, axis=1)[:, ks].T
     out = np.empty((len(ks), rows))
     for r0 in range(0, rows, _ROW_BLOCK):
-        sub = None if exact is None else (lambda r, c, r0=r0: exact(r + r0, c))
+        sub = None if exact is None else (lambda pos, off=r0 * n: exact(pos + off))
         out[:, r0:r0 + _ROW_BLOCK] = _order_stats_block(x[r0:r0 + _ROW_BLOCK], ks, exact=sub)
     return out
-
-
-def _exact_rows(exact, rows: np.ndarray, n: int) -> np.ndarray:
-    """[len(rows), n]: every float64 value of these rows."""
-    return exact(np.repeat(rows, n), np.tile(np.arange(n), len(rows))).reshape(len(rows), n)
 
 
 def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
     rows, n = x.shape
     out = np.empty((len(ks), rows))
-    good = np.ones(rows, bool)
+    tails = []  # (ranks of ks in this tail, depth from its end, bracket, low?)
+    m = None
     for low in (True, False):
         sel = ks < n // 2 if low else ks >= n // 2
         if not sel.any():
@@ -147,24 +143,39 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarr
         r = min(_PILOT - 1, int(np.ceil(_PILOT * 1.8 * (depth.max() + 1) / n)) + 3)
         k = r if low else _PILOT - 1 - r
         bracket = np.partition(x[:, :_PILOT], k, axis=1)[:, k]
-        m = x <= bracket[:, None] if low else x >= bracket[:, None]
-        c = np.count_nonzero(m, axis=1)
-        ok = (c > depth.max()) & (c <= _TAIL_CAP)
-        good &= ok
-        okrows = np.flatnonzero(ok)
+        mt = x <= bracket[:, None] if low else x >= bracket[:, None]
+        m = mt if m is None else np.logical_or(m, mt, out=m)
+        tails.append((np.flatnonzero(sel), depth, bracket, low))
+    # one pass finds both tails' candidates (row-major: each row's together), then each is told apart by its value
+    flat = np.flatnonzero(m)
+    row = flat // n
+    v32 = x.ravel().take(flat)
+    vals = v32 if exact is None else exact(flat)
+    good = np.ones(rows, bool)
+    parts = []
+    for sel, depth, bracket, low in tails:
+        inside = v32 <= bracket[row] if low else v32 >= bracket[row]
+        c = np.bincount(row[inside], minlength=rows)
+        good &= (c > depth.max()) & (c <= _TAIL_CAP)
+        parts.append((inside, c))
+    if len(tails) == 2:  # brackets that overlap (heavy ties) put a value in both tails: such a row is selected in full
+        lo_b, hi_b = tails[0][2], tails[1][2]
+        good &= lo_b < hi_b
+    for (sel, depth, bracket, low), (inside, c) in zip(tails, parts):
+        okrows = np.flatnonzero(good)
         if not len(okrows):
-            continue
-        xs, ms = (x, m) if len(okrows) == rows else (x[okrows], m[okrows])
-        flat = np.flatnonzero(ms)  # row-major: each row's candidates together
-        vals = xs.ravel().take(flat) if exact is None else exact(okrows[flat // n], flat % n)
+            break
+        take = inside & good[row]
         cnt = c[okrows]
+        rr = np.repeat(np.arange(len(okrows)), cnt)
         pad = np.full((len(okrows), int(cnt.max())), np.inf)
-        pad[np.repeat(np.arange(len(okrows)), cnt), np.arange(vals.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)] = vals if low else -vals
+        v = vals[take]
+        pad[rr, np.arange(v.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)] = v if low else -v
         got = np.partition(pad, depth, axis=1)[:, depth].T
-        out[np.ix_(np.flatnonzero(sel), okrows)] = got if low else -got
+        out[np.ix_(sel, okrows)] = got if low else -got
     bad = np.flatnonzero(~good)
     if len(bad):
-        full = x[bad] if exact is None else _exact_rows(exact, bad, n)
+        full = x[bad] if exact is None else exact((bad[:, None] * n + np.arange(n)).ravel()).reshape(len(bad), n)
         out[:, bad] = np.partition(full, ks, axis=1)[:, ks].T
     return out
 
@@ -244,7 +255,14 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     local = threading.local()
 
     def run(cb: list[int], cols: np.ndarray, wt: np.ndarray) -> None:
-        v = np.concatenate([sums[k][np.ix_(cb, cols)] for k in names])  # [sums x cells, problems]
+        # a sum equal to an earlier one on these cells (the pairs with S_sol are often all of them: n_sol = n) is not
+        # resampled again: it reads the earlier one's resampled rows
+        sub = {k: sums[k][np.ix_(cb, cols)] for k in names}
+        alias: dict[str, str] = {}
+        for i, k in enumerate(names):
+            alias[k] = next((j for j in names[:i] if alias[j] == j and np.array_equal(sub[j], sub[k])), k)
+        own = [k for k in names if alias[k] == k]
+        v = np.concatenate([sub[k] for k in own])  # [sums x cells, problems]
         rows = len(names) * block
         if getattr(local, "buf", None) is None:
             local.buf = np.empty((rows, spec.resamples)) if wide else None
@@ -257,14 +275,16 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
         if exact32:
             summed32 = local.buf32[:v.shape[0]]
             np.matmul(v.astype(np.float32), wt, out=summed32)
-            parts32 = {name: summed32[i * k:(i + 1) * k] for i, name in enumerate(names)}  # [cells, resamples] views
+            parts32 = {name: summed32[i * k:(i + 1) * k] for i, name in enumerate(own)}  # [cells, resamples] views
+            parts32 |= {name: parts32[alias[name]] for name in names}
         if wide:
             summed = local.buf[:v.shape[0]]
             if exact32:
                 summed[...] = summed32
             else:
                 np.matmul(v, wt, out=summed)
-            parts = {name: summed[i * k:(i + 1) * k] for i, name in enumerate(names)}
+            parts = {name: summed[i * k:(i + 1) * k] for i, name in enumerate(own)}
+            parts |= {name: parts[alias[name]] for name in names}
         for name, stat in slow.items():
             lo[name][cb], hi[name][cb] = _ci_rows(np.asarray(stat(**parts)), a)  # the statistics are element-wise
         for name, st in fast.items():
@@ -284,8 +304,10 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
                 if whole:
                     q[:, rs] = _ci_rows(np.asarray(st(**{n: parts32[n][rs].astype(np.float64) for n in st.operands})), a)
                 else:
-                    def exact(r, c, rs=rs, st=st):  # the float64 statistic at (row r of rs, resample c), from the exact sums
-                        at = rs[r] * spec.resamples + c
+                    B = spec.resamples
+
+                    def exact(pos, rs=rs, st=st, whole=len(rs) == k):  # the float64 statistic at flat positions of x[rs]
+                        at = pos if whole else rs[pos // B] * B + pos % B
                         return st(**{n: parts32[n].reshape(-1).take(at).astype(np.float64) for n in st.operands})
                     q[:, rs] = _percentiles(x if len(rs) == k else x[rs], [a, 1 - a], exact=exact)
             lo[name][cb], hi[name][cb] = q[0], q[1]

@@ -54,14 +54,14 @@ def _near_ties(seed: int, cells: int = 12, problems: int = 30):
     den[7, : problems - 2] = 0  # most resamples draw a zero denominator for this cell
     den[8] = 0  # every resample: undefined
     small = 20.0 * rng.integers(0, 6, size=n.shape) * (n > 0)
-    return {"A": num, "B": den, "n": n, "S": small}
+    return {"A": num, "B": den, "n": n, "S": small, "n2": n.copy()}  # n2: a sum equal to another (resampled once)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_ratio_percentiles_selected_in_float32_equal_the_float64_definition(seed):
     sums = _near_ties(seed)
     stats = {"rel": Ratio("A", sub="B", den="B"), "q": Ratio("A", den="B"), "mean": Ratio("S", den="n"),
-             "mixed": Ratio("A", sub="S", den="n")}
+             "mixed": Ratio("A", sub="S", den="n"), "again": Ratio("S", den="n2")}
     spec = BootstrapSpec(seed=40 + seed, resamples=10_000)  # long rows: the tail-bracketed, float32 path
     got = cluster_bootstrap_many(list(range(sums["n"].shape[0])), np.arange(sums["n"].shape[1]), sums, stats, spec)
     want = _float64_reference(sums, stats, spec)
@@ -69,6 +69,7 @@ def test_ratio_percentiles_selected_in_float32_equal_the_float64_definition(seed
         _same(got[name][1], want[name][0])
         _same(got[name][2], want[name][1])
     assert np.isnan(got["rel"][1][8]) and not np.isnan(got["rel"][1][7])
+    _same(got["again"][1], got["mean"][1])
 
 
 def test_the_float32_stand_in_really_ties_values_that_float64_separates():
@@ -90,7 +91,7 @@ def test_percentiles_with_a_float64_read_off_equal_numpy_quantile():
     exact[5] = 1.0  # one value
     exact[6, :500] = 7.0  # a pilot that brackets nothing
     x32 = exact.astype(np.float32)  # ties wherever float64 values share a float32 step, and orders as they do
-    got = _percentiles(x32, [0.025, 0.975], exact=lambda r, c: exact[r, c])
+    got = _percentiles(x32, [0.025, 0.975], exact=lambda pos: exact.ravel()[pos])
     _same(got, np.quantile(exact, [0.025, 0.975], axis=1))
 
 
