@@ -184,6 +184,9 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     if lean:  # what the lift tables read, and what the version check and the strata need
         a = a.select(*(c for c in LIFT_COLUMNS if c != "stratum"), *dict.fromkeys(k for k in VERSION_KEYS if k not in LIFT_COLUMNS))
     attempts = a.collect(engine=ENGINE)
+    # the frames read are in `attempts` now: let them go before the pairs are built (at experiment scale they are
+    # gigabytes, and the peak would otherwise hold both)
+    del a, started, fin, ver, ann, v_pair, v_att, skill_flags, char, tc
     mix = _version_mix(attempts)
     if mix and not stratify:
         lines = "\n".join(f"  {k}: {', '.join(v[:6])}{' ...' if len(v) > 6 else ''}" for k, v in mix.items())
