@@ -188,8 +188,10 @@ def _count_percentiles(counts: np.ndarray, n: int, qs: list[float]) -> np.ndarra
     resample: the same values as `_percentiles` (numpy's interpolation written out), several times faster.
     """
     rows, B = counts.shape
-    c = np.rint(counts).astype(np.int64)
-    hist = np.bincount((c + (np.arange(rows) * (n + 1))[:, None]).ravel(), minlength=rows * (n + 1)).reshape(rows, n + 1)
+    # float32 counts are the exact (integer) products of the float32 path; float64 ones may carry rounding: rounded
+    c = (counts if counts.dtype == np.float32 else np.rint(counts)).astype(np.intp)
+    c += (np.arange(rows) * (n + 1))[:, None]
+    hist = np.bincount(c.ravel(), minlength=rows * (n + 1)).reshape(rows, n + 1)
     cum = hist.cumsum(1)
     virtual = (B - 1) * np.asarray(qs, dtype=np.float64)
     prev = np.floor(virtual)

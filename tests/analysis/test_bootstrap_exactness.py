@@ -141,3 +141,18 @@ def test_lift_and_contrast_are_unchanged_by_the_float32_selection(planted_lift, 
     slow = lift_table(pairs, spec=spec, pooled=True), contrast_table(pairs, spec=spec)
     for f, s in zip(fast, slow):
         assert f.equals(s)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_share_percentiles_by_counting_equal_numpy_quantile(dtype):
+    """Shares of problems are counts over the drawn problems: their percentiles come from a histogram per row, the
+    same values as np.quantile of the shares (float32 counts are the float32 path's exact products)."""
+    rng = np.random.default_rng(11)
+    n = 74
+    counts = rng.binomial(n, rng.uniform(0, 1, (50, 1)), (50, 10_000)).astype(dtype)
+    counts[3] = 0
+    counts[4] = n
+    for qs in ([0.025, 0.975], [0.0, 0.5, 1.0]):
+        from mkb.analysis._stats import _count_percentiles
+
+        _same(_count_percentiles(counts, n, qs), np.quantile(counts.astype(np.float64) / n, qs, axis=1))
