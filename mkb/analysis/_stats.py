@@ -105,8 +105,8 @@ def _order_stats(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
     A percentile CI needs a few order statistics in the two tails of each row, and a full selection
     (np.partition) costs ~30x a comparison per value. So each tail is bracketed by an order statistic of
     the first 500 resamples (independent draws like any other): one comparison pass finds the values
-    beyond the brackets (~5% of a row each), and only those are partitioned. The k-th smallest is then read
-    off exactly; a row whose bracket holds too few values (probability ~1%) or too many (ties) is selected in full.
+    beyond the bracket (~5% of a row), and only those are partitioned. The k-th smallest is then read off
+    exactly; a row whose bracket holds too few values (probability ~1%) or too many (ties) is selected in full.
 
     `exact(positions)` -> the float64 values at these flat positions of x, when x holds float32 values that order
     the positions as those float64 values do, up to ties (x_i < x_j implies value_i <= value_j, and value_i <
@@ -133,8 +133,7 @@ def _order_stats(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
 def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
     rows, n = x.shape
     out = np.empty((len(ks), rows))
-    tails = []  # (ranks of ks in this tail, depth from its end, bracket, low?)
-    m = None
+    good = np.ones(rows, bool)
     for low in (True, False):
         sel = ks < n // 2 if low else ks >= n // 2
         if not sel.any():
@@ -143,36 +142,25 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarr
         r = min(_PILOT - 1, int(np.ceil(_PILOT * 1.8 * (depth.max() + 1) / n)) + 3)
         k = r if low else _PILOT - 1 - r
         bracket = np.partition(x[:, :_PILOT], k, axis=1)[:, k]
-        mt = x <= bracket[:, None] if low else x >= bracket[:, None]
-        m = mt if m is None else np.logical_or(m, mt, out=m)
-        tails.append((np.flatnonzero(sel), depth, bracket, low))
-    # one pass finds both tails' candidates (row-major: each row's together), then each is told apart by its value
-    flat = np.flatnonzero(m)
-    row = flat // n
-    v32 = x.ravel().take(flat)
-    vals = v32 if exact is None else exact(flat)
-    good = np.ones(rows, bool)
-    parts = []
-    for sel, depth, bracket, low in tails:
-        inside = v32 <= bracket[row] if low else v32 >= bracket[row]
-        c = np.bincount(row[inside], minlength=rows)
-        good &= (c > depth.max()) & (c <= _TAIL_CAP)
-        parts.append((inside, c))
-    if len(tails) == 2:  # brackets that overlap (heavy ties) put a value in both tails: such a row is selected in full
-        lo_b, hi_b = tails[0][2], tails[1][2]
-        good &= lo_b < hi_b
-    for (sel, depth, bracket, low), (inside, c) in zip(tails, parts):
-        okrows = np.flatnonzero(good)
+        m = x <= bracket[:, None] if low else x >= bracket[:, None]
+        c = np.count_nonzero(m, axis=1)
+        ok = (c > depth.max()) & (c <= _TAIL_CAP)
+        good &= ok
+        okrows = np.flatnonzero(ok)
         if not len(okrows):
-            break
-        take = inside & good[row]
+            continue
+        whole = len(okrows) == rows
+        xs, ms = (x, m) if whole else (x[okrows], m[okrows])
+        flat = np.flatnonzero(ms)  # row-major: each row's candidates together
+        if exact is None:
+            vals = xs.ravel().take(flat)
+        else:
+            vals = exact(flat if whole else okrows[flat // n] * n + flat % n)
         cnt = c[okrows]
-        rr = np.repeat(np.arange(len(okrows)), cnt)
         pad = np.full((len(okrows), int(cnt.max())), np.inf)
-        v = vals[take]
-        pad[rr, np.arange(v.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)] = v if low else -v
+        pad[np.repeat(np.arange(len(okrows)), cnt), np.arange(vals.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)] = vals if low else -vals
         got = np.partition(pad, depth, axis=1)[:, depth].T
-        out[np.ix_(sel, okrows)] = got if low else -got
+        out[np.ix_(np.flatnonzero(sel), okrows)] = got if low else -got
     bad = np.flatnonzero(~good)
     if len(bad):
         full = x[bad] if exact is None else exact((bad[:, None] * n + np.arange(n)).ravel()).reshape(len(bad), n)
