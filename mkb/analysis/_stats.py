@@ -441,12 +441,17 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
     # one pass over the pairs per grouping, both collected together (in-memory engine: see _tables.ENGINE)
     lp = pairs.lazy()
     has_sol = pl.col("S_sol").is_not_null() & pl.col("S_sol_solo").is_not_null()
+    # a problem's pair lifts in S steps enter only the noise floor, through their multiset: counted per step size
+    # (a handful of sums) rather than gathered into a list per problem
+    step = (pl.col("lift").abs() / 20.0).round().cast(pl.Int64)
+    top = int(pairs.select(step.max()).item() or 0)
+    steps = [f"_steps{k}" for k in range(top + 1)]
     per_problem_q = lp.group_by(*cell, "problem").agg(
         SA=pl.col("S").sum(), SB=pl.col("S_solo").sum(), n=pl.len(),
         mean_lift=pl.col("lift").mean(), sq_lift=(pl.col("lift") ** 2).sum(),
         b=(pl.col("passed_solo") & ~pl.col("passed")).sum(), c=(~pl.col("passed_solo") & pl.col("passed")).sum(),
         SA_sol=pl.col("S_sol").filter(has_sol).sum(), SB_sol=pl.col("S_sol_solo").filter(has_sol).sum(),
-        n_sol=has_sol.sum(), pair_lifts=(pl.col("lift").abs() / 20.0).round().cast(pl.Int64).sort())
+        n_sol=has_sol.sum(), **{name: (step == k).sum() for k, name in enumerate(steps)})
     pair_rates_q = lp.group_by(cell).agg(
         n_pairs=pl.len(), S_arm=pl.col("S").mean(), S_solo=pl.col("S_solo").mean(),
         S_sol_arm=pl.col("S_sol").mean(), S_sol_solo=pl.col("S_sol_solo").mean(),
@@ -456,6 +461,10 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
         pair_tie=(pl.col("lift").abs() <= _EPS).mean(), served_changed=pl.col("served_changed").sum(),
         served_recorded=pl.col("served_changed").is_not_null().sum())
     per_problem, pair_rates = pl.collect_all([per_problem_q, pair_rates_q], engine=ENGINE)
+    # P(replicate-mean lift == 0) under the sign-flip null, once per distinct multiset of step sizes
+    multisets = per_problem.select(steps).unique()
+    zero = [_zero_prob_steps(tuple(k for k, c in enumerate(row) for _ in range(c))) for row in multisets.iter_rows()]
+    per_problem = per_problem.join(multisets.with_columns(_zero=pl.Series(zero, dtype=pl.Float64)), on=steps, how="left").drop(steps)
     per_problem = per_problem.with_columns(
         reg=(pl.col("mean_lift") < -_EPS).cast(pl.Float64), imp=(pl.col("mean_lift") > _EPS).cast(pl.Float64),
     )
@@ -500,7 +509,7 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
 
 def _floor_aggs() -> dict:
     """Per-cell inputs of the regression rate's noise floor and of the shrinkage estimate (see `_add_shrinkage`)."""
-    return {"_pair_lifts": pl.col("pair_lifts").sort_by("problem"), "_n": pl.col("n").sort_by("problem"),
+    return {"_zero": pl.col("_zero").sort_by("problem"), "_n": pl.col("n").sort_by("problem"),
             "_sq": pl.col("sq_lift").sort_by("problem")}
 
 
@@ -563,12 +572,7 @@ def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
 
     C = out.height
     floor, shrink, tau = np.full(C, np.nan), np.full(C, np.nan), np.full(C, np.nan)
-    # each problem's sorted lift sizes in S steps (see _zero_prob): problems share a handful of step multisets
-    steps = out["_pair_lifts"].explode(empty_as_null=False)
-    key = steps.cast(pl.List(pl.String)).list.join(",")
-    uniq = pl.DataFrame({"key": key, "steps": steps}).unique("key")
-    zp = dict(zip(uniq["key"].to_list(), (_zero_prob_steps(tuple(s)) for s in uniq["steps"].to_list())))
-    zero = key.replace_strict(zp, return_dtype=pl.Float64).to_numpy()
+    zero = _flat(out["_zero"])[0]  # each problem's P(mean lift == 0) under the sign-flip null (`_zero_prob_steps`)
     d_all, lens = _flat(out["problem_lifts"])
     n_all, sq_all = _flat(out["_n"])[0], _flat(out["_sq"])[0]
     has_shrink = np.zeros(C, bool)
@@ -609,7 +613,7 @@ def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
         shrink[rows] = pneg.mean(1)
         has_shrink[rows] = True
         tau[rows] = np.sqrt(t2)
-    return out.drop("_pair_lifts", "_n", "_sq").with_columns(
+    return out.drop("_zero", "_n", "_sq").with_columns(
         regression_noise_floor=pl.Series(floor, dtype=pl.Float64).fill_nan(None),
         regression_true_share=pl.Series(np.where(has_shrink, shrink, np.nan), dtype=pl.Float64).fill_nan(None),
         between_problem_sd=pl.Series(tau, dtype=pl.Float64).fill_nan(None))

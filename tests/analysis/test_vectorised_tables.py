@@ -71,7 +71,9 @@ def _cells(seed: int, n_cells: int = 160) -> pl.DataFrame:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_shrinkage_and_noise_floor_equal_the_loop_over_cells(seed):
     cells = _cells(seed)
-    got, want = _add_shrinkage(cells), _reference_add_shrinkage(cells)
+    # the tables hand each problem's zero probability over (counted per step multiset); the loop took the multisets
+    zero = pl.Series([[_zero_prob_steps(tuple(v)) for v in c] for c in cells["_pair_lifts"].to_list()], dtype=pl.List(pl.Float64))
+    got, want = _add_shrinkage(cells.with_columns(_zero=zero).drop("_pair_lifts")), _reference_add_shrinkage(cells)
     assert_frame_equal(got, want, check_exact=True)
     assert got["regression_true_share"].is_not_null().sum() > 5  # the shrinkage branch ran for several cells
     assert got["between_problem_sd"].is_null().sum() > 5  # and the "too few problems or no dof" branch too
