@@ -102,3 +102,15 @@ def test_add_tests_keeps_its_figures_on_ragged_cells():
         assert r["p_wilcoxon"] == wilcoxon_pratt(np.round(np.asarray(c["problem_lifts"]), 9))
         assert r["p_pass_clustered"] == wilcoxon_pratt(np.round(np.asarray(c["problem_pass_diffs"]), 9))
         assert r["p_mcnemar"] == mcnemar_exact(c["mcnemar_b"], c["mcnemar_c"])
+
+
+def test_latest_keeps_one_row_per_attempt_and_passes_unique_ids_through():
+    from mkb.analysis._tables import _latest
+
+    unique = pl.DataFrame({"attempt_id": ["a", "b", "c"], "ts": [3, 1, 2], "v": [1, 2, 3]})
+    assert _latest(unique, keep="last") is unique  # distinct ids: the frame itself, unsorted
+    dup = pl.DataFrame({"attempt_id": ["a", "b", "a", None, None], "ts": [1, 5, 2, 7, 8], "v": [1, 2, 3, 4, 5]})
+    last = _latest(dup, keep="last").sort("attempt_id", nulls_last=True)
+    assert last["attempt_id"].to_list() == ["a", "b", None] and last["v"].to_list() == [3, 2, 5]
+    first = _latest(dup, keep="first").sort("attempt_id", nulls_last=True)
+    assert first["v"].to_list() == [1, 2, 4]
