@@ -226,6 +226,7 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     a = (1 - spec.level) / 2
     rng = np.random.default_rng(spec.seed)
     names = list(sums)
+    B = spec.resamples
     P = max(1, present.shape[1])
     big = {k: float(np.abs(m).max(initial=0.0)) for k, m in sums.items()}
     # float32 products when they are exact: integer-valued sums (S is a multiple of 20, the rest counts) whose every
@@ -288,18 +289,15 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
                 np.divide(x, den, out=x)
             undefined = den.min(1) <= 0  # a cell with a resample whose ratio is undefined (NaN): float64 throughout
             q = np.empty((2, k))
-            for rs, whole in ((np.flatnonzero(~undefined), False), (np.flatnonzero(undefined), True)):
-                if not len(rs):
-                    continue
-                if whole:
-                    q[:, rs] = _ci_rows(np.asarray(st(**{n: parts32[n][rs].astype(np.float64) for n in st.operands})), a)
-                else:
-                    B = spec.resamples
-
-                    def exact(pos, rs=rs, st=st, whole=len(rs) == k):  # the float64 statistic at flat positions of x[rs]
-                        at = pos if whole else rs[pos // B] * B + pos % B
-                        return st(**{n: parts32[n].reshape(-1).take(at).astype(np.float64) for n in st.operands})
-                    q[:, rs] = _percentiles(x if len(rs) == k else x[rs], [a, 1 - a], exact=exact)
+            rs = np.flatnonzero(~undefined)
+            if len(rs):
+                def exact(pos, rs=rs, st=st, every=len(rs) == k):  # the float64 statistic at flat positions of x[rs]
+                    at = pos if every else rs[pos // B] * B + pos % B
+                    return st(**{n: parts32[n].reshape(-1).take(at).astype(np.float64) for n in st.operands})
+                q[:, rs] = _percentiles(x if len(rs) == k else x[rs], [a, 1 - a], exact=exact)
+            rs = np.flatnonzero(undefined)
+            if len(rs):
+                q[:, rs] = _ci_rows(np.asarray(st(**{n: parts32[n][rs].astype(np.float64) for n in st.operands})), a)
             lo[name][cb], hi[name][cb] = q[0], q[1]
         for name, f in shares.items():
             cnt = np.asarray(f(n_present=len(cols), **(parts32 if exact32 else parts)))  # [cells, resamples] integer counts
