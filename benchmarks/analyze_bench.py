@@ -1,17 +1,23 @@
-"""Benchmark: `mkb-analyze lift` end to end (every figure it prints, 10,000 resamples) on a synthetic store.
+"""Benchmark: `mkb-analyze lift` end to end (every figure it prints, 10,000 resamples) on synthetic stores of 1M and 10M events.
 
 Targets (issue #11 item 8): as a whole process, 1M events <= 1.5 s and 10M events <= 10 s, peak memory
-under 1 GiB. Prints wall time and peak RSS of each whole-process run, then where the time goes in-process:
-reading the store into the attempts/pairs tables, the bootstrap (every resample of every CI), and the rest.
+under 1 GiB. For each size it prints the wall time, CPU time (user + sys, all threads) and peak RSS of
+whole-process runs (`resource`/`wait4` of the child), then one more whole-process run of the same command
+with timers around its phases: interpreter start and imports, reading the store into the attempts and pairs
+tables, the bootstrap (every resample of every CI), the rest of the tables (group-bys, tests, shrinkage) and
+printing/JSON. The timers only wrap functions (no code of mkb changes); that run's total is printed beside
+the plain runs' so their overhead shows.
 
-Usage: python benchmarks/analyze_bench.py [--store DIR] [--events N] [--runs K] [--keep]
-The dataset is generated once (not timed) into DIR (default: a fixed folder under the temp dir) and reused
-by later runs while its `.complete` marker is there. The machine may be shared: K runs, min and median reported.
+Usage: python benchmarks/analyze_bench.py [--events 1000000,10000000] [--runs K] [--runs-large K] [--dir DIR]
+Each dataset is generated once (not timed) under DIR (default: the temp dir) and reused while its
+`.complete` marker is there (the 10M store takes several minutes to write). The machine may be shared:
+K runs, min and median reported, with the load average before and after.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -23,98 +29,140 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+EVENTS_PER_MODEL = 74 * 10 * 5  # problems x attempts per (problem, replicate) x events per attempt (started, skill, finished, 2 verdicts)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--store", default=None)
-    ap.add_argument("--events", type=int, default=1_000_000)
-    ap.add_argument("--replicates", type=int, default=3)
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--keep", action="store_true")
-    args = ap.parse_args()
-
+def ensure_store(events: int, replicates: int, folder: str) -> tuple[str, int]:
+    """The synthetic store of about `events` events (generated here once), and its exact event count."""
     from mkb.analysis.synthetic import SynthSpec, write_synthetic
 
-    per_model = 74 * args.replicates * 10 * 5  # attempts x events per attempt (started, skill, finished, 2 verdicts)
-    n_models = max(1, round(args.events / per_model))
-    store = args.store or os.path.join(tempfile.gettempdir(), f"mkb-bench-{n_models}m-r{args.replicates}")
+    n_models = max(1, round(events / (EVENTS_PER_MODEL * replicates)))
+    store = os.path.join(folder, f"mkb-bench-{n_models}m-r{replicates}")
     marker = Path(store) / ".complete"
     if not marker.exists():
         shutil.rmtree(store, ignore_errors=True)
-        spec = SynthSpec(models=tuple(f"bench/model-{i:03d}" for i in range(n_models)), replicates=args.replicates,
+        spec = SynthSpec(models=tuple(f"bench/model-{i:03d}" for i in range(n_models)), replicates=replicates,
                          model_means=tuple(0.4 + 0.6 * i / max(1, n_models - 1) for i in range(n_models)),
                          p_infra=0.005, p_unfinished=0.002, n_annotated=50, seed=1)
         t0 = time.perf_counter()
         res = write_synthetic(spec, store, chunk=250_000)
         marker.write_text(str(res.events))
-        print(f"generated {res.events:,} events ({n_models} models) in {len(res.files)} files, {time.perf_counter() - t0:.1f} s (not timed)")
-    events = int(marker.read_text())
-    size = sum(f.stat().st_size for f in Path(store).rglob("*.parquet"))
-    print(f"store {store}: {events:,} events, {size / 2**20:.1f} MiB; cpus {os.cpu_count()}, load average "
-          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (the machine's other work slows every figure below)")
+        print(f"generated {res.events:,} events ({n_models} models) in {len(res.files)} files, "
+              f"{time.perf_counter() - t0:.0f} s (not timed)", flush=True)
+    return store, int(marker.read_text())
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+def run_child(cmd: list[str], env: dict) -> tuple[float, float, float, str, str, int]:
+    """(wall s, CPU s, peak RSS MiB, stdout, stderr, exit code) of one whole-process run."""
+    # output to files, not pipes: the tables outgrow a pipe's buffer and the child would block writing them
+    with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        fo.seek(0), fe.seek(0)
+        return (wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, fo.read(), fe.read(),
+                os.waitstatus_to_exitcode(status))
+
+
+def phases_child(argv: list[str]) -> None:
+    """Run `mkb-analyze` in this process with timers around its phases; print them as JSON on stderr at the end."""
+    t_start, c_start = time.perf_counter(), time.process_time()
+    import mkb.analysis as A
+    import mkb.analysis._stats as S
+    import mkb.cli.analyze as cli
+
+    import resource
+
+    spent = {k: [0.0, 0.0] for k in ("read", "bootstrap", "output")}
+    peak = {"imports": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+    def timed(fn, key):
+        def wrapper(*a, **k):
+            t, c = time.perf_counter(), time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[key][0] += time.perf_counter() - t
+                spent[key][1] += time.process_time() - c
+                peak.setdefault(key, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # peak by the end of its first call
+        return wrapper
+
+    A.load_tables = timed(A.load_tables, "read")
+    S.cluster_bootstrap_many = timed(S.cluster_bootstrap_many, "bootstrap")
+    for name in ("print_lift", "print_rates", "print_contrast", "_emit", "_header"):
+        setattr(cli, name, timed(getattr(cli, name), "output"))
+    t_main, c_main = time.perf_counter(), time.process_time()
+    sys.argv = ["mkb-analyze", *argv]
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = exc.code or 0
+    t_end, c_end = time.perf_counter(), time.process_time()
+    out = {"imports": [t_main - t_start, c_main - c_start], **spent}
+    out["tables"] = [(t_end - t_main) - sum(v[0] for v in spent.values()), (c_end - c_main) - sum(v[1] for v in spent.values())]
+    sys.stdout.flush()
+    print("PHASES " + json.dumps({"time": out, "peak": peak}), file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def bench(store: str, events: int, runs: int, env: dict) -> None:
+    size = sum(f.stat().st_size for f in Path(store).rglob("*.parquet"))
+    print(f"\n== store {store}: {events:,} events, {size / 2**20:.0f} MiB; cpus {os.cpu_count()}, load average "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (the machine's other work slows every figure below)", flush=True)
     cmd = [sys.executable, "-m", "mkb.cli.analyze", "lift", "--store", store, "--json", os.devnull]
-    times, peaks, cpus = [], [], []
-    for i in range(args.runs):
-        # output to files, not pipes: the tables outgrow a pipe's buffer and the child would block writing them
-        with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, env=env)
-            _, status, usage = os.wait4(proc.pid, 0)
-            times.append(time.perf_counter() - t0)
-            peaks.append(usage.ru_maxrss / 1024)  # KiB -> MiB (Linux)
-            cpus.append(usage.ru_utime + usage.ru_stime)  # CPU seconds: on a shared machine steadier than the wall time
-            fo.seek(0), fe.seek(0)
-            out, err = fo.read(), fe.read()
-        if os.waitstatus_to_exitcode(status) != 0:
+    walls, cpus, peaks = [], [], []
+    out = ""
+    for _ in range(runs):
+        wall, cpu, peak, out, err, code = run_child(cmd, env)
+        if code != 0:
             print(out[-3000:], err[-3000:])
-            raise SystemExit("mkb-analyze lift failed")
+            raise SystemExit(f"mkb-analyze lift failed (exit {code})")
+        walls.append(wall), cpus.append(cpu), peaks.append(peak)
     lines = out.splitlines()
     print("\n".join(lines[:3]))
     print(next((ln for ln in lines if ln.startswith("95% CIs")), ""))
     target_s = 1.5 if events <= 1_500_000 else 10.0
-    print(f"`mkb-analyze lift` whole process (start to exit, 10,000 resamples, every figure): runs {', '.join(f'{t:.2f}' for t in times)} s; "
-          f"min {min(times):.2f} s, median {statistics.median(times):.2f} s; CPU (user + sys, all threads) min {min(cpus):.2f} s, "
-          f"median {statistics.median(cpus):.2f} s; peak RSS max {max(peaks):.0f} MiB; "
-          f"target <= {target_s:g} s: {'MET' if min(times) <= target_s else 'MISSED'}, < 1024 MiB: {'MET' if max(peaks) < 1024 else 'MISSED'}")
+    print(f"`mkb-analyze lift` whole process (start to exit, 10,000 resamples, every figure), {runs} runs: wall "
+          f"{', '.join(f'{t:.2f}' for t in walls)} s (min {min(walls):.2f}, median {statistics.median(walls):.2f}); CPU user + sys "
+          f"min {min(cpus):.2f} s, median {statistics.median(cpus):.2f} s; peak RSS max {max(peaks):.0f} MiB; "
+          f"target <= {target_s:g} s: {'MET' if min(walls) <= target_s else 'MISSED'}, < 1024 MiB: "
+          f"{'MET' if max(peaks) < 1024 else 'MISSED'}", flush=True)
+    wall, cpu, peak, _, err, code = run_child([sys.executable, __file__, "--phases-child", "lift", "--store", store, "--json", os.devnull], env)
+    line = next((ln for ln in err.splitlines() if ln.startswith("PHASES ")), None)
+    if code != 0 or line is None:
+        print(err[-3000:])
+        raise SystemExit("the phase-timed run failed")
+    got = json.loads(line[len("PHASES "):])
+    ph, rss = got["time"], got["peak"]
+    names = {"imports": "interpreter start + imports", "read": "read the store into attempts/pairs tables",
+             "bootstrap": "bootstrap (10,000 resamples, every CI)", "tables": "rest of the tables (group-bys, tests, shrinkage)",
+             "output": "print + JSON"}
+    start = wall - sum(v[0] for v in ph.values())  # before the first line of the child: interpreter start-up
+    ph["imports"][0] += start
+    print(f"phases of one more whole-process run (wall {wall:.2f} s, CPU {cpu:.2f} s, peak {peak:.0f} MiB): wall / CPU s, "
+          "peak RSS by the end of the phase's first call")
+    for k in ("imports", "read", "bootstrap", "tables", "output"):
+        print(f"  {names[k]:<52} {ph[k][0]:6.2f} / {ph[k][1]:5.2f}" + (f"   {rss[k]:5.0f} MiB" if k in rss else ""))
+    print(f"load average now {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
 
-    # where the time goes, in-process: reading + tables, the bootstrap (timed inside), the rest of each table
-    import mkb.analysis._stats as st
-    from mkb.analysis import BootstrapSpec, contrast_table, lift_table, load_tables
 
-    boot_s = [0.0]
-    inner = st.cluster_bootstrap_many
-
-    def timed(*a, **k):
-        t = time.perf_counter()
-        try:
-            return inner(*a, **k)
-        finally:
-            boot_s[0] += time.perf_counter() - t
-
-    st.cluster_bootstrap_many = timed
-    loads, boots, rests = [], [], []
-    for _ in range(args.runs):
-        t0 = time.perf_counter()
-        t = load_tables(store, columns="lift")  # what `mkb-analyze lift` reads
-        t1 = time.perf_counter()
-        boot_s[0] = 0.0
-        lt = lift_table(t.pairs, spec=BootstrapSpec(), pooled=True)
-        contrast_table(t.pairs, spec=BootstrapSpec())
-        total = time.perf_counter() - t1
-        loads.append(t1 - t0)
-        boots.append(boot_s[0])
-        rests.append(total - boot_s[0])
-    st.cluster_bootstrap_many = inner
-    print(f"in-process (min / median of {args.runs}): reading the store into attempts/pairs tables {min(loads):.2f} / "
-          f"{statistics.median(loads):.2f} s ({t.attempts.height:,} attempts, {t.pairs.height:,} pairs); bootstrap (10,000 "
-          f"resamples, every CI) {min(boots):.2f} / {statistics.median(boots):.2f} s; rest of the lift and contrast tables "
-          f"{min(rests):.2f} / {statistics.median(rests):.2f} s ({lt.height} cells); load average now "
-          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    if not args.keep and args.store is None:
-        print(f"(dataset kept for re-runs at {store}; delete it when done)")
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--phases-child":
+        return phases_child(sys.argv[2:])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", default="1000000,10000000", help="comma-separated dataset sizes")
+    ap.add_argument("--replicates", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5, help="whole-process runs per dataset up to 1.5M events")
+    ap.add_argument("--runs-large", type=int, default=2, help="whole-process runs per larger dataset")
+    ap.add_argument("--dir", default=tempfile.gettempdir(), help="where the datasets are generated (once) and kept")
+    args = ap.parse_args()
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for events in (int(x) for x in args.events.split(",")):
+        store, n = ensure_store(events, args.replicates, args.dir)
+        bench(store, n, args.runs if events <= 1_500_000 else args.runs_large, env)
+    print(f"\n(datasets kept under {args.dir} for re-runs; delete the mkb-bench-* folders when done)")
 
 
 if __name__ == "__main__":

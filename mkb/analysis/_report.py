@@ -61,11 +61,11 @@ def charts(tables: Tables, lift: pl.DataFrame, standing: pl.DataFrame, family: p
     ).properties(width=300).facet(facet=alt.Facet("direction:N", title=None), columns=2).properties(
         title="Relative lift by model and direction")
     pp = tables.pairs.filter(pl.col("arm_kind") == "transfer").group_by("direction", "problem").agg(
-        solo=pl.col("S_solo").mean(), transfer=pl.col("S").mean())
+        solo=pl.col("S_solo").mean(), transfer=pl.col("S").mean()).sort("direction", "problem")  # the same file on every run
     slopes = _check(pp.unpivot(index=["direction", "problem"], variable_name="arm", value_name="S")
                     .join(pp.select("direction", "problem", sign=pl.when(pl.col("transfer") > pl.col("solo")).then(pl.lit("up"))
                                     .when(pl.col("transfer") < pl.col("solo")).then(pl.lit("down")).otherwise(pl.lit("flat"))),
-                          on=["direction", "problem"]), "slopes")
+                          on=["direction", "problem"], maintain_order="left"), "slopes")
     out["problem_slopes"] = alt.Chart(slopes).mark_line(opacity=0.5, point=True).encode(
         x=alt.X("arm:N", sort=["solo", "transfer"], title=None), y=alt.Y("S:Q", title="mean S over models and replicates"),
         detail="problem:N", color=alt.Color("sign:N", scale=alt.Scale(domain=["up", "flat", "down"], range=["#2a9d8f", "#bbbbbb", "#e76f51"])),

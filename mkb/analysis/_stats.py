@@ -35,6 +35,31 @@ class BootstrapSpec:
                 f"seed {self.seed}")
 
 
+@dataclass(frozen=True)
+class Ratio:
+    """The statistic (sums[num] - sums[sub]) / sums[den], NaN where the denominator is <= 0.
+
+    Every ratio of the lift, contrast and two-part tables has this form, and saying so lets the bootstrap select
+    its percentiles in float32. With integer sums whose resampled values stay below 2^24, numerator and
+    denominator are exact in float32 and in float64, so each precision's value is the correctly rounded division
+    of one exact quotient; rounding is monotone, so float32 values order the resamples as the float64 values do,
+    up to ties. `_order_stats` brackets the tails in float32 and computes float64 values for the candidates only:
+    the same float64 percentiles as a float64 pass over every resample, at a fraction of the memory traffic.
+    """
+
+    num: str
+    den: str
+    sub: str | None = None
+
+    @property
+    def operands(self) -> tuple[str, ...]:
+        return tuple(x for x in (self.num, self.sub, self.den) if x is not None)
+
+    def __call__(self, **sums):
+        num = sums[self.num] if self.sub is None else sums[self.num] - sums[self.sub]
+        return _ratio(num, sums[self.den])
+
+
 def _cluster_weights(n: int, spec: BootstrapSpec, rng: np.random.Generator) -> np.ndarray:
     """[resamples, n] counts: how often each of n clusters is drawn in each resample."""
     idx = rng.integers(0, n, size=(spec.resamples, n))
@@ -42,11 +67,12 @@ def _cluster_weights(n: int, spec: BootstrapSpec, rng: np.random.Generator) -> n
     return np.bincount(flat, minlength=spec.resamples * n).reshape(spec.resamples, n).astype(np.float64)
 
 
-def _percentiles(x: np.ndarray, qs: list[float]) -> np.ndarray:
+def _percentiles(x: np.ndarray, qs: list[float], *, exact=None) -> np.ndarray:
     """[len(qs), rows]: np.quantile(x, qs, axis=1) (method "linear") of a NaN-free [rows, resamples] array.
 
     The needed order statistics of each row (`_order_stats`), then numpy's own interpolation (`_lerp`)
-    written out: the same values as np.quantile (a test checks).
+    written out: the same values as np.quantile (a test checks). With `exact` (see `_order_stats`), x is a
+    float32 stand-in and the percentiles are those of the float64 values `exact` gives.
     """
     x = np.ascontiguousarray(x)
     n = x.shape[1]
@@ -58,7 +84,7 @@ def _percentiles(x: np.ndarray, qs: list[float]) -> np.ndarray:
     pi = prev.astype(np.intp) % n
     ni = np.where(top, -1, pi + 1) % n
     kth = np.unique(np.concatenate([pi, ni]))
-    stats = _order_stats(x, kth)
+    stats = _order_stats(x, kth, exact=exact)
     at = {int(k): i for i, k in enumerate(kth)}
     a, b = stats[[at[int(k)] for k in pi]], stats[[at[int(k)] for k in ni]]
     g = gamma[:, None]
@@ -73,7 +99,7 @@ _TAIL_CAP = 2500  # candidates per row and tail past which a row is selected in 
 _ROW_BLOCK = 128  # rows at a time: a block's values and masks stay in cache
 
 
-def _order_stats(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
+def _order_stats(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
     """[len(ks), rows]: the k-th smallest value (0-based k) of each row of a NaN-free C-contiguous [rows, n] array, exact.
 
     A percentile CI needs a few order statistics in the two tails of each row, and a full selection
@@ -81,19 +107,30 @@ def _order_stats(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
     the first 500 resamples (independent draws like any other): one comparison pass finds the values
     beyond the bracket (~5% of a row), and only those are partitioned. The k-th smallest is then read off
     exactly; a row whose bracket holds too few values (probability ~1%) or too many (ties) is selected in full.
+
+    `exact(positions)` -> the float64 values at these flat positions of x, when x holds float32 values that order
+    the positions as those float64 values do, up to ties (x_i < x_j implies value_i <= value_j, and value_i <
+    value_j implies x_i <= x_j: both correctly rounded from one exact quantity, see `Ratio`). Then x brackets the
+    tails and only the candidates' float64 values are computed and selected: the values beyond a bracket are the
+    positions whose exact quantity is at or beyond some level (a tail of the exact order), so the k-th smallest
+    float64 value of a row is the k-th smallest among them. The result is the float64 order statistics.
     """
     rows, n = x.shape
     ks = np.asarray(ks, dtype=np.intp)
     tail = np.minimum(ks, n - 1 - ks)
     if n < 8 * _PILOT or rows == 0 or tail.max() >= n // 20:  # a short row, or a rank far from both ends: select in full
-        return np.partition(x, ks, axis=1)[:, ks].T if rows else np.empty((len(ks), 0))
+        if not rows:
+            return np.empty((len(ks), 0))
+        full = x if exact is None else exact(np.arange(rows * n)).reshape(rows, n)
+        return np.partition(full, ks, axis=1)[:, ks].T
     out = np.empty((len(ks), rows))
     for r0 in range(0, rows, _ROW_BLOCK):
-        out[:, r0:r0 + _ROW_BLOCK] = _order_stats_block(x[r0:r0 + _ROW_BLOCK], ks)
+        sub = None if exact is None else (lambda pos, off=r0 * n: exact(pos + off))
+        out[:, r0:r0 + _ROW_BLOCK] = _order_stats_block(x[r0:r0 + _ROW_BLOCK], ks, exact=sub)
     return out
 
 
-def _order_stats_block(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
+def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
     rows, n = x.shape
     out = np.empty((len(ks), rows))
     good = np.ones(rows, bool)
@@ -112,8 +149,13 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
         okrows = np.flatnonzero(ok)
         if not len(okrows):
             continue
-        xs, ms = (x, m) if len(okrows) == rows else (x[okrows], m[okrows])
-        vals = xs.ravel().take(np.flatnonzero(ms))  # row-major: each row's candidates together
+        whole = len(okrows) == rows
+        xs, ms = (x, m) if whole else (x[okrows], m[okrows])
+        flat = np.flatnonzero(ms)  # row-major: each row's candidates together
+        if exact is None:
+            vals = xs.ravel().take(flat)
+        else:
+            vals = exact(flat if whole else okrows[flat // n] * n + flat % n)
         cnt = c[okrows]
         pad = np.full((len(okrows), int(cnt.max())), np.inf)
         pad[np.repeat(np.arange(len(okrows)), cnt), np.arange(vals.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)] = vals if low else -vals
@@ -121,7 +163,8 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray) -> np.ndarray:
         out[np.ix_(np.flatnonzero(sel), okrows)] = got if low else -got
     bad = np.flatnonzero(~good)
     if len(bad):
-        out[:, bad] = np.partition(x[bad], ks, axis=1)[:, ks].T
+        full = x[bad] if exact is None else exact((bad[:, None] * n + np.arange(n)).ravel()).reshape(len(bad), n)
+        out[:, bad] = np.partition(full, ks, axis=1)[:, ks].T
     return out
 
 
@@ -133,8 +176,10 @@ def _count_percentiles(counts: np.ndarray, n: int, qs: list[float]) -> np.ndarra
     resample: the same values as `_percentiles` (numpy's interpolation written out), several times faster.
     """
     rows, B = counts.shape
-    c = np.rint(counts).astype(np.int64)
-    hist = np.bincount((c + (np.arange(rows) * (n + 1))[:, None]).ravel(), minlength=rows * (n + 1)).reshape(rows, n + 1)
+    # float32 counts are the exact (integer) products of the float32 path; float64 ones may carry rounding: rounded
+    c = (counts if counts.dtype == np.float32 else np.rint(counts)).astype(np.intp)
+    c += (np.arange(rows) * (n + 1))[:, None]
+    hist = np.bincount(c.ravel(), minlength=rows * (n + 1)).reshape(rows, n + 1)
     cum = hist.cumsum(1)
     virtual = (B - 1) * np.asarray(qs, dtype=np.float64)
     prev = np.floor(virtual)
@@ -161,7 +206,8 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     present problems are the same share one resample matrix, applied to all their cells and sums in one
     matrix product. `shares` are statistics that are shares of problems: `f(**sums)` gives the count of
     drawn problems with the property (an integer), divided by the cell's number of present problems,
-    which every resample draws exactly; their percentiles are counted, not partitioned.
+    which every resample draws exactly; their percentiles are counted, not partitioned. A statistic that is
+    a `Ratio` of integer sums has its percentiles selected in float32 and read off in float64 (see `Ratio`).
     """
     shares = shares or {}
     C = len(cells)
@@ -180,54 +226,93 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     a = (1 - spec.level) / 2
     rng = np.random.default_rng(spec.seed)
     names = list(sums)
+    B = spec.resamples
+    P = max(1, present.shape[1])
+    big = {k: float(np.abs(m).max(initial=0.0)) for k, m in sums.items()}
     # float32 products when they are exact: integer-valued sums (S is a multiple of 20, the rest counts) whose every
     # partial sum over a resample (at most max|v| x problems, since a resample's counts add up to the problems) stays
     # below 2^24. Then every product equals the float64 one bit for bit, at a third of its cost.
-    exact32 = all(np.array_equal(m, np.rint(m)) and float(np.abs(m).max(initial=0.0)) * max(1, m.shape[1]) < 2**24
-                  for m in sums.values())
+    exact32 = all(np.array_equal(m, np.rint(m)) and big[k] * P < 2**24 for k, m in sums.items())
+    # ratios selected in float32: their numerator (a difference of two such sums) exact in float32 too
+    fast = {name: st for name, st in stats.items()
+            if exact32 and _fast(st) and (big[st.num] + (big[st.sub] if st.sub else 0.0)) * P < 2**24}
+    slow = {name: st for name, st in stats.items() if name not in fast}
+    wide = bool(slow) or not exact32  # the resampled sums are needed in float64
     # cells in blocks, so the resampled sums stay under ~BLOCK_BYTES however many cells share these problems (the
     # draws are the group's, so blocking changes no number); blocks run on a thread per core (numpy releases the
-    # GIL in its products, selections and element-wise loops), each with one buffer reused for all its blocks:
+    # GIL in its products, selections and element-wise loops), each with buffers reused for all its blocks:
     # fresh arrays of this size cost a page fault per 4 KiB, which took longer than filling them
-    block = max(1, int(BLOCK_BYTES // (len(names) * spec.resamples * 8)))
+    block = max(1, int(BLOCK_BYTES // (len(names) * spec.resamples * (8 if wide else 4))))
     local = threading.local()
 
     def run(cb: list[int], cols: np.ndarray, wt: np.ndarray) -> None:
-        v = np.concatenate([sums[k][np.ix_(cb, cols)] for k in names])  # [sums x cells, problems]
+        # a sum equal to an earlier one on these cells (the pairs with S_sol are often all of them: n_sol = n) is not
+        # resampled again: it reads the earlier one's resampled rows
+        sub = {k: sums[k][np.ix_(cb, cols)] for k in names}
+        alias: dict[str, str] = {}
+        for i, k in enumerate(names):
+            alias[k] = next((j for j in names[:i] if alias[j] == j and np.array_equal(sub[j], sub[k])), k)
+        own = [k for k in names if alias[k] == k]
+        v = np.concatenate([sub[k] for k in own])  # [sums x cells, problems]
         rows = len(names) * block
         if getattr(local, "buf", None) is None:
-            local.buf = np.empty((rows, spec.resamples))
+            local.buf = np.empty((rows, spec.resamples)) if wide else None
             local.buf32 = np.empty((rows, spec.resamples), dtype=np.float32) if exact32 else None
+            local.r32 = np.empty((block, spec.resamples), dtype=np.float32) if fast else None
         # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous for
         # the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts), so every
         # product is exact and equals the former per-sum `w @ v.T` bit for bit
-        summed = local.buf[:v.shape[0]]
-        if exact32:
-            np.matmul(v.astype(np.float32), wt, out=local.buf32[:v.shape[0]])
-            summed[...] = local.buf32[:v.shape[0]]
-        else:
-            np.matmul(v, wt, out=summed)
         k = len(cb)
-        parts = {name: summed[i * k:(i + 1) * k] for i, name in enumerate(names)}  # [cells, resamples] views
-        for name, stat in stats.items():
-            boot = np.asarray(stat(**parts))  # [cells, resamples]: the statistics are element-wise
-            nan = np.isnan(boot)
-            if not nan.any():
-                q = _percentiles(boot, [a, 1 - a])
-            else:  # a cell undefined in every resample stays NaN (reported null); no warnings filter (not thread-safe)
-                q = np.full((2, boot.shape[0]), np.nan)
-                some = ~nan.all(1)
-                if some.any():
-                    with np.errstate(invalid="ignore"):
-                        q[:, some] = np.nanquantile(boot[some], [a, 1 - a], axis=1)
+        if exact32:
+            summed32 = local.buf32[:v.shape[0]]
+            np.matmul(v.astype(np.float32), wt, out=summed32)
+            parts32 = {name: summed32[i * k:(i + 1) * k] for i, name in enumerate(own)}  # [cells, resamples] views
+            parts32 |= {name: parts32[alias[name]] for name in names}
+        if wide:
+            summed = local.buf[:v.shape[0]]
+            if exact32:
+                summed[...] = summed32
+            else:
+                np.matmul(v, wt, out=summed)
+            parts = {name: summed[i * k:(i + 1) * k] for i, name in enumerate(own)}
+            parts |= {name: parts[alias[name]] for name in names}
+        for name, stat in slow.items():
+            lo[name][cb], hi[name][cb] = _ci_rows(np.asarray(stat(**parts)), a)  # the statistics are element-wise
+        for name, st in fast.items():
+            x = local.r32[:k]
+            if st.sub is None:
+                x[...] = parts32[st.num]
+            else:
+                np.subtract(parts32[st.num], parts32[st.sub], out=x)
+            den = parts32[st.den]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                np.divide(x, den, out=x)
+            undefined = den.min(1) <= 0  # a cell with a resample whose ratio is undefined (NaN): float64 throughout
+            q = np.empty((2, k))
+            rs = np.flatnonzero(~undefined)
+            if len(rs):
+                def exact(pos, rs=rs, st=st, every=len(rs) == k):  # the float64 statistic at flat positions of x[rs]
+                    at = pos if every else rs[pos // B] * B + pos % B
+                    return st(**{n: parts32[n].reshape(-1).take(at).astype(np.float64) for n in st.operands})
+                q[:, rs] = _percentiles(x if len(rs) == k else x[rs], [a, 1 - a], exact=exact)
+            rs = np.flatnonzero(undefined)
+            if len(rs):
+                q[:, rs] = _ci_rows(np.asarray(st(**{n: parts32[n][rs].astype(np.float64) for n in st.operands})), a)
             lo[name][cb], hi[name][cb] = q[0], q[1]
         for name, f in shares.items():
-            cnt = np.asarray(f(n_present=len(cols), **parts))  # [cells, resamples] integer counts
+            cnt = np.asarray(f(n_present=len(cols), **(parts32 if exact32 else parts)))  # [cells, resamples] integer counts
             q = _count_percentiles(np.ascontiguousarray(cnt), len(cols), [a, 1 - a])
             lo[name][cb], hi[name][cb] = q[0], q[1]
 
     workers = min(os.cpu_count() or 1, max(1, -(-C // block)))
     pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
+    # a thread per core runs the blocks: BLAS threads of its own inside each product would oversubscribe the cores
+    # (OpenBLAS's spin-waiting threads cost ~10% of the bootstrap's CPU on 2 cores)
+    limits = None
+    if pool is not None:
+        from threadpoolctl import threadpool_limits
+
+        limits = threadpool_limits(limits=1, user_api="blas")
     try:
         for key in sorted(groups):
             cs = groups[key]
@@ -246,7 +331,29 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     finally:
         if pool is not None:
             pool.shutdown()
+        if limits is not None:
+            limits.restore_original_limits()
     return {name: (est[name], lo[name], hi[name]) for name in [*stats, *shares]}
+
+
+def _fast(stat) -> bool:
+    """Whether a statistic may have its percentiles selected in float32 (a `Ratio`: see there)."""
+    return isinstance(stat, Ratio)
+
+
+def _ci_rows(boot: np.ndarray, a: float) -> np.ndarray:
+    """[2, rows]: the (a, 1 - a) percentiles of each row of [rows, resamples] float64 statistics; a row undefined in
+    every resample stays NaN (reported null), one undefined in some is read over the rest (no warnings filter: not
+    thread-safe)."""
+    nan = np.isnan(boot)
+    if not nan.any():
+        return _percentiles(boot, [a, 1 - a])
+    q = np.full((2, boot.shape[0]), np.nan)
+    some = ~nan.all(1)
+    if some.any():
+        with np.errstate(invalid="ignore"):
+            q[:, some] = np.nanquantile(boot[some], [a, 1 - a], axis=1)
+    return q
 
 
 def cluster_bootstrap(cells: list, problems: np.ndarray, sums: dict[str, np.ndarray], stat, spec: BootstrapSpec):
@@ -332,12 +439,17 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
     # one pass over the pairs per grouping, both collected together (in-memory engine: see _tables.ENGINE)
     lp = pairs.lazy()
     has_sol = pl.col("S_sol").is_not_null() & pl.col("S_sol_solo").is_not_null()
+    # a problem's pair lifts in S steps enter only the noise floor, through their multiset: counted per step size
+    # (a handful of sums) rather than gathered into a list per problem
+    step = (pl.col("lift").abs() / 20.0).round().cast(pl.Int64)
+    top = int(pairs.select(step.max()).item() or 0)
+    steps = [f"_steps{k}" for k in range(top + 1)]
     per_problem_q = lp.group_by(*cell, "problem").agg(
         SA=pl.col("S").sum(), SB=pl.col("S_solo").sum(), n=pl.len(),
         mean_lift=pl.col("lift").mean(), sq_lift=(pl.col("lift") ** 2).sum(),
         b=(pl.col("passed_solo") & ~pl.col("passed")).sum(), c=(~pl.col("passed_solo") & pl.col("passed")).sum(),
         SA_sol=pl.col("S_sol").filter(has_sol).sum(), SB_sol=pl.col("S_sol_solo").filter(has_sol).sum(),
-        n_sol=has_sol.sum(), pair_lifts=(pl.col("lift").abs() / 20.0).round().cast(pl.Int64).sort())
+        n_sol=has_sol.sum(), **{name: (step == k).sum() for k, name in enumerate(steps)})
     pair_rates_q = lp.group_by(cell).agg(
         n_pairs=pl.len(), S_arm=pl.col("S").mean(), S_solo=pl.col("S_solo").mean(),
         S_sol_arm=pl.col("S_sol").mean(), S_sol_solo=pl.col("S_sol_solo").mean(),
@@ -347,6 +459,10 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
         pair_tie=(pl.col("lift").abs() <= _EPS).mean(), served_changed=pl.col("served_changed").sum(),
         served_recorded=pl.col("served_changed").is_not_null().sum())
     per_problem, pair_rates = pl.collect_all([per_problem_q, pair_rates_q], engine=ENGINE)
+    # P(replicate-mean lift == 0) under the sign-flip null, once per distinct multiset of step sizes
+    multisets = per_problem.select(steps).unique()
+    zero = [_zero_prob_steps(tuple(k for k, c in enumerate(row) for _ in range(c))) for row in multisets.iter_rows()]
+    per_problem = per_problem.join(multisets.with_columns(_zero=pl.Series(zero, dtype=pl.Float64)), on=steps, how="left").drop(steps)
     per_problem = per_problem.with_columns(
         reg=(pl.col("mean_lift") < -_EPS).cast(pl.Float64), imp=(pl.col("mean_lift") > _EPS).cast(pl.Float64),
     )
@@ -355,12 +471,12 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
     if sol:
         names += ["SA_sol", "SB_sol", "n_sol"]
     cells, problems, m = _dense(per_problem, cell, names)
-    stats = {"rel": lambda SA, SB, n, **_: _rel(SA, SB, n), "mean": lambda SA, SB, n, **_: _mean_lift(SA, SB, n)}
+    stats = {"rel": Ratio("SA", sub="SB", den="SB"), "mean": Ratio("SA", sub="SB", den="n")}
     # shares of problems: counts of drawn problems (a problem's replicate-mean lift is < 0, > 0 or 0)
     shares = {"reg": lambda reg, **_: reg, "imp": lambda imp, **_: imp, "tie": lambda reg, imp, n_present, **_: n_present - reg - imp}
     if sol:
-        stats["rel_sol"] = lambda SA_sol, SB_sol, n_sol, **_: _rel(SA_sol, SB_sol, n_sol)
-        stats["mean_sol"] = lambda SA_sol, SB_sol, n_sol, **_: _ratio(SA_sol - SB_sol, n_sol)
+        stats["rel_sol"] = Ratio("SA_sol", sub="SB_sol", den="SB_sol")
+        stats["mean_sol"] = Ratio("SA_sol", sub="SB_sol", den="n_sol")
     boot = cluster_bootstrap_many(cells, problems, m, stats, spec, shares=shares)
     cols = {}
     for name, (lo_name) in (("mean", "lift"), ("rel", "rel_lift"), ("reg", "regression_rate"), ("imp", "improvement_rate"),
@@ -391,7 +507,7 @@ def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
 
 def _floor_aggs() -> dict:
     """Per-cell inputs of the regression rate's noise floor and of the shrinkage estimate (see `_add_shrinkage`)."""
-    return {"_pair_lifts": pl.col("pair_lifts").sort_by("problem"), "_n": pl.col("n").sort_by("problem"),
+    return {"_zero": pl.col("_zero").sort_by("problem"), "_n": pl.col("n").sort_by("problem"),
             "_sq": pl.col("sq_lift").sort_by("problem")}
 
 
@@ -418,6 +534,25 @@ def _zero_prob_steps(steps: tuple[int, ...]) -> float:
     return float(dist[(len(dist) - 1) // 2])
 
 
+def _flat(lists: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(values, lengths) of a list column of numbers without nulls."""
+    lens = lists.list.len().fill_null(0).to_numpy().astype(np.int64)
+    return np.ascontiguousarray(lists.explode(empty_as_null=False).to_numpy(), dtype=np.float64), lens
+
+
+def _by_length(lens: np.ndarray, *flats: np.ndarray):
+    """The rows of ragged values (`_flat`) as [rows, L] matrices, one per distinct length L: yields (row indices, *matrices).
+
+    Each matrix is C-contiguous, so a reduction along its rows runs numpy's pairwise sum over each row exactly as
+    over that row alone: per-row figures equal those of a loop over rows bit for bit, in one call per length.
+    """
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    for L in np.unique(lens):
+        rows = np.flatnonzero(lens == L)
+        at = starts[rows][:, None] + np.arange(L)
+        yield (rows, *(f[at] for f in flats))
+
+
 def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
     """The regression rate's noise floor and an empirical-Bayes estimate of the true share of negative lifts.
 
@@ -429,41 +564,57 @@ def _add_shrinkage(out: pl.DataFrame) -> pl.DataFrame:
     is N(mu + (1 - B_p)(d_p - mu), (1 - B_p) s2/n_p) with B_p = (s2/n_p) / (s2/n_p + tau2), and the true
     share is the mean of P(true lift < 0). Null unless tau2 exceeds three times the variance ratio's null SE
     (the variance components do not allow it: with no real spread between problems the share is noise).
+    Computed for all cells of one problem count at once (`_by_length`): the arithmetic of a loop over cells.
     """
     from math import erf, sqrt
 
-    floor, shrink, tau = [], [], []
-    for lifts, pair_lifts, ns, sq in zip(out["problem_lifts"].to_list(), out["_pair_lifts"].to_list(), out["_n"].to_list(),
-                                         out["_sq"].to_list()):
-        pair_lifts = [tuple(x) for x in pair_lifts]  # each problem's sorted lift sizes in S steps (see _zero_prob)
-        d = np.asarray(lifts, float)
-        n = np.asarray(ns, float)
-        floor.append(float(np.mean([(1 - _zero_prob_steps(v)) / 2 for v in pair_lifts])) if len(d) else None)
-        within = np.asarray(sq, float) - n * d**2  # sum of squared deviations per problem
-        dof = (n - 1).sum()
-        if len(d) < 3 or dof <= 0:
-            shrink.append(None), tau.append(None)
+    C = out.height
+    floor, shrink, tau = np.full(C, np.nan), np.full(C, np.nan), np.full(C, np.nan)
+    zero = _flat(out["_zero"])[0]  # each problem's P(mean lift == 0) under the sign-flip null (`_zero_prob_steps`)
+    d_all, lens = _flat(out["problem_lifts"])
+    n_all, sq_all = _flat(out["_n"])[0], _flat(out["_sq"])[0]
+    has_shrink = np.zeros(C, bool)
+    for rows, d, n, sq, z in _by_length(lens, d_all, n_all, sq_all, zero):
+        P = d.shape[1]
+        if P == 0:
             continue
-        s2 = within.sum() / dof
-        se2 = s2 / n
-        t2 = float(d.var(ddof=1) - se2.mean())
+        floor[rows] = ((1 - z) / 2).mean(1)
+        within = sq - n * d**2  # sum of squared deviations per problem
+        dof = (n - 1).sum(1)
+        ok = dof > 0
+        if P < 3 or not ok.any():
+            continue
+        rows, d, n, within, dof = rows[ok], d[ok], n[ok], within[ok], dof[ok]
+        s2 = within.sum(1) / dof
+        se2 = s2[:, None] / n
+        t2 = d.var(axis=1, ddof=1) - se2.mean(1)
         # only where the between-problem variance clearly exceeds the noise: the variance ratio var(d) / mean(se2)
         # above 1 + 3 SE under no spread, SE^2 = 2 / (P - 1) + excess kurtosis / P (S lifts are discrete and
         # heavy-tailed, which widens the ratio's null); with no real spread any share of "negative true lifts" is noise
-        c = d - d.mean()
-        kurt = max(0.0, float((c**4).mean() / max((c**2).mean() ** 2, 1e-300) - 3.0))
-        if t2 <= 3 * np.sqrt(2 / (len(d) - 1) + kurt / len(d)) * se2.mean():
-            shrink.append(None), tau.append(0.0)
+        c = d - d.mean(1)[:, None]
+        m2 = (c**2).mean(1) ** 2
+        k = (c**4).mean(1) / np.where(1e-300 > m2, 1e-300, m2) - 3.0
+        kurt = np.where(k > 0.0, k, 0.0)  # max(0.0, k) as Python takes it
+        tau[rows] = 0.0
+        go = ~(t2 <= 3 * np.sqrt(2 / (P - 1) + kurt / P) * se2.mean(1))
+        if not go.any():
             continue
-        mu = float(d.mean())
-        B = se2 / (se2 + t2)
+        rows, d, se2, t2 = rows[go], d[go], se2[go], t2[go]
+        mu = d.mean(1)[:, None]
+        B = se2 / (se2 + t2[:, None])
         mean = mu + (1 - B) * (d - mu)
         sd = np.sqrt((1 - B) * se2)
-        pneg = [0.5 * (1 + erf((0 - mm) / (ss * sqrt(2)))) if ss > 0 else float(mm < 0) for mm, ss in zip(mean, sd)]
-        shrink.append(float(np.mean(pneg))), tau.append(sqrt(t2))
-    return out.drop("_pair_lifts", "_n", "_sq").with_columns(
-        regression_noise_floor=pl.Series(floor, dtype=pl.Float64), regression_true_share=pl.Series(shrink, dtype=pl.Float64),
-        between_problem_sd=pl.Series(tau, dtype=pl.Float64))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            arg = (0 - mean) / (sd * sqrt(2))
+        pneg = np.where(sd > 0, 0.5 * (1 + np.frompyfunc(erf, 1, 1)(np.where(sd > 0, arg, 0.0)).astype(np.float64)),
+                        (mean < 0).astype(np.float64))
+        shrink[rows] = pneg.mean(1)
+        has_shrink[rows] = True
+        tau[rows] = np.sqrt(t2)
+    return out.drop("_zero", "_n", "_sq").with_columns(
+        regression_noise_floor=pl.Series(floor, dtype=pl.Float64).fill_nan(None),
+        regression_true_share=pl.Series(np.where(has_shrink, shrink, np.nan), dtype=pl.Float64).fill_nan(None),
+        between_problem_sd=pl.Series(tau, dtype=pl.Float64).fill_nan(None))
 
 
 def wilcoxon_pratt(d: np.ndarray) -> float:
@@ -497,6 +648,53 @@ def wilcoxon_pratt(d: np.ndarray) -> float:
     return float(math.erfc(abs(z) / math.sqrt(2.0)))
 
 
+def _wilcoxon_pratt_rows(d: np.ndarray) -> np.ndarray:
+    """`wilcoxon_pratt` of each row of a [rows, n] array at once, with its arithmetic (a test checks: bit for bit).
+
+    Ranks are half-integers, so their sums are exact in any order; every other step is the same operation on
+    the same operands, element by element.
+    """
+    rows, n = d.shape
+    out = np.full(rows, math.nan)
+    if n == 0:
+        return out
+    a = np.abs(d)
+    order = np.argsort(a, axis=1, kind="stable")
+    sa, sd = np.take_along_axis(a, order, 1), np.take_along_axis(d, order, 1)
+    pos = np.arange(n)
+    start = np.ones((rows, n), bool)  # the first of a run of tied |d|
+    start[:, 1:] = sa[:, 1:] != sa[:, :-1]
+    end = np.ones((rows, n), bool)
+    end[:, :-1] = start[:, 1:]
+    first = np.maximum.accumulate(np.where(start, pos, 0), axis=1)
+    last = np.minimum.accumulate(np.where(end, pos, n)[:, ::-1], axis=1)[:, ::-1]
+    counts = last - first + 1
+    avg = first + (counts + 1) / 2.0  # average ranks over ties
+    r_plus, r_minus = np.where(sd > 0, avg, 0.0).sum(1), np.where(sd < 0, avg, 0.0).sum(1)
+    n_zero = (d == 0).sum(1)
+    mn = n * (n + 1) / 4.0 - n_zero * (n_zero + 1) / 4.0
+    se = n * (n + 1) * (2 * n + 1) - n_zero * (n_zero + 1) * (2 * n_zero + 1)
+    se = se - 0.5 * np.where(start & (sa != 0), counts * (counts * counts - 1), 0).sum(1).astype(np.float64)
+    se = np.sqrt(se / 24.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (np.minimum(r_plus, r_minus) - mn) / se
+    p = np.frompyfunc(lambda v: math.erfc(abs(v) / math.sqrt(2.0)), 1, 1)(np.where(se == 0, 0.0, z)).astype(np.float64)
+    out[:] = np.where(se == 0, 1.0, p)
+    out[n_zero == n] = 1.0
+    return out
+
+
+def _wilcoxon_lists(lists: pl.Series) -> np.ndarray:
+    """`wilcoxon_pratt` of each list (values rounded to 9 decimals, as the tests take them); NaN for a null list."""
+    out = np.full(len(lists), math.nan)
+    valid = np.flatnonzero(lists.is_not_null().to_numpy())
+    if len(valid):
+        flat, lens = _flat(lists.gather(valid))
+        for rows, m in _by_length(lens, flat):
+            out[valid[rows]] = _wilcoxon_pratt_rows(np.round(m, 9))
+    return out
+
+
 def mcnemar_exact(b: int, c: int) -> float:
     """Exact two-sided McNemar p-value: binomial test of c successes in b + c discordant pairs at 1/2."""
     n = b + c
@@ -515,13 +713,10 @@ def add_tests(cells: pl.DataFrame, *, group: list[str]) -> pl.DataFrame:
     problem (one easy problem can supply every discordant pair); the per-problem net change (pairs gaining a
     pass minus pairs losing one, over the problem's pairs) is one number per problem, the unit that is sampled.
     """
-    pw, pm, pp = [], [], []
-    diffs = cells["problem_pass_diffs"].to_list() if "problem_pass_diffs" in cells.columns else [None] * cells.height
-    for lifts, b, c, dp in zip(cells["problem_lifts"].to_list(), cells["mcnemar_b"].to_list(), cells["mcnemar_c"].to_list(), diffs):
-        # normal approximation: with zeros and ties (the rule for S lifts) an exact null does not apply
-        pw.append(wilcoxon_pratt(np.round(np.asarray(lifts, dtype=float), 9)))
-        pm.append(mcnemar_exact(int(b), int(c)))
-        pp.append(wilcoxon_pratt(np.round(np.asarray(dp, dtype=float), 9)) if dp is not None else float("nan"))
+    # normal approximation: with zeros and ties (the rule for S lifts) an exact null does not apply
+    pw = _wilcoxon_lists(cells["problem_lifts"])
+    pm = [mcnemar_exact(int(b), int(c)) for b, c in zip(cells["mcnemar_b"].to_list(), cells["mcnemar_c"].to_list())]
+    pp = _wilcoxon_lists(cells["problem_pass_diffs"]) if "problem_pass_diffs" in cells.columns else np.full(cells.height, np.nan)
     cells = cells.drop("problem_lifts", "problem_pass_diffs", strict=False).with_columns(
         p_wilcoxon=pl.Series(pw, dtype=pl.Float64), p_mcnemar=pl.Series(pm, dtype=pl.Float64),
         p_pass_clustered=pl.Series(pp, dtype=pl.Float64))
@@ -597,8 +792,8 @@ def _standing_cells(p: pl.DataFrame, *, col: str, pooled: bool, spec: BootstrapS
              "effect_S": lambda lift_above, n_above, lift_below, n_below, **_:
              _ratio(lift_above, n_above) - _ratio(lift_below, n_below)}
     for c in ("above", "tie", "below"):
-        stats[f"improve_{c}"] = (lambda c: lambda **k: _ratio(k[f"imp_{c}"], k[f"n_{c}"]))(c)
-        stats[f"regress_{c}"] = (lambda c: lambda **k: _ratio(k[f"reg_{c}"], k[f"n_{c}"]))(c)
+        stats[f"improve_{c}"] = Ratio(f"imp_{c}", den=f"n_{c}")
+        stats[f"regress_{c}"] = Ratio(f"reg_{c}", den=f"n_{c}")
     boot = cluster_bootstrap_many(cells, problems, m, stats, spec)
     tot = {k: v.sum(1) for k, v in m.items()}
     out = cells.with_columns(n_pairs=pl.Series(tot["n"].astype(int)))
@@ -645,8 +840,8 @@ def contrast_table(pairs: pl.DataFrame, *, against: tuple[str, ...] = ("placebo"
     j = pl.concat(rows, how="vertical_relaxed")
     cell = ["stratum", "model", "contrast", "direction", "source_dsl", "target_dsl"]
     cells, problems, m = _matrices(j, cell, {"SA": pl.col("S_tr").sum(), "SB": pl.col("S_ot").sum(), "n": pl.len()})
-    boot = cluster_bootstrap_many(cells, problems, m, {"rel": lambda SA, SB, n: _rel(SA, SB, n),
-                                                       "mean": lambda SA, SB, n: _mean_lift(SA, SB, n)}, spec)
+    boot = cluster_bootstrap_many(cells, problems, m, {"rel": Ratio("SA", sub="SB", den="SB"), "mean": Ratio("SA", sub="SB", den="n")},
+                                  spec)
     info = j.group_by(cell).agg(n_blocks=pl.len(), n_problems=pl.col("problem").n_unique(), S_transfer=pl.col("S_tr").mean(),
                                 S_other=pl.col("S_ot").mean(), lift_vs_solo=pl.col("lift_tr").mean(),
                                 served_changed=pl.col("changed").sum(), served_recorded=pl.col("changed").is_not_null().sum())
@@ -670,7 +865,7 @@ def two_part_table(pairs: pl.DataFrame, *, spec: BootstrapSpec = BootstrapSpec()
     cell = ["stratum", "model", "arm_kind", "direction"]
     cells, problems, m = _matrices(p, cell, {"PA": pl.col("passed").cast(pl.Int64).sum(), "PB": pl.col("passed_solo").cast(pl.Int64).sum(),
                                              "n": pl.len()})
-    est, lo, hi = cluster_bootstrap(cells, problems, m, lambda PA, PB, n: _ratio(PA - PB, n), spec)
+    est, lo, hi = cluster_bootstrap(cells, problems, m, Ratio("PA", sub="PB", den="n"), spec)
     sp = p.group_by(cell).agg(
         pass_arm=pl.col("passed").mean(), pass_solo=pl.col("passed_solo").mean(),
         gm_speedup_arm_given_pass=pl.col("speedup").filter(pl.col("passed") & (pl.col("speedup") > 0)).log().mean().exp(),

@@ -29,7 +29,10 @@ ENGINE = "in-memory"
 def _latest(df: pl.DataFrame, *, keep: str) -> pl.DataFrame:
     """One row per attempt_id: the first or last by `ts`. Skips the sort and hash pass when ids are already unique
     (the usual case: duplicates need a retried write), which returns the same rows."""
-    if df["attempt_id"].n_unique() == df.height:
+    ids = df["attempt_id"]
+    # distinct 64-bit hashes imply distinct ids (8x cheaper than counting the strings); only a collision or a real
+    # duplicate pays the exact count
+    if ids.hash().n_unique() == df.height or ids.n_unique() == df.height:
         return df
     return df.sort("ts").unique(subset="attempt_id", keep=keep)
 
@@ -184,6 +187,9 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     if lean:  # what the lift tables read, and what the version check and the strata need
         a = a.select(*(c for c in LIFT_COLUMNS if c != "stratum"), *dict.fromkeys(k for k in VERSION_KEYS if k not in LIFT_COLUMNS))
     attempts = a.collect(engine=ENGINE)
+    # the frames read are in `attempts` now: let them go before the pairs are built (at experiment scale they are
+    # gigabytes, and the peak would otherwise hold both)
+    del a, started, fin, ver, ann, v_pair, v_att, skill_flags, char, tc
     mix = _version_mix(attempts)
     if mix and not stratify:
         lines = "\n".join(f"  {k}: {', '.join(v[:6])}{' ...' if len(v) > 6 else ''}" for k, v in mix.items())
@@ -253,6 +259,8 @@ def _add_sol(a: pl.LazyFrame, char: pl.DataFrame, tc: pl.DataFrame | None = None
 
 
 def _version_mix(a: pl.DataFrame) -> dict[str, list[str]]:
+    # the distinct combinations hold every set of values the checks below collect: one pass over the attempts
+    a = a.select(list(dict.fromkeys(c for col, within in VERSION_KEYS.items() for c in (col, *within)))).unique()
     out = {}
     for col, within in VERSION_KEYS.items():
         if within:

@@ -1,0 +1,158 @@
+"""The bootstrap's shortcuts are exact: per-problem sums give the row-level resampling's figures, and a `Ratio`'s
+percentiles selected in float32 are the float64 ones, bit for bit (same seed, same numbers)."""
+
+import numpy as np
+import polars as pl
+import pytest
+
+from mkb.analysis import BootstrapSpec, contrast_table, lift_table, load_tables
+from mkb.analysis._stats import Ratio, _cluster_weights, _percentiles, cluster_bootstrap_many
+from mkb.analysis._tables import NOISE_ARM
+
+pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")  # the reference's undefined cell
+
+
+def _same(a, b):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # NaN == NaN here, otherwise exact
+
+
+def _float64_reference(sums, stats, spec):
+    """Every resample of every statistic in float64 (from float64 products), then np.quantile: the plain definition."""
+    present = sums["n"] > 0
+    C = present.shape[0]
+    out = {name: (np.full(C, np.nan), np.full(C, np.nan)) for name in stats}
+    groups: dict[bytes, list[int]] = {}
+    for c in range(C):
+        groups.setdefault(present[c].tobytes(), []).append(c)
+    rng = np.random.default_rng(spec.seed)
+    a = (1 - spec.level) / 2
+    for key in sorted(groups):
+        cs = groups[key]
+        cols = np.flatnonzero(present[cs[0]])
+        if len(cols) < 2:
+            continue
+        w = _cluster_weights(len(cols), spec, rng)
+        res = {k: w @ v[np.ix_(cs, cols)].T for k, v in sums.items()}  # [resamples, cells]
+        for name, st in stats.items():
+            boot = st(**res)
+            with np.errstate(invalid="ignore"):
+                q = np.nanquantile(boot, [a, 1 - a], axis=0) if np.isnan(boot).any() else np.quantile(boot, [a, 1 - a], axis=0)
+            out[name][0][cs], out[name][1][cs] = q[0], q[1]
+    return out
+
+
+def _near_ties(seed: int, cells: int = 12, problems: int = 30):
+    """Sums whose resampled ratios crowd within a float32 step of each other: big denominators (~10^5 x problems),
+    numerators a few units apart, so float32 ties many values that float64 tells apart (the case the float64
+    read-off exists for), plus cells with some resampled denominators at zero (NaN resamples) and shared problem sets."""
+    rng = np.random.default_rng(seed)
+    n = rng.integers(1, 4, size=(cells, problems)).astype(float)
+    n[rng.random(n.shape) < 0.1] = 0
+    n[4] = n[5]
+    den = rng.integers(100_000, 100_050, size=n.shape).astype(float) * (n > 0)
+    num = den + rng.integers(-3, 4, size=n.shape) * (n > 0)
+    den[7, : problems - 2] = 0  # most resamples draw a zero denominator for this cell
+    den[8] = 0  # every resample: undefined
+    small = 20.0 * rng.integers(0, 6, size=n.shape) * (n > 0)
+    return {"A": num, "B": den, "n": n, "S": small, "n2": n.copy()}  # n2: a sum equal to another (resampled once)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ratio_percentiles_selected_in_float32_equal_the_float64_definition(seed):
+    sums = _near_ties(seed)
+    stats = {"rel": Ratio("A", sub="B", den="B"), "q": Ratio("A", den="B"), "mean": Ratio("S", den="n"),
+             "mixed": Ratio("A", sub="S", den="n"), "again": Ratio("S", den="n2")}
+    spec = BootstrapSpec(seed=40 + seed, resamples=10_000)  # long rows: the tail-bracketed, float32 path
+    got = cluster_bootstrap_many(list(range(sums["n"].shape[0])), np.arange(sums["n"].shape[1]), sums, stats, spec)
+    want = _float64_reference(sums, stats, spec)
+    for name in stats:
+        _same(got[name][1], want[name][0])
+        _same(got[name][2], want[name][1])
+    assert np.isnan(got["rel"][1][8]) and not np.isnan(got["rel"][1][7])
+    _same(got["again"][1], got["mean"][1])
+
+
+def test_the_float32_stand_in_really_ties_values_that_float64_separates():
+    """Guard on the test data above: without the float64 read-off the percentiles would differ."""
+    sums = _near_ties(0)
+    w = _cluster_weights(30, BootstrapSpec(resamples=10_000), np.random.default_rng(1))
+    cols = np.flatnonzero(sums["n"][0] > 0)
+    w = w[:, : len(cols)]
+    a, b = (w @ sums[k][0, cols] for k in ("A", "B"))
+    r64 = (a - b) / b
+    r32 = (a.astype(np.float32) - b.astype(np.float32)) / b.astype(np.float32)
+    assert len(np.unique(r32)) < len(np.unique(r64))
+    assert not np.array_equal(_percentiles(r32[None].astype(np.float64), [0.025, 0.975]), _percentiles(r64[None], [0.025, 0.975]))
+
+
+def test_percentiles_with_a_float64_read_off_equal_numpy_quantile():
+    rng = np.random.default_rng(3)
+    exact = np.round(rng.standard_normal((40, 10_000)), 12) + 1.0
+    exact[5] = 1.0  # one value
+    exact[6, :500] = 7.0  # a pilot that brackets nothing
+    x32 = exact.astype(np.float32)  # ties wherever float64 values share a float32 step, and orders as they do
+    got = _percentiles(x32, [0.025, 0.975], exact=lambda pos: exact.ravel()[pos])
+    _same(got, np.quantile(exact, [0.025, 0.975], axis=1))
+
+
+def _row_level_bootstrap(pairs: pl.DataFrame, cell: dict, spec: BootstrapSpec, *, draws: np.ndarray):
+    """The definition, on rows: for each resample draw problems with replacement, take every pair of each drawn
+    problem as often as it is drawn, and compute the cell's figures from those rows."""
+    p = pairs.filter(*(pl.col(k) == v for k, v in cell.items()))
+    probs = np.sort(p["problem"].unique().to_numpy())
+    by = {int(k[0]): g for k, g in p.group_by("problem")}
+    rel, mean = [], []
+    for idx in draws:
+        rows = pl.concat([by[int(probs[i])] for i in idx])
+        sa, sb = float(rows["S"].sum()), float(rows["S_solo"].sum())
+        rel.append((sa - sb) / sb if sb > 0 else np.nan)
+        mean.append((sa - sb) / rows.height)
+    a = (1 - spec.level) / 2
+    return np.quantile(rel, [a, 1 - a]), np.quantile(mean, [a, 1 - a])
+
+
+def test_per_problem_sums_give_the_row_level_resampling_figures(planted_lift):
+    """The bootstrap resamples per-problem sums, not rows: the same numbers, since a resample's total is the sum of
+    its drawn problems' sums (exact: S is a multiple of 20, every partial sum an integer)."""
+    pairs = load_tables(planted_lift.store).pairs.filter(pl.col("arm_kind") != NOISE_ARM)
+    spec = BootstrapSpec(seed=5, resamples=300)
+    cell = {"model": pairs["model"].min(), "arm_kind": "transfer", "direction": "cute->tirx"}
+    one = pairs.filter(*(pl.col(k) == v for k, v in cell.items()))
+    lt = lift_table(one, spec=spec, tests=False)  # one cell: its group is the first and only one the generator draws for
+    assert lt.height == 1
+    P = one["problem"].n_unique()
+    rng = np.random.default_rng(spec.seed)
+    draws = rng.integers(0, P, size=(spec.resamples, P))  # the draws `_cluster_weights` counts, in its order
+    (rlo, rhi), (mlo, mhi) = _row_level_bootstrap(one, cell, spec, draws=draws)
+    r = lt.row(0, named=True)
+    assert (r["rel_lo"], r["rel_hi"]) == (rlo, rhi)
+    assert (r["lift_lo"], r["lift_hi"]) == (mlo, mhi)
+
+
+def test_lift_and_contrast_are_unchanged_by_the_float32_selection(planted_lift, monkeypatch):
+    """The lift and contrast tables with every Ratio computed in float64 throughout (the former path) are the same."""
+    import mkb.analysis._stats as st
+
+    pairs = load_tables(planted_lift.store).pairs
+    spec = BootstrapSpec(seed=8, resamples=10_000)
+    fast = lift_table(pairs, spec=spec, pooled=True), contrast_table(pairs, spec=spec)
+
+    monkeypatch.setattr(st, "_fast", lambda stat: False)  # every Ratio through float64: the former path
+    slow = lift_table(pairs, spec=spec, pooled=True), contrast_table(pairs, spec=spec)
+    for f, s in zip(fast, slow):
+        assert f.equals(s)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_share_percentiles_by_counting_equal_numpy_quantile(dtype):
+    """Shares of problems are counts over the drawn problems: their percentiles come from a histogram per row, the
+    same values as np.quantile of the shares (float32 counts are the float32 path's exact products)."""
+    rng = np.random.default_rng(11)
+    n = 74
+    counts = rng.binomial(n, rng.uniform(0, 1, (50, 1)), (50, 10_000)).astype(dtype)
+    counts[3] = 0
+    counts[4] = n
+    for qs in ([0.025, 0.975], [0.0, 0.5, 1.0]):
+        from mkb.analysis._stats import _count_percentiles
+
+        _same(_count_percentiles(counts, n, qs), np.quantile(counts.astype(np.float64) / n, qs, axis=1))
