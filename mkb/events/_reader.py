@@ -556,7 +556,7 @@ def _index_lied(schema: KindSchema, live: list[FileInfo], df) -> bool:
     required = [c.name for c in schema.columns if not c.nullable and c.name in df.columns]
     if not required or df.height == 0:
         return False
-    return any(df.select(required).null_count().row(0))
+    return any(df.get_column(name).null_count() for name in required)  # not df.select(...): ~1 s per 10,000 chunks
 
 
 def _forget_index(store: Store, live: list[FileInfo]) -> None:
