@@ -113,6 +113,7 @@ def write_table(store: str | Store | None, kind: str, table: pa.Table, *, name: 
 
 
 _open_writers: "weakref.WeakSet[EventWriter]" = weakref.WeakSet()
+_busy: "set[EventWriter]" = set()  # writers with batches handed to their publisher and not yet published
 
 
 @atexit.register
@@ -383,6 +384,7 @@ class EventWriter:
         if behind:
             self.flush()
             return
+        _busy.add(self)  # a writer dropped without close() lives until its cut batches are published
         if self._publisher is None:
             self._publisher = threading.Thread(target=_publish_loop, args=(weakref.ref(self), self._wake, self._stop),
                                                name="mkb-events-publish", daemon=True)
@@ -429,6 +431,7 @@ class EventWriter:
                 self._cut()
             written = self._publish_cuts()
             self._background_failed = False
+            _busy.discard(self)
             return written
 
     @property
@@ -466,8 +469,10 @@ def _publish_loop(ref: "weakref.ref[EventWriter]", wake: threading.Event, stop: 
         try:
             with w._flush_lock:
                 w._publish_cuts()
+                if not w._cuts and not w._pending:
+                    _busy.discard(w)
         except Exception as exc:  # kept for a retry; the next size-triggered flush runs in the caller and raises it there
-            w._background_failed = True
+            w._background_failed = True  # (and the writer stays in _busy: the exit-time flush retries what is left)
             w.flush_errors.append(f"{type(exc).__name__}: {exc}")
         if stop.is_set():
             return

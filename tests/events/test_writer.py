@@ -263,3 +263,16 @@ def test_threads_emitting_into_one_writer_lose_and_duplicate_nothing(tmp_path):
     for k in range(4):
         part = df.filter(df["attempt_id"] == f"a{k}").sort("seq")
         assert part["seq"].to_list() == list(range(400)) and part["reason"].cast(int).to_list() == list(range(400))
+
+
+def test_a_full_batch_of_a_writer_dropped_without_close_is_still_published(tmp_path):
+    import gc
+
+    url = str(tmp_path / "ds")
+    w = EventWriter(url, flush_every=30)
+    for i in range(30):  # exactly one full batch, handed to the publisher
+        w.emit("annotation", attempt_id="a", target_attempt_id="t", label="clean", reason=str(i), annotator="x")
+    del w
+    gc.collect()
+    assert _wait(lambda: (tmp_path / "ds" / "kind=annotation").is_dir() and len(list((tmp_path / "ds" / "kind=annotation").iterdir())) == 1)
+    assert sorted(read("annotation", url)["reason"].cast(int).to_list()) == list(range(30))
