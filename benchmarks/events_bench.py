@@ -18,8 +18,9 @@ work slows both sides of a round alike, and the median drops the rounds that a b
   index segments), the OS page cache warm for both. The first read of a store of >= 1,000 files
   parses every footer and leaves a footer index segment in the store (`_index/`); it is timed once
   and printed on its own row; the cold rounds after it are fresh-process reads of an indexed store.
-- compaction: `compact_kind` of N events in many small files (a fresh copy each round) against
-  polars reading them and writing one file (`scan_parquet(files).sink_parquet`).
+- compaction: `compact_kind` of N events in many small files (a fresh copy each round, with the footer
+  index the reads left; grace 0, so the sources are deleted too) against polars reading them and
+  writing one file (`scan_parquet(files).sink_parquet`).
 """
 
 from __future__ import annotations
