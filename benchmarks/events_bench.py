@@ -9,12 +9,18 @@ work slows both sides of a round alike, and the median drops the rounds that a b
   that builds the same rows as dicts (the same envelope columns, ids from the same uuid7 function, the
   same integer-microsecond timestamp) and writes each 10k with `pa.Table.from_pylist` +
   `pq.write_table`, with the same schema, compression (zstd) and row-group size; the plain loop does
-  no validation, no seq and no fsync. Target >= 0.9x.
+  no validation, no seq and no fsync. Target >= 0.9x. mkb's writer encodes, fsyncs and publishes a
+  full batch in a publisher thread while the caller goes on emitting, so it can use a second core
+  where plain's loop uses one: the CPU seconds of both (all threads) are printed beside the rates.
 - read: `mkb.events.read` (footer checks, schema conformance, de-duplication) against
-  `polars.scan_parquet(files).collect()` of the same files; cold = every in-process cache of mkb
-  cleared first (footers, verdicts), the OS page cache warm for both.
-- compaction: `compact_kind` of N events in many small files (a fresh copy each round) against
-  polars reading them and writing one file (`scan_parquet(files).sink_parquet`).
+  `polars.scan_parquet(files).collect()` of the same files (the file list given to polars; mkb lists
+  the folder itself); cold = every in-process cache of mkb cleared first (footers, verdicts, footer
+  index segments), the OS page cache warm for both. The first read of a store of >= 1,000 files
+  parses every footer and leaves a footer index segment in the store (`_index/`); it is timed once
+  and printed on its own row; the cold rounds after it are fresh-process reads of an indexed store.
+- compaction: `compact_kind` of N events in many small files (a fresh copy each round, with the footer
+  index the reads left; grace 0, so the sources are deleted too) against polars reading them and
+  writing one file (`scan_parquet(files).sink_parquet`).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from mkb.events import EventWriter, scan, schema_for, uuid7, write_table  # noqa: E402
+from mkb.events import EventWriter, _index, scan, schema_for, uuid7, write_table  # noqa: E402
 from mkb.events._reader import clear_caches  # noqa: E402
 from mkb.events._store import resolve_store  # noqa: E402
 from mkb.events._writer import COMPRESSION, ROW_GROUP_SIZE  # noqa: E402
@@ -68,6 +74,7 @@ def bench_plain_append(root: str, n: int, *, flush_every: int) -> float:
 
 
 def bench_emit(root: str, n: int, *, batch: int | None, flush_every: int) -> float:
+    """mkb's writer: one emit() per event (batch None) or emit_many() of `batch` fresh dicts; the close publishes the last batch."""
     t = time.perf_counter()
     with EventWriter(root, flush_every=flush_every) as w:
         if batch is None:
@@ -149,17 +156,29 @@ def timed(fn, *a, **k):
     return time.perf_counter() - t, out
 
 
-def rounds(n: int, plain, mkb) -> tuple[list[float], list[float]]:
-    """Time `plain()` and `mkb()` (each returns seconds or a rate) in `n` rounds, alternating which goes first."""
+def rounds(n: int, plain, mkb, cpu: list | None = None) -> tuple[list[float], list[float]]:
+    """Time `plain()` and `mkb()` (each returns seconds or a rate) in `n` rounds, alternating which goes first.
+
+    With `cpu`, each round appends (plain's, mkb's) process CPU seconds (every thread) to it.
+    """
     p, m = [], []
+
+    def one(fn, out):
+        c = time.process_time()
+        out.append(fn())
+        return time.process_time() - c
+
     for r in range(n):
-        if r % 2 == 0:
-            p.append(plain())
-            m.append(mkb())
-        else:
-            m.append(mkb())
-            p.append(plain())
+        order = ((plain, p), (mkb, m)) if r % 2 == 0 else ((mkb, m), (plain, p))
+        spent = {id(out): one(fn, out) for fn, out in order}
+        if cpu is not None:
+            cpu.append((spent[id(p)], spent[id(m)]))
     return p, m
+
+
+def cpu_cell(cpu: list, n: int) -> str:
+    """Median CPU microseconds per event, plain and mkb, over the rounds."""
+    return f"CPU {statistics.median(c[1] for c in cpu) / n * 1e6:.1f} vs {statistics.median(c[0] for c in cpu) / n * 1e6:.1f} us/event"
 
 
 def ratio_cell(ratios: list[float], target: str = "") -> str:
@@ -191,16 +210,18 @@ def main() -> None:
         k = iter(range(10**6))
         bench_plain_append(str(base / "warm-p"), n // 10, flush_every=10_000)  # warm-up: imports, allocator, page cache
         bench_emit(str(base / "warm-w"), n // 10, batch=None, flush_every=10_000)
+        cpu: list = []
         plain, mkb_eps = rounds(args.rounds, lambda: bench_plain_append(str(base / f"p{next(k)}"), n, flush_every=10_000),
-                                lambda: bench_emit(str(base / f"w{next(k)}"), n, batch=None, flush_every=10_000))
+                                lambda: bench_emit(str(base / f"w{next(k)}"), n, batch=None, flush_every=10_000), cpu)
         ratios = [m / p for m, p in zip(mkb_eps, plain)]
         p_med = statistics.median(plain)
         rows.append((f"append {n:,} events, emit() one at a time, a file per 10k", f"{statistics.median(mkb_eps):,.0f}/s", f"{p_med:,.0f}/s",
-                     ratio_cell(ratios, ">= 0.90x")))
+                     ratio_cell(ratios, ">= 0.90x") + "; " + cpu_cell(cpu, n)))
+        cpu = []
         plain_b, mkb_b = rounds(min(args.rounds, 3), lambda: bench_plain_append(str(base / f"p{next(k)}"), n, flush_every=10_000),
-                                lambda: bench_emit(str(base / f"w{next(k)}"), n, batch=1_000, flush_every=10_000))
+                                lambda: bench_emit(str(base / f"w{next(k)}"), n, batch=1_000, flush_every=10_000), cpu)
         rows.append((f"append {n:,} events, emit_many() batches of 1k", f"{statistics.median(mkb_b):,.0f}/s", f"{statistics.median(plain_b):,.0f}/s",
-                     ratio_cell([m / p for m, p in zip(mkb_b, plain_b)])))
+                     ratio_cell([m / p for m, p in zip(mkb_b, plain_b)]) + "; " + cpu_cell(cpu, n)))
         eps, wall = bench_processes(str(base / "w8"), 8, 25_000, 5_000)
         rows.append(("append, 8 writer processes x 25k, a file per 5k", f"{eps:,.0f}/s", "", f"{wall:.1f} s wall"))
 
@@ -217,9 +238,15 @@ def main() -> None:
                 assert out.height == args.events
                 return t
 
+            if files >= _index.MIN_FILES:  # the first read parses every footer and leaves the footer index behind
+                t_pl0, t_first = rounds(1, lambda: timed(lambda: pl.scan_parquet(paths).collect())[0], cold)
+                assert _index._list(resolve_store(root), "verdict"), "the first read left no footer index"
+                rows.append((f"read {args.events:,} events in {label}, first read (parses every footer, writes the index)", f"{t_first[0]:.2f} s",
+                             f"{t_pl0[0]:.2f} s", ratio_cell([t_pl0[0] / t_first[0]], "speed, one round")))
             t_pl, t_mkb = rounds(read_rounds, lambda: timed(lambda: pl.scan_parquet(paths).collect())[0], cold)
             t_warm = [timed(lambda: scan("verdict", root).collect())[0] for _ in range(read_rounds)]
-            rows.append((f"read {args.events:,} events in {label}, cold", f"{statistics.median(t_mkb):.2f} s", f"{statistics.median(t_pl):.2f} s",
+            rows.append((f"read {args.events:,} events in {label}, cold" + (" (fresh process, footer index present)" if files >= _index.MIN_FILES else ""),
+                         f"{statistics.median(t_mkb):.2f} s", f"{statistics.median(t_pl):.2f} s",
                          ratio_cell([p / m for p, m in zip(t_pl, t_mkb)], "speed, 1x = as fast")))
             rows.append((f"read {args.events:,} events in {label}, warm footer cache", f"{statistics.median(t_warm):.2f} s", f"{statistics.median(t_pl):.2f} s",
                          ratio_cell([p / m for p, m in zip(t_pl, t_warm)], "speed")))

@@ -232,19 +232,23 @@ def _compact_held(store: Store, schema: KindSchema, lease: Lease, *, target_rows
         if on_step:
             on_step("deleted", path)
 
+    from concurrent.futures import ThreadPoolExecutor
+
+    unlinking: list = []  # deletions still running: the next group is read and written meanwhile
+
     def deleted_all(paths: list[str]) -> None:
         if on_step is not None or len(paths) < 16:
             for p in paths:
                 deleted(p)
             return
-        from concurrent.futures import ThreadPoolExecutor
-
         step = -(-len(paths) // 8)  # a slice per worker: a future per file cost more than the unlink
-        with ThreadPoolExecutor(8) as pool:  # unlink waits on the filesystem's journal; a few at once hide that
-            list(pool.map(lambda k: [_delete(store, p, sync=False) for p in paths[k:k + step]], range(0, len(paths), step)))
+        unlinking.extend(deleter.submit(lambda k: [_delete(store, p, sync=False) for p in paths[k:k + step]], k) for k in range(0, len(paths), step))
         result.deleted.extend(paths)
 
     def synced() -> None:
+        for f in unlinking:
+            f.result()
+        unlinking.clear()
         if store.is_local and result.deleted:
             _fsync_dir(store.kind_dir(kind))
 
@@ -261,8 +265,20 @@ def _compact_held(store: Store, schema: KindSchema, lease: Lease, *, target_rows
             due.append(path)
         else:
             result.awaiting_grace.append(path)
-    deleted_all(due)
-    synced()
+    deleter = ThreadPoolExecutor(8, thread_name_prefix="mkb-compact-unlink")  # unlink waits on the filesystem's journal; a few at once hide that
+    try:
+        deleted_all(due)
+        synced()
+        return _merge(store, schema, lease, live, report, result, deleted_all, synced, target_rows=target_rows, target_bytes=target_bytes,
+                      grace_s=grace_s, on_step=on_step)
+    finally:
+        deleter.shutdown(wait=True)
+
+
+def _merge(store: Store, schema: KindSchema, lease: Lease, live: list[FileInfo], report: ScanReport, result: CompactResult, deleted_all, synced,
+           *, target_rows: int, target_bytes: int, grace_s: float, on_step) -> CompactResult:
+    """Merge the kind's small files group by group (the sources of a group are deleted now with grace 0, else by a later run)."""
+    kind = schema.kind
     ours = []
     for f in live:
         major, minor = parse_version(f.version)
@@ -304,11 +320,23 @@ def _compact_held(store: Store, schema: KindSchema, lease: Lease, *, target_rows
             if grace_s <= 0:
                 lease.renew()
                 deleted_all([f.path for f in group])
-                synced()
             else:
                 result.awaiting_grace.extend(f.path for f in group)
+    synced()
     result.files_after = result.files_before - len(result.deleted) + len(result.written)
+    _reindex(store, kind, result)
     return result
+
+
+def _reindex(store: Store, kind: str, result: CompactResult) -> None:
+    """Rewrite the kind's footer index for the files the compaction left (only the merged files' footers are parsed anew)."""
+    from mkb.events import _index
+    from mkb.events._reader import good_files
+
+    try:
+        _index.rewrite(store, kind, good_files(store, kind, ScanReport(), use_index=True))
+    except Exception as exc:  # the index only spares readers footer reads; a compaction that merged files has done its job
+        result.skipped.setdefault(_index.index_dir(store, kind), f"footer index not rewritten ({type(exc).__name__}: {exc})")
 
 
 def clean_staging(store: str | Store | None = None, *, older_than_s: float = 3600.0) -> list[str]:

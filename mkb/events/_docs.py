@@ -17,8 +17,9 @@ of a newer major version. Types: `string`, `json` (a JSON document stored as a s
 How files get there (`mkb.events`): one immutable file per writer flush, named by a fresh uuid7 and
 never overwritten. On local disk it is written to `<parent>/.staging/<dataset>/`, fsynced, hard-linked
 into place (exclusive) and the folder fsynced; on object stores it is one PUT with `If-None-Match: *`
-(a backend that ignores it is detected and refused). Readers check every footer: a torn or foreign
-file is skipped and named; rows are de-duplicated on `event_id`. `mkb-run compact` merges small files:
+(a backend that ignores it is detected and refused). Readers check every footer (or what the store's
+footer index `_index/kind=<kind>/*.arrow` recorded of it): a torn or foreign file is skipped and named;
+rows are de-duplicated on `event_id`. `mkb-run compact` merges small files:
 the merged file (footer `mkb.compacted_from`) is published before its sources are deleted, so a
 compaction killed at any point changes nothing a reader sees.
 """

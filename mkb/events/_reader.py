@@ -34,6 +34,7 @@ try:  # parses a footer's Thrift bytes alone (pyarrow's unpickling of FileMetaDa
 except ImportError:  # pragma: no cover - a pyarrow without it opens a reader
     _reconstruct_filemetadata = None
 
+from mkb.events import _index
 from mkb.events._schema import META_COMPACTED_FROM, META_KIND, META_VERSION, KindSchema, NewerSchemaError, SchemaError, parse_version, schema_for
 from mkb.events._store import Store, StoreError, _protocols, resolve_store
 from mkb.events._upcast import chain, upcast
@@ -54,6 +55,7 @@ class FileInfo:
     compacted_from: tuple[str, ...] = ()
     id_range: tuple[str, str] | None = None  # min and max event_id from the column statistics, when written
     null_counts: tuple[tuple[str, int | None], ...] = ()  # (flat column, nulls over all row groups; None without statistics)
+    from_index: bool = field(default=False, compare=False)  # taken from the store's footer index, not this file's own footer
 
     @property
     def name(self) -> str:
@@ -317,12 +319,31 @@ def _read_tails_remote(store: Store, files: list[tuple[str, int]]) -> list[bytes
     return out
 
 
-def inspect_files(store: Store, files: list[tuple[str, int]]) -> list[FileInfo | str]:
-    """FileInfo for each file, or why it cannot be read; cached by (protocol, path, size)."""
+def inspect_files(store: Store, files: list[tuple[str, int]], *, kind: str | None = None) -> list[FileInfo | str]:
+    """FileInfo for each file, or why it cannot be read; cached by (protocol, path, size).
+
+    With `kind`, files the store's footer index (mkb.events._index) holds at the same size are taken
+    from it and only the others' footers are read.
+    """
     proto = _protocols(store.fs)
     keys = [(proto, p, s) for p, s in files]
     with _cache_lock:
         todo = [i for i, k in enumerate(keys) if k not in _cache]
+    if todo and kind is not None:
+        entries = _index.load(store, kind)
+        rest = []
+        for i in todo:
+            path, size = files[i]
+            hit = entries.get(path.rsplit("/", 1)[-1]) if entries else None
+            if hit is not None and hit[0] == size:
+                version, rows, types, merged, id_range, nulls = hit[1]
+                info = FileInfo(path=path, size=size, kind=kind, version=version, rows=rows, types=types, compacted_from=merged,
+                                id_range=id_range, null_counts=nulls, from_index=True)
+                with _cache_lock:
+                    _cache[keys[i]] = info
+            else:
+                rest.append(i)
+        todo = rest
     if todo:
         sub = [files[i] for i in todo]
         if store.is_local:
@@ -415,19 +436,27 @@ def _type_verdict(schema: KindSchema, types: tuple[tuple[str, pa.DataType], ...]
     return why
 
 
-_verdicts: dict[tuple, str | None] = {}
+_verdicts: dict[tuple, tuple] = {}
 
 
-def _classify_cached(schema: KindSchema, info: FileInfo | str, key: tuple) -> str | None:
-    """classify, remembered per (schema, file): files are immutable, and re-checking 10,000 footers' columns cost ~2 s a scan."""
+def _classify_cached(schema: KindSchema, info: FileInfo | str) -> str | None:
+    """classify, remembered per (schema, what the verdict depends on): files of one layout, version and null counts share it.
+
+    Re-checking 10,000 footers' columns cost ~2 s a scan, and ~0.2 s even once per file. The layout's
+    types tuple is one object per layout (see _shape and mkb.events._index), so it is keyed by identity
+    and kept alive in the entry.
+    """
     if isinstance(info, str):
         return info
-    k = (schema.kind, schema.version, id(schema), *key)
-    if k in _verdicts:
-        return _verdicts[k]
+    k = (id(schema), info.kind, info.version, id(info.types), info.null_counts)
+    hit = _verdicts.get(k)
+    if hit is not None and hit[0] is schema and hit[1] is info.types:
+        return hit[2]
     why = classify(schema, info)  # raises NewerSchemaError, never cached
     if info.version.split(".")[0] == str(schema.major):  # an older major's verdict depends on the upcasters registered now
-        _verdicts[k] = why
+        if len(_verdicts) > 65_536:
+            _verdicts.clear()
+        _verdicts[k] = (schema, info.types, why)
     return why
 
 
@@ -435,17 +464,45 @@ def needs_upcast(schema: KindSchema, info: FileInfo) -> bool:
     return parse_version(info.version)[0] < schema.major
 
 
-def _check(store: Store, kind: str, report: ScanReport, *, warn: bool = True, stacklevel: int = 3) -> list[FileInfo]:
+def good_files(store: Store, kind: str, report: ScanReport, *, use_index: bool = True) -> list[FileInfo]:
+    """Every listed file of `kind` that passes its footer check (superseded ones too); the others go to `report.skipped`.
+
+    A reader that had to parse MIN_FILES footers of good files the footer index did not hold leaves a
+    segment with them behind (best effort: a store it cannot write to is read without one).
+    """
     schema = schema_for(kind)
     files = list_files(store, kind)
     good: list[FileInfo] = []
     proto = _protocols(store.fs)
-    for (path, size), info in zip(files, inspect_files(store, files)):
-        why = _bad_data.get((proto, path, size)) or _classify_cached(schema, info, (proto, path, size))
+    with _cache_lock:
+        known = sum(1 for p, s in files if (proto, p, s) in _cache)
+    infos = inspect_files(store, files, kind=kind if use_index else None)
+    parsed = []
+    for (path, size), info in zip(files, infos):
+        why = _bad_data.get((proto, path, size)) or _classify_cached(schema, info)
         if why is None:
             good.append(info)
+            if not info.from_index:
+                parsed.append(info)
         else:
             report.skipped[path] = why
+    if use_index and len(parsed) >= _index.MIN_FILES and len(files) - known >= _index.MIN_FILES and not _read_only(store):
+        try:
+            _index.write(store, kind, parsed)
+        except Exception:
+            pass  # a read-only or full store is read without an index; the next reader tries again
+    return good
+
+
+def _read_only(store: Store) -> bool:
+    from mkb.events._store import READ_ONLY_PROTOCOLS
+
+    return any(p in READ_ONLY_PROTOCOLS for p in _protocols(store.fs))
+
+
+def _check(store: Store, kind: str, report: ScanReport, *, warn: bool = True, stacklevel: int = 3, use_index: bool = True) -> list[FileInfo]:
+    schema = schema_for(kind)
+    good = good_files(store, kind, report, use_index=use_index)
     if warn:
         for path, why in report.skipped.items():
             warnings.warn(f"mkb: skipping {path}: {why}", stacklevel=stacklevel)
@@ -480,8 +537,34 @@ def clear_caches() -> None:
         _cache.clear()
     for c in (_verdicts, _type_verdicts, _shapes, _bad_data):
         c.clear()
-_CHUNK = 2048  # files per native scan: an error is searched for within one chunk, not the whole store
+    _index.clear_cache()
+_CHUNK = 16_384  # files per native scan (one scan for most stores: each scan's slowest files hold up its end); errors are found by halving
 _RETRIES = 5
+
+
+class _IndexDistrusted(Exception):
+    """Rows of files taken from the footer index hold nulls where the schema forbids them: read those files' own footers."""
+
+
+def _index_lied(schema: KindSchema, live: list[FileInfo], df) -> bool:
+    """Whether files taken from the footer index gave rows with nulls in required columns (a file replaced in place at the same size).
+
+    A file whose own footer allows that (an older minor lacking a later required column) is read the same way after the fallback.
+    """
+    if not any(i.from_index for i in live):
+        return False
+    required = [c.name for c in schema.columns if not c.nullable and c.name in df.columns]
+    if not required or df.height == 0:
+        return False
+    return any(df.get_column(name).null_count() for name in required)  # not df.select(...): ~1 s per 10,000 chunks
+
+
+def _forget_index(store: Store, live: list[FileInfo]) -> None:
+    proto = _protocols(store.fs)
+    with _cache_lock:
+        for i in live:
+            if i.from_index:
+                _cache.pop((proto, i.path, i.size), None)
 
 
 class _Vanished(Exception):
@@ -524,12 +607,18 @@ def scan(kind: str, store: str | Store | None = None, *, report: ScanReport | No
         for attempt in range(_RETRIES):
             try:
                 df = _collect(store, schema, state["live"], need, report, dedupe=dedupe)
+                if _index_lied(schema, state["live"], df):
+                    _forget_index(store, state["live"])
+                    raise _IndexDistrusted()
                 break
-            except _Vanished as exc:
-                gone = exc.path
+            except (_Vanished, _IndexDistrusted) as exc:
+                gone = getattr(exc, "path", "")
                 fresh = ScanReport()
-                state["live"] = _check(store, kind, fresh, warn=False)
+                use_index = not isinstance(exc, _IndexDistrusted) and state.get("use_index", True)
+                state["use_index"] = use_index
+                state["live"] = _check(store, kind, fresh, warn=isinstance(exc, _IndexDistrusted), use_index=use_index, stacklevel=4)
                 report.files, report.rows_in_files, report.superseded = fresh.files, fresh.rows_in_files, fresh.superseded
+                report.skipped.update(fresh.skipped)
         else:
             raise StoreError(
                 f"{gone} vanished while it was read, {_RETRIES} times (a compaction with --grace-s 0 is deleting files under this reader)\n"
@@ -581,39 +670,43 @@ def _native(store: Store, schema: KindSchema, paths: list[str], cols: list[str])
     return _scan_paths(store, schema, paths).select(cols).collect()
 
 
-def _read_chunk(store: Store, schema: KindSchema, infos: list[FileInfo], cols: list[str], report: ScanReport) -> list:
-    """One native scan of the chunk; on an error, find the file(s) to blame: vanished (start over) or corrupt (skip and name)."""
+def _read_chunk(store: Store, schema: KindSchema, infos: list[FileInfo], cols: list[str], report: ScanReport, *, checked: bool = False) -> list:
+    """One native scan of the chunk; on an error, find the file(s) to blame: vanished (start over) or corrupt (skip and name).
+
+    The blame is found by halving: a chunk that fails is read as two halves, down to the one file
+    that fails alone, so a bad file among 10,000 costs ~2 log2(10,000) scans, not 10,000 of them.
+    """
     if not infos:
         return []
     try:
         return [_native(store, schema, [i.path for i in infos], cols)]
     except Exception as exc:
         first = exc
-    out = []
-    for info in infos:
-        if not _exists(store, info.path):
-            raise _Vanished(info.path)
-        try:
-            out.append(_native(store, schema, [info.path], cols))
-        except Exception as exc:
+    if not checked:  # a compaction deleted one: list again and start over (cheaper than halving down to it)
+        for info in infos:
             if not _exists(store, info.path):
-                raise _Vanished(info.path) from None
-            try:  # a second, independent decoder: only a file both refuse is blamed (not, say, a transient EMFILE)
-                with store.fs.open(info.path, "rb") as fh:
-                    pq.read_table(fh, use_threads=False)
-            except FileNotFoundError:
-                raise _Vanished(info.path) from None
-            except Exception:
-                pass
-            else:
-                raise exc
-            why = f"corrupt data pages ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})\nhint: `mkb-run verify --store URL` lists every such file"
-            _bad_data[(_protocols(store.fs), info.path, info.size)] = why
-            report.skipped[info.path] = why
-            warnings.warn(f"mkb: skipping {info.path}: {why}", stacklevel=4)
-    if not out and not report.skipped:
+                raise _Vanished(info.path)
+    if len(infos) > 1:
+        mid = len(infos) // 2
+        return (_read_chunk(store, schema, infos[:mid], cols, report, checked=True)
+                + _read_chunk(store, schema, infos[mid:], cols, report, checked=True))
+    info = infos[0]
+    if not _exists(store, info.path):
+        raise _Vanished(info.path) from None
+    try:  # a second, independent decoder: only a file both refuse is blamed (not, say, a transient EMFILE)
+        with store.fs.open(info.path, "rb") as fh:
+            pq.read_table(fh, use_threads=False)
+    except FileNotFoundError:
+        raise _Vanished(info.path) from None
+    except Exception:
+        pass
+    else:
         raise first
-    return out
+    why = f"corrupt data pages ({type(first).__name__}: {str(first).splitlines()[0][:200]})\nhint: `mkb-run verify --store URL` lists every such file"
+    _bad_data[(_protocols(store.fs), info.path, info.size)] = why
+    report.skipped[info.path] = why
+    warnings.warn(f"mkb: skipping {info.path}: {why}", stacklevel=4)
+    return []
 
 
 def _read_upcast(store: Store, schema: KindSchema, info: FileInfo, cols: list[str], report: ScanReport):

@@ -145,47 +145,9 @@ def check_row(schema: KindSchema, row: dict[str, Any], *, where: str = "row", us
     return row
 
 
-# payload shapes already accepted: (id(schema), keys) -> (schema, keys, {exact value types: columns whose ints still need their range checked})
-_shapes: dict[tuple, tuple[KindSchema, tuple[str, ...], dict[tuple[type, ...], tuple[str, ...]]]] = {}
-_SHAPE_TYPES = frozenset({str, bool, float, int, type(None)})  # values whose verdict the type alone decides (ints: up to their range)
-
-
-def seen_shape(schema: KindSchema, user: dict[str, Any]) -> tuple[str, ...] | None:
-    """`user`'s keys when a payload with these keys and exact value types passed check_row before and its ints are in range, else None.
-
-    The keys returned are one shared tuple per shape, so a writer buffering them per event holds one object, not one per event.
-
-    For str, bool, float, int and None the verdict of check_row depends only on the column and the
-    value's type (an int also on its range, checked here), so a writer emitting the same shape of
-    event again skips the per-column tests; anything else (dicts for JSON, lists, datetimes, numpy
-    scalars) always takes the full check.
-    """
-    hit = _shapes.get((id(schema), tuple(user)))
-    if hit is None or hit[0] is not schema:
-        return None
-    ints = hit[2].get(tuple(map(type, user.values())))
-    if ints is None:
-        return None
-    for name in ints:
-        if not _INT64_MIN <= user[name] <= _INT64_MAX:
-            return None
-    return hit[1]
-
-
-def remember_shape(schema: KindSchema, user: dict[str, Any]) -> None:
-    """Record that `user` passed check_row, if its verdict is decided by its keys and value types (see seen_shape)."""
-    types = tuple(map(type, user.values()))
-    if not _SHAPE_TYPES.issuperset(types):
-        return
-    if len(_shapes) > 10_000:  # writers emit a handful of shapes; a caller varying keys without end must not grow this
-        _shapes.clear()
-    keys = tuple(user)
-    key = (id(schema), keys)
-    hit = _shapes.get(key)
-    if hit is None or hit[0] is not schema:  # the schema is kept in the entry, so its id cannot be reused while the entry lives
-        hit = _shapes[key] = (schema, keys, {})
-    if len(hit[2]) < 256:
-        hit[2][types] = tuple(n for n, t in zip(user, types) if t is int)
+# value types whose check_row verdict the type alone decides (ints: up to their range): a writer checks a payload of
+# such values in full once per shape of keys and types (EventWriter._fast_keys)
+_SHAPE_TYPES = frozenset({str, bool, float, int, type(None)})
 
 
 def check_rows(schema: KindSchema, rows: list[dict[str, Any]]) -> None:

@@ -9,6 +9,7 @@ import atexit
 import threading
 import time
 import weakref
+from collections import deque
 from typing import Any, Iterable
 
 import pyarrow as pa
@@ -19,7 +20,7 @@ from mkb.events._envelope import DEFAULT_BLOCK, Envelope, SeqBlock
 from mkb.events._ids import uuid7
 from mkb.events._schema import META_KIND, KindSchema, SchemaError, schema_for
 from mkb.events._store import Store, resolve_store
-from mkb.events._validate import check_row, remember_shape, seen_shape
+from mkb.events._validate import _INT64_MAX, _INT64_MIN, _SHAPE_TYPES, check_row
 
 
 
@@ -48,58 +49,44 @@ ROW_GROUP_SIZE = 1 << 20
 COMPRESSION = "zstd"
 
 
-# A buffered event is a row dict, or, for a payload of a shape already checked (the per-event path of
-# emit), the flat tuple (payload keys, event_id, ts, seq, *payload values), the keys one tuple shared by
-# the shape: building no dict per event, holding one object per event (the garbage collector walks what
-# is held: two objects per event cost emit a quarter more) and converting column by column at flush
-# cost less than the dict rows a plain loop hands to from_pylist.
-_Entry = dict[str, Any] | tuple[Any, ...]
+# Buffered events of one kind are a list of segments (keys, entries) in emit order. A payload of a shape already
+# checked (the per-event path of emit) is buffered as the flat tuple (event_id, ts, seq, *payload values) in a
+# segment whose keys are the shape's keys (one tuple shared by the shape); a row checked in full is a dict in a
+# segment with keys None. One object per event (the garbage collector walks what is held: two objects per event
+# cost emit a quarter more), no dict per event, and at flush a segment converts in one pass of pyarrow's C++
+# struct conversion, cheaper than the dict rows a plain loop hands to from_pylist.
+_Segment = tuple["tuple[str, ...] | None", list]
 
 
-def _entries_to_table(schema: KindSchema, entries: list[_Entry], env: Envelope) -> pa.Table:
-    """Buffered entries (see _Entry) as one table of the canonical schema, in the order they were buffered."""
-    if all(type(e) is dict for e in entries):
-        return rows_to_table(schema, entries)
-    groups: dict[tuple[str, ...] | None, list[int]] = {}
-    for i, e in enumerate(entries):
-        groups.setdefault(None if type(e) is dict else e[0], []).append(i)
-    arrow = schema.arrow()
+def _segments_to_table(schema: KindSchema, segments: list[_Segment], env: Envelope) -> pa.Table:
+    """Buffered segments (see _Segment) as one table of the canonical schema, in the order they were buffered."""
     const = env.constants(schema.kind, schema.version)
-    tables, order = [], []
-    for keys, idx in groups.items():
-        if keys is None:
-            tables.append(rows_to_table(schema, [entries[i] for i in idx]))
-        else:
-            tables.append(_tuples_to_table(arrow, keys, [entries[i] for i in idx], const))
-        order.extend(idx)
-    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    if len(tables) > 1:
-        import pyarrow.compute as pc
-
-        table = table.take(pc.sort_indices(pa.array(order, pa.int64())))
-    return table
+    tables = [rows_to_table(schema, rows) if keys is None else _tuples_to_table(schema, keys, rows, const) for keys, rows in segments]
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
-def _tuples_to_table(arrow: pa.Schema, keys: tuple[str, ...], entries: list[_Entry], const: dict[str, Any]) -> pa.Table:
-    """Entries of one payload shape, column by column; the envelope's constant columns are one value repeated."""
+_structs: dict[tuple, pa.StructType] = {}
+
+
+def _tuples_to_table(schema: KindSchema, keys: tuple[str, ...], entries: list[tuple], const: dict[str, Any]) -> pa.Table:
+    """Entries of one payload shape through one struct conversion; the envelope's constant columns are one value repeated."""
+    arrow = schema.arrow()
+    st = _structs.get((schema, keys))
+    if st is None:
+        if len(_structs) > 1_000:
+            _structs.clear()
+        st = _structs[(schema, keys)] = pa.struct([pa.field("event_id", pa.string()), pa.field("ts", pa.int64()), pa.field("seq", pa.int64())]
+                                                  + [arrow.field(k) for k in keys])
     n = len(entries)
-    _, event_ids, ts, seqs, *values = zip(*entries)
-    by_key = dict(zip(keys, values))
+    by_name = dict(zip(("event_id", "ts", "seq") + keys, pa.array(entries, type=st).flatten()))
     cols = []
     for field in arrow:
         name = field.name
-        if name in by_key:
-            col = pa.array(by_key[name], type=field.type)
-        elif name in const:
-            col = pa.array([const[name]] * n, type=field.type)
-        elif name == "event_id":
-            col = pa.array(event_ids, type=field.type)
+        col = by_name.get(name)
+        if col is None:
+            col = pa.repeat(pa.scalar(const[name], field.type), n) if name in const else pa.nulls(n, field.type)
         elif name == "ts":
-            col = pa.array(ts, type=pa.int64()).cast(field.type)
-        elif name == "seq":
-            col = pa.array(seqs, type=field.type)
-        else:
-            col = pa.nulls(n, field.type)
+            col = col.cast(field.type)
         cols.append(col)
     return pa.Table.from_arrays(cols, schema=arrow)
 
@@ -126,6 +113,7 @@ def write_table(store: str | Store | None, kind: str, table: pa.Table, *, name: 
 
 
 _open_writers: "weakref.WeakSet[EventWriter]" = weakref.WeakSet()
+_busy: "set[EventWriter]" = set()  # writers with batches handed to their publisher and not yet published
 
 
 @atexit.register
@@ -149,7 +137,16 @@ class EventWriter:
     buffered event is that old (so an experiment's events are durable within seconds without a file
     per event); with `compact_every_s` the kinds this writer wrote are compacted in the background
     (under the per-kind lease, so many writers may ask for it), keeping a long run's file count bounded.
+
+    A flush that `flush_every` triggers is handed to a publisher thread, so the caller goes on
+    emitting while the batch is encoded, fsynced and published (encoding and fsync release the
+    GIL); at most `_MAX_CUTS` batches wait, beyond that the caller publishes them itself. An
+    explicit `flush()` or `close()` publishes everything before it returns and raises what failed;
+    after a background publish failed, the next size-triggered flush runs in the caller and raises
+    there, as it did before there was a publisher.
     """
+
+    _MAX_CUTS = 2  # batches cut and waiting for the publisher before emit publishes in the caller
 
     def __init__(self, store: str | Store | None = None, *, run_id: str | None = None, flush_every: int = 10_000,
                  flush_after_s: float | None = None, compact_every_s: float | None = None) -> None:
@@ -159,16 +156,23 @@ class EventWriter:
         self.writer_id = self._env.writer
         self.flush_every = flush_every
         self.flush_after_s = flush_after_s
-        self._buffers: dict[str, list[_Entry]] = {}
+        self._buffers: dict[str, list[_Segment]] = {}
+        self._tail: dict[str, _Segment] = {}  # each kind's last segment
         self._n_buffered = 0
         self._oldest: float | None = None  # monotonic time of the oldest buffered event
-        self._lock = self._env.lock  # one lock for seq and buffers: reserve_seq/adopt_seq take it too
-        self._flush_lock = threading.Lock()
-        self._pending: list[tuple[str, str, bytes, int]] = []  # (kind, target, bytes, rows) cut but not yet published
+        self._lock = self._env.lock  # one lock for seq, buffers and cuts: reserve_seq/adopt_seq take it too
+        self._flush_lock = threading.Lock()  # one batch is converted and published at a time, in the order it was cut
+        self._cuts: deque[tuple[dict[str, list[_Segment]], int]] = deque()  # (buffers, events) cut, not yet converted
+        self._pending: list[tuple[str, str, bytes, int]] = []  # (kind, target, bytes, rows) converted but not yet published
+        self._shapes: dict[tuple[str, tuple[str, ...]], tuple[KindSchema, tuple[str, ...], dict]] = {}  # see _fast_keys
+        self._last_shape: tuple | None = None  # (schema, keys, value types, int columns) of the last fast-path emit
         self.files_written: list[str] = []
         self.flush_errors: list[str] = []  # background flushes that failed (the events stay buffered and are retried)
         _open_writers.add(self)
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._publisher: threading.Thread | None = None
+        self._background_failed = False
         self._background: list[threading.Thread] = []
         if flush_after_s is not None:
             self._start(self._age_loop, "mkb-events-flush")
@@ -186,7 +190,7 @@ class EventWriter:
         period = max(0.05, self.flush_after_s / 4)
         while not self._stop.wait(period):
             oldest = self._oldest
-            if (oldest is not None and time.monotonic() - oldest >= self.flush_after_s) or self._pending:
+            if (oldest is not None and time.monotonic() - oldest >= self.flush_after_s) or self._pending or self._cuts:
                 try:
                     self.flush()
                 except Exception as exc:  # a full disk or a network error: the rows stay buffered and the next tick retries
@@ -214,49 +218,102 @@ class EventWriter:
         """Number this writer's events of `block.attempt_id` from a block the attempt's own writer reserved."""
         self._env.adopt(block)
 
+    def _fast_keys(self, schema: KindSchema, payload: dict[str, Any]) -> tuple[str, ...] | None:
+        """`payload`'s keys (one tuple shared by the shape, so buffered events hold one object) when a payload of these keys
+        and exact value types passed check_row in this writer before and its ints are in range; else None.
+
+        For str, bool, float, int and None the verdict of check_row depends only on the column and the
+        value's type (an int also on its range, checked here); anything else (dicts for JSON, lists,
+        datetimes, numpy scalars) always takes the full check.
+        """
+        hit = self._shapes.get((schema.kind, tuple(payload)))
+        if hit is None or hit[0] is not schema:
+            return None
+        ints = hit[2].get(tuple(map(type, payload.values())))
+        if ints is None:
+            return None
+        for name in ints:
+            if not _INT64_MIN <= payload[name] <= _INT64_MAX:
+                return None
+        return hit[1]
+
+    def _remember(self, schema: KindSchema, payload: dict[str, Any]) -> None:
+        """Record that `payload` passed check_row, when its verdict is decided by its keys and value types (see _fast_keys)."""
+        types = tuple(map(type, payload.values()))
+        if not _SHAPE_TYPES.issuperset(types):
+            return
+        key = (schema.kind, tuple(payload))
+        hit = self._shapes.get(key)
+        if hit is None or hit[0] is not schema:
+            if len(self._shapes) > 1_000:  # a caller varying keys without end must not grow this
+                self._shapes.clear()
+            hit = self._shapes[key] = (schema, key[1], {})
+        if len(hit[2]) < 256:
+            hit[2][types] = tuple(n for n, t in zip(key[1], types) if t is int)
+
     def _buffer(self, kind: str, rows: list[dict[str, Any]]) -> None:
         with self._lock:  # the envelope's lock: seq and buffer change together, so a batch stays contiguous
             take = self._env.take
             for row in rows:
                 row["seq"] = take(row["attempt_id"])
-            self._buffers.setdefault(kind, []).extend(rows)
+            self._segment(kind, None).extend(rows)
             self._n_buffered += len(rows)
             if self._oldest is None:
                 self._oldest = time.monotonic()
             full = self._n_buffered >= self.flush_every
         if full:
-            self.flush()
+            self._flush_full()
 
-    def emit(self, kind: str, *, attempt_id: str | None = None, **payload: Any) -> str:
-        """Buffer one event; returns its event_id. Raises SchemaError here, at the call site, for a bad row.
+    def emit(self, kind: str, /, **payload: Any) -> str:
+        """Buffer one event (`attempt_id=` among its columns); returns its event_id. Raises SchemaError here, at the call site, for a bad row.
 
         The per-event path does little more than a plain loop building the same dict would: a
-        payload of a shape (keys and value types) seen before is checked only for its int ranges
-        (mkb.events._validate.seen_shape) and buffered as its values, with the envelope columns that
-        vary per event; flush lays them out column by column (see _Entry).
+        payload of the shape (keys and value types) this writer saw last, or of one it saw before,
+        is checked only for its int ranges (see _fast_keys) and buffered as its values with the
+        envelope columns that vary per event; flush converts them in one pass (see _Segment).
+        `kind` is positional-only, so the caller's keywords become the payload dict without being
+        matched against named parameters one by one.
         """
         schema = schema_for(kind)
-        if attempt_id is not None:
-            payload["attempt_id"] = attempt_id  # `payload` is this call's own dict: type-check attempt_id with it
-        keys = seen_shape(schema, payload)
-        if keys is not None:
-            event_id = self._env.event_id()
-            ts = time.time_ns() // 1000
-            with self._lock:
-                buf = self._buffers.get(kind)
-                if buf is None:
-                    buf = self._buffers[kind] = []
-                buf.append((keys, event_id, ts, self._env.take(attempt_id), *payload.values()))
-                self._n_buffered = n = self._n_buffered + 1
-                if self._oldest is None:
-                    self._oldest = time.monotonic()
-            if n >= self.flush_every:
-                self.flush()
-            return event_id
-        self._env.check_payload(payload)  # attempt_id is not an envelope column the writer fills
-        row = self._env.row(kind, schema.version, attempt_id, payload, time.time_ns() // 1000)
-        check_row(schema, row, where="event", user=payload)  # may serialise a JSON column into row
-        remember_shape(schema, payload)
+        keys = tuple(payload)
+        types = tuple(map(type, payload.values()))
+        last = self._last_shape
+        if last is None or last[0] is not schema or last[2] != types or last[1] != keys:
+            last = self._shapes.get((kind, keys))
+            if last is not None:
+                ints = last[2].get(types)
+                last = None if ints is None or last[0] is not schema else (schema, last[1], types, ints)
+                self._last_shape = last
+        if last is not None:
+            for name in last[3]:
+                if not _INT64_MIN <= payload[name] <= _INT64_MAX:
+                    break
+            else:
+                event_id = uuid7()
+                ts = time.time_ns() // 1000
+                attempt_id = payload.get("attempt_id")
+                env = self._env
+                with self._lock:
+                    if env._blocks:
+                        seq = env.take(attempt_id)
+                    else:  # Envelope.take without a block adopted, inline: a call per event costs as much as the rest of this block
+                        seq = env._next.get(attempt_id, 0)
+                        env._next[attempt_id] = seq + 1
+                    seg = self._tail.get(kind)
+                    (seg[1] if seg is not None and seg[0] is last[1] else self._segment(kind, last[1])).append(
+                        (event_id, ts, seq, *payload.values()))
+                    self._n_buffered = n = self._n_buffered + 1
+                    if self._oldest is None:
+                        self._oldest = time.monotonic()
+                if n >= self.flush_every:
+                    self._flush_full()
+                return event_id
+        user = dict(payload)  # the caller's key order stays as given: it is what the next emit's shape is compared with
+        attempt_id = user.pop("attempt_id", None)
+        self._env.check_payload(user)  # attempt_id is not an envelope column the writer fills
+        row = self._env.row(kind, schema.version, attempt_id, user, time.time_ns() // 1000)
+        check_row(schema, row, where="event", user=payload)  # attempt_id type-checked with the caller's values; may serialise a JSON column into row
+        self._remember(schema, payload)
         self._buffer(kind, [row])
         return row["event_id"]
 
@@ -268,10 +325,11 @@ class EventWriter:
         schema = schema_for(kind)
         ts = time.time_ns() // 1000
         built: list = []
+        fast = self._fast_keys
         for i, payload in enumerate(rows):
-            keys = seen_shape(schema, payload)
+            keys = fast(schema, payload)
             if keys is not None:
-                built.append((keys, payload, self._env.event_id(), payload.get("attempt_id")))
+                built.append((keys, payload, uuid7(), payload.get("attempt_id")))
                 continue
             user = dict(payload)
             attempt_id = user.pop("attempt_id", None)
@@ -280,72 +338,112 @@ class EventWriter:
             if attempt_id is not None:
                 user["attempt_id"] = attempt_id
             check_row(schema, row, where=f"row {i}", user=user)
-            remember_shape(schema, payload)
+            self._remember(schema, payload)
             built.append(row)
         with self._lock:  # seq and buffer change together, so a batch stays contiguous
             take = self._env.take
-            entries = []
             for item in built:
                 if type(item) is dict:
                     item["seq"] = take(item["attempt_id"])
-                    entries.append(item)
+                    seg = self._tail.get(kind)
+                    (seg[1] if seg is not None and seg[0] is None else self._segment(kind, None)).append(item)
                 else:
                     keys, payload, event_id, attempt_id = item
-                    entries.append((keys, event_id, ts, take(attempt_id), *payload.values()))
-            self._buffers.setdefault(kind, []).extend(entries)
-            self._n_buffered += len(entries)
+                    seg = self._tail.get(kind)
+                    (seg[1] if seg is not None and seg[0] is keys else self._segment(kind, keys)).append((event_id, ts, take(attempt_id), *payload.values()))
+            self._n_buffered += len(built)
             if self._oldest is None:
                 self._oldest = time.monotonic()
             full = self._n_buffered >= self.flush_every
         if full:
-            self.flush()
+            self._flush_full()
         return [e["event_id"] if type(e) is dict else e[2] for e in built]
 
-    def flush(self) -> list[str]:
-        """Write each buffered kind as one new file; returns the paths written.
+    def _segment(self, kind: str, keys: tuple[str, ...] | None) -> list:
+        """A new last segment of `kind` for entries of `keys` (None: row dicts); the caller holds `_lock`."""
+        seg = self._tail[kind] = (keys, [])
+        self._buffers.setdefault(kind, []).append(seg)
+        return seg[1]
+
+    def _cut(self) -> None:
+        """Move the buffers into the queue of batches to publish; the caller holds `_lock`."""
+        if self._n_buffered:
+            self._cuts.append((self._buffers, self._n_buffered))
+        self._buffers, self._tail, self._n_buffered, self._oldest = {}, {}, 0, None
+
+    def _flush_full(self) -> None:
+        """A size-triggered flush: hand the batch to the publisher thread, or publish in the caller when it is behind or failed."""
+        if self._background_failed or self._stop.is_set():
+            self.flush()  # raises here, at a call site, what the publisher could not write
+            return
+        with self._lock:
+            if self._n_buffered < self.flush_every:  # another thread cut it meanwhile
+                return
+            self._cut()
+            behind = len(self._cuts) > self._MAX_CUTS
+        if behind:
+            self.flush()
+            return
+        _busy.add(self)  # a writer dropped without close() lives until its cut batches are published
+        if self._publisher is None:
+            self._publisher = threading.Thread(target=_publish_loop, args=(weakref.ref(self), self._wake, self._stop),
+                                               name="mkb-events-publish", daemon=True)
+            self._publisher.start()
+        self._wake.set()
+
+    def _publish_cuts(self) -> list[str]:
+        """Convert every cut batch in order and publish it; the caller holds `_flush_lock`. Raises with what is left kept.
 
         Each batch gets its file name and bytes once; a batch whose publish failed is retried
         under the same name at the next flush, and a FileExistsError holding the same bytes counts
         as done. So a PUT that landed although the client saw a timeout is not written twice.
         """
+        while True:
+            with self._lock:
+                if not self._cuts:
+                    break
+                buffers, _ = self._cuts[0]
+            cut = []
+            for kind, segments in buffers.items():  # raises with the batch still first in line: nothing of it is lost or reordered
+                data = table_bytes(_segments_to_table(schema_for(kind), segments, self._env))
+                cut.append((kind, f"{self.store.kind_dir(kind)}/{uuid7()}.parquet", data, sum(len(rows) for _, rows in segments)))
+            with self._lock:
+                self._cuts.popleft()
+                self._pending += cut
+        written = []
+        while self._pending:
+            kind, target, data, _ = self._pending[0]
+            try:
+                commit(self.store, target, data)
+            except FileExistsError:
+                if self.store.fs.cat_file(target) != data:
+                    raise
+            written.append(target)
+            with self._lock:
+                self._pending.pop(0)
+            self.files_written.append(target)
+        return written
+
+    def flush(self) -> list[str]:
+        """Write each buffered kind as one new file, with every batch still waiting for the publisher; returns the paths written."""
         with self._flush_lock:
             with self._lock:
-                buffers, self._buffers, self._n_buffered, oldest, self._oldest = self._buffers, {}, 0, self._oldest, None
-            cut = []
-            try:
-                for kind, rows in buffers.items():
-                    data = table_bytes(_entries_to_table(schema_for(kind), rows, self._env))
-                    cut.append((kind, f"{self.store.kind_dir(kind)}/{uuid7()}.parquet", data, len(rows)))
-            except BaseException:
-                with self._lock:  # nothing of this flush was cut: put every row back, ahead of newer ones
-                    for kind, rows in buffers.items():
-                        self._buffers[kind] = rows + self._buffers.get(kind, [])
-                        self._n_buffered += len(rows)
-                    if buffers:
-                        self._oldest = oldest
-                raise
-            self._pending += cut
-            written = []
-            while self._pending:
-                kind, target, data, _ = self._pending[0]
-                try:
-                    commit(self.store, target, data)
-                except FileExistsError:
-                    if self.store.fs.cat_file(target) != data:
-                        raise
-                written.append(target)
-                self._pending.pop(0)
-                self.files_written.append(target)
+                self._cut()
+            written = self._publish_cuts()
+            self._background_failed = False
+            _busy.discard(self)
             return written
 
     @property
     def pending_events(self) -> int:
-        """Events buffered or in batches whose publish has not succeeded yet."""
-        return self._n_buffered + sum(p[3] for p in self._pending)
+        """Events buffered, or cut into batches whose publish has not succeeded yet."""
+        with self._lock:
+            return self._n_buffered + sum(c[1] for c in self._cuts) + sum(p[3] for p in self._pending)
 
     def close(self) -> None:
         self._stop.set()
-        for t in self._background:
+        self._wake.set()
+        for t in self._background + ([self._publisher] if self._publisher is not None else []):
             t.join()
         self.flush()
         _open_writers.discard(self)
@@ -355,3 +453,27 @@ class EventWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _publish_loop(ref: "weakref.ref[EventWriter]", wake: threading.Event, stop: threading.Event) -> None:
+    """The publisher thread: publishes the batches size-triggered flushes cut, until the writer closes or is collected.
+
+    It holds the writer only while publishing, so a writer nobody closed can still be collected.
+    """
+    while True:
+        woken = wake.wait(1.0)
+        w = ref()
+        if w is None or (stop.is_set() and not woken):
+            return
+        wake.clear()
+        try:
+            with w._flush_lock:
+                w._publish_cuts()
+                if not w._cuts and not w._pending:
+                    _busy.discard(w)
+        except Exception as exc:  # kept for a retry; the next size-triggered flush runs in the caller and raises it there
+            w._background_failed = True  # (and the writer stays in _busy: the exit-time flush retries what is left)
+            w.flush_errors.append(f"{type(exc).__name__}: {exc}")
+        if stop.is_set():
+            return
+        del w

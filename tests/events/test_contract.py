@@ -638,3 +638,108 @@ def test_an_older_major_file_is_upcast_through_registered_upcasters(store_url):
         assert df.filter(df["schema_version"] == "0.3")["reason"].to_list() == [r["reason"] for r in example_rows("annotation", 3)]
     finally:
         unregister_upcaster("annotation", 0)
+
+
+def _index_segments(store_url: str, kind: str) -> list[str]:
+    from mkb.events._index import index_dir
+
+    store = resolve_store(store_url)
+    d = index_dir(store, kind)
+    store.fs.invalidate_cache()
+    return sorted(str(p) for p in store.fs.ls(d, detail=False)) if store.fs.exists(d) else []
+
+
+def _count_footers(monkeypatch) -> list[str]:
+    """Paths whose own footer the reader parses from now on."""
+    import mkb.events._reader as rd
+
+    parsed: list[str] = []
+    real = rd._parse_footer
+    monkeypatch.setattr(rd, "_parse_footer", lambda path, size, tail: parsed.append(path) or real(path, size, tail))
+    return parsed
+
+
+def test_a_fresh_reader_takes_footers_from_the_index_and_opens_only_new_ones(store_url, monkeypatch):
+    import mkb.events._index as idx
+    from mkb.events._reader import clear_caches
+
+    monkeypatch.setattr(idx, "MIN_FILES", 3)
+    written = [p for k in range(4) for p in _annotations(store_url, 5, start=5 * k, attempt=f"a{k}").files_written]
+    clear_caches()
+    assert read("annotation", store_url).height == 20
+    assert len(_index_segments(store_url, "annotation")) == 1  # the reader parsed 4 footers and left them behind
+    new = _annotations(store_url, 5, start=20, attempt="a4").files_written
+    parsed = _count_footers(monkeypatch)
+    clear_caches()  # as in a fresh process
+    report = ScanReport()
+    df = read("annotation", store_url, report=report)
+    assert sorted(df["reason"].cast(int).to_list()) == list(range(25))
+    assert parsed == new  # only the file no segment holds
+    assert sorted(report.files) == sorted(written + new) and report.skipped == {}
+    assert len(_index_segments(store_url, "annotation")) == 1  # one new footer is below MIN_FILES: no second segment
+
+
+def test_an_index_entry_that_vouches_for_a_bad_file_is_not_trusted(store_url, monkeypatch):
+    """A segment saying a file's required columns are null-free (a file replaced in place at the same size, or a forged
+    segment): the rows read show the nulls, the reader falls back to the files' own footers and names the file."""
+    import dataclasses
+
+    import mkb.events._index as idx
+    from mkb.events._reader import clear_caches, inspect_files
+
+    _annotations(store_url, 4)
+    schema = schema_for("annotation")
+    good = rows_to_table(schema, _envelope_rows("annotation", 50, prefix="z"))
+    bad = good.set_column(good.schema.get_field_index("label"), pa.field("label", pa.string()), pa.array([None] * 50, pa.string()))
+    path = write_table(store_url, "annotation", bad.replace_schema_metadata(good.schema.metadata))
+    store = resolve_store(store_url)
+    info = inspect_files(store, [(path, store.fs.size(path))])[0]
+    assert dict(info.null_counts)["label"] == 50
+    idx.write(store, "annotation", [dataclasses.replace(info, null_counts=tuple((c, 0) for c, _ in info.null_counts))])
+    clear_caches()
+    report = ScanReport()
+    with pytest.warns(UserWarning, match="holds 50 null"):
+        df = read("annotation", store_url, report=report)
+    assert df.height == 4 and df["label"].null_count() == 0
+    assert "required column 'label' holds 50 null(s)" in report.skipped[path]
+
+
+def test_a_segment_that_does_not_parse_is_ignored_and_named(store_url):
+    from mkb.events._index import index_dir
+    from mkb.events._reader import clear_caches
+
+    _annotations(store_url, 3)
+    store = resolve_store(store_url)
+    junk = f"{index_dir(store, 'annotation')}/junk.arrow"
+    store.fs.makedirs(index_dir(store, "annotation"), exist_ok=True)
+    store.fs.pipe_file(junk, b"not an index")
+    clear_caches()
+    with pytest.warns(UserWarning, match="ignoring footer index .*junk.arrow"):
+        assert read("annotation", store_url).height == 3
+
+
+def test_compaction_rewrites_the_index_for_the_files_it_leaves(store_url, monkeypatch):
+    import mkb.events._index as idx
+    from mkb.events._compact import compact_kind
+    from mkb.events._reader import clear_caches
+
+    monkeypatch.setattr(idx, "MIN_FILES", 3)
+    for k in range(6):
+        _annotations(store_url, 5, start=5 * k, attempt=f"a{k}")
+    clear_caches()
+    read("annotation", store_url)
+    before = _index_segments(store_url, "annotation")
+    assert len(before) == 1
+    res = compact_kind("annotation", store_url, target_rows=1000)  # default grace: the 6 sources stay beside the merged file
+    assert len(res.written) == 1 and len(res.awaiting_grace) == 6
+    after = _index_segments(store_url, "annotation")
+    assert len(after) == 1 and after != before  # one segment for the 7 files, the reader's segment deleted
+    parsed = _count_footers(monkeypatch)
+    clear_caches()
+    report = ScanReport()
+    assert read("annotation", store_url, dedupe=False, report=report).height == 30  # the sources are superseded, not counted twice
+    assert parsed == [] and len(report.superseded) == 6
+    compact_kind("annotation", store_url, target_rows=1000, grace_s=0)  # deletes the sources: one file is below MIN_FILES
+    assert _index_segments(store_url, "annotation") == []
+    clear_caches()
+    assert read("annotation", store_url, dedupe=False).height == 30

@@ -185,3 +185,94 @@ def test_a_flush_mixing_checked_shapes_and_full_rows_keeps_emit_order_and_every_
     assert df.filter(df["event_id"].is_in([e[0] for i, e in enumerate(expected[:12]) if i % 4 in (2, 3)]))[nullable].null_count() == 6
     assert set(df["writer"].to_list()) == {w.writer_id} and set(df["run_id"].to_list()) == {w.run_id}
     assert df["kind"].unique().to_list() == [kind] and df["schema_version"].unique().to_list() == [schema_for(kind).version]
+
+
+def _wait(cond, timeout: float = 20.0) -> bool:
+    import time
+
+    deadline = time.time() + timeout
+    while not cond() and time.time() < deadline:
+        time.sleep(0.02)
+    return cond()
+
+
+def test_size_triggered_flushes_are_published_in_the_background_and_close_publishes_the_rest(tmp_path):
+    url = str(tmp_path / "ds")
+    w = EventWriter(url, flush_every=50)
+    for i in range(120):
+        w.emit("annotation", attempt_id="a", target_attempt_id="t", label="clean", reason=str(i), annotator="x")
+    assert _wait(lambda: len(w.files_written) == 2)  # the two full batches, without a flush() from the caller
+    assert read("annotation", url).height == 100 and w.pending_events == 20
+    w.close()
+    assert len(w.files_written) == 3 and w.pending_events == 0
+    df = read("annotation", url).sort("seq")
+    assert df["reason"].cast(int).to_list() == list(range(120)) and df["seq"].to_list() == list(range(120))
+
+
+def test_a_failed_background_publish_keeps_the_rows_and_the_next_full_batch_raises_at_the_call_site(tmp_path, monkeypatch):
+    import pytest
+
+    import mkb.events._writer as writer_mod
+
+    real = writer_mod.commit
+    calls = {"n": 0}
+
+    def full_disk_twice(store, target, data):
+        if calls["n"] < 2:
+            calls["n"] += 1
+            raise OSError(28, "No space left on device", target)
+        return real(store, target, data)
+
+    monkeypatch.setattr(writer_mod, "commit", full_disk_twice)
+    url = str(tmp_path / "ds")
+    w = EventWriter(url, flush_every=10)
+    row = dict(target_attempt_id="t", label="clean", annotator="x")
+    for i in range(10):
+        w.emit("annotation", attempt_id="a", reason=str(i), **row)
+    assert _wait(lambda: bool(w.flush_errors)) and "No space left" in w.flush_errors[0]
+    assert w.pending_events == 10 and w.files_written == []
+    for i in range(10, 19):
+        w.emit("annotation", attempt_id="a", reason=str(i), **row)
+    with pytest.raises(OSError, match="No space left"):  # the batch it fills is published in the caller, which sees the failure
+        w.emit("annotation", attempt_id="a", reason="19", **row)
+    assert w.pending_events == 20
+    w.close()  # the disk has room again
+    assert len(w.files_written) == 2
+    df = read("annotation", url).sort("seq")
+    assert df["reason"].cast(int).to_list() == list(range(20)) and df["seq"].to_list() == list(range(20))
+
+
+def test_threads_emitting_into_one_writer_lose_and_duplicate_nothing(tmp_path):
+    import threading
+
+    url = str(tmp_path / "ds")
+    w = EventWriter(url, flush_every=97)
+
+    def work(k: int) -> None:
+        for i in range(400):
+            w.emit("annotation", attempt_id=f"a{k}", target_attempt_id="t", label="clean", reason=str(i), annotator=str(k))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    w.close()
+    df = read("annotation", url, dedupe=False)
+    assert df.height == 1600 and df["event_id"].n_unique() == 1600
+    for k in range(4):
+        part = df.filter(df["attempt_id"] == f"a{k}").sort("seq")
+        assert part["seq"].to_list() == list(range(400)) and part["reason"].cast(int).to_list() == list(range(400))
+
+
+def test_a_full_batch_of_a_writer_dropped_without_close_is_still_published(tmp_path):
+    import gc
+
+    url = str(tmp_path / "ds")
+    w = EventWriter(url, flush_every=30)
+    for i in range(30):  # exactly one full batch, handed to the publisher
+        w.emit("annotation", attempt_id="a", target_attempt_id="t", label="clean", reason=str(i), annotator="x")
+    del w
+    gc.collect()
+    assert _wait(lambda: (tmp_path / "ds" / "kind=annotation").is_dir() and len(list((tmp_path / "ds" / "kind=annotation").iterdir())) == 1)
+    assert sorted(read("annotation", url)["reason"].cast(int).to_list()) == list(range(30))
