@@ -10,11 +10,20 @@ group is paused (SIGSTOP; resumed with SIGCONT), so the GPU and the CPU are quie
 taken out of its compile time and its cap. Workers share one on-disk inductor/triton cache, warmed first by
 a trivial compile so the one-off toolchain builds (triton's launcher stubs) are nobody's compile time.
 
+GPU memory admits workers as well as the count: at full size a worker's peak is dominated by the check's fp64
+anchor (tens of GiB for the large problems, beyond 120 GiB for 50), and paused workers keep what they hold. A
+task starts only when the running tasks' expected peaks plus its own fit within MEMORY_FRACTION of the device's
+memory; in plan order, so one that does not fit holds back those after it (no starvation), and one expected to
+exceed the budget runs alone (`estimate_peak`, `fits`). Each worker reports its own peak (`peak_memory_bytes`),
+which the next call's estimate prefers. An out-of-memory failure beside other workers is tried again by the next
+call; one while the task ran alone is recorded as `oom_alone` and is final: it will never fit on this GPU.
+
 Resumable problem by problem: a (problem hash, mode, size, torch version, GPU model, backend) already
-recorded with a final outcome is skipped; a timeout is final only for caps up to the one it ran under.
-A wall-clock budget stops the run cleanly: no worker starts when too little is left, running ones are
-killed before the budget ends and record nothing, and the next run resumes them. Failures are recorded
-with their error class, never raised. Runs on the GPU host with torch, pyarrow, fsspec and rich (no polars).
+recorded with a final outcome is skipped; a timeout is final only for caps up to the one it ran under, an
+out-of-memory failure only when the task ran alone (`oom_alone`). A wall-clock budget stops the run cleanly:
+no worker starts when too little is left, running ones are killed before the budget ends and record nothing,
+and the next run resumes them. Failures are recorded with their error class, never raised. Runs on the GPU
+host with torch, pyarrow, fsspec and rich (no polars).
 """
 
 from __future__ import annotations
@@ -241,7 +250,7 @@ def _machine_of(gpu: str | None, gpu_model: str | None = None) -> str | None:
 class PeakEvidence:
     """What the stores know about one problem version's GPU memory on this machine and size."""
 
-    measured: dict[str, int] = field(default_factory=dict)  # mode -> the largest peak_memory_bytes of a finished row
+    measured: dict[str, int] = field(default_factory=dict)  # mode -> the largest peak_memory_bytes of an ok or mismatch row
     oom_need: int | None = None  # the largest lower bound from an out-of-memory row (`oom_need_bytes`), any mode
     eager_peak: int | None = None  # the newest characterisation's peak_memory_bytes (the eager alone)
 
@@ -261,7 +270,7 @@ def peak_evidence(store: Any | None, peak_stores: Sequence[Any], *, size: str, c
             n = oom_need_bytes(r["error"], r["peak_memory_bytes"])
             if n is not None:
                 need[h] = max(need.get(h, 0), n)
-        elif r["peak_memory_bytes"] is not None and r["status"] in ("ok", "mismatch", "compile_error", "runtime_error"):
+        elif r["peak_memory_bytes"] is not None and r["status"] in ("ok", "mismatch"):  # the whole check ran (its peak)
             m = measured.setdefault(h, {})
             m[r["mode"]] = max(m.get(r["mode"], 0), int(r["peak_memory_bytes"]))
     eager: dict[str, tuple[Any, int]] = {}
@@ -802,6 +811,8 @@ def run_torch_compile(*, store: str | None = None, size: str = "full", device: s
         raise ValueError(f"unknown size {size!r}\nhint: full or smoke")
     if not 0.0 < memory_fraction <= 1.0:
         raise ValueError(f"memory fraction {memory_fraction} is not in (0, 1]\nhint: e.g. 0.85 of the device's memory")
+    if device_memory_bytes is not None and device_memory_bytes <= 0:
+        raise ValueError(f"GPU memory {device_memory_bytes} bytes is not positive\nhint: leave it out to take nvidia-smi's figure")
     from mkb.events import resolve_store
 
     for ps_ in peak_stores:

@@ -242,3 +242,38 @@ def test_memory_admission_keeps_big_tasks_apart_fills_around_them_and_a_lone_oom
     ev = peak_evidence(str(store), [str(peaks)], size="smoke", ctx=ctx, backend=by[25]["backend"])
     # (1 GiB held + 2 GiB asked, from the OOM's message) x the headroom, above the characterisation's 0.25 x 8 + 1 GiB
     assert estimate_peak(ev[get_problem(25).hash], "default", 100 * GIB) == (int(3 * GIB * MEASURED_HEADROOM), "characterisation+oom")
+
+
+def test_peak_evidence_reads_measured_peaks_oom_needs_and_the_newest_characterisation(tmp_path):
+    from mkb.events import EventWriter
+
+    store, char = tmp_path / "ds", tmp_path / "char"
+    p, q = get_problem(28), get_problem(29)
+    base = dict(problem_name=p.slug, family=p.family, size="full", torch_version="2.11", backend="inductor", compile_cap_s=240.0)
+    with EventWriter(str(store)) as w:
+        w.emit("torch_compile", problem=28, problem_hash=p.hash, mode="default", gpu="NVIDIA H200", gpu_model="H200", status="ok",
+               ok=True, peak_memory_bytes=10 * GIB, **base)
+        w.emit("torch_compile", problem=28, problem_hash=p.hash, mode="default", gpu="NVIDIA H200", gpu_model="H200", status="ok",
+               ok=True, peak_memory_bytes=50 * GIB, **{**base, "size": "smoke"})  # another size: not this run's
+        w.emit("torch_compile", problem=28, problem_hash=p.hash, mode="default", gpu="NVIDIA B200", gpu_model="B200", status="ok",
+               ok=True, peak_memory_bytes=70 * GIB, **base)  # another GPU model
+        w.emit("torch_compile", problem=28, problem_hash=p.hash, mode="max-autotune-no-cudagraphs", gpu="NVIDIA H200",
+               gpu_model="H200", status="runtime_error", ok=False, error_class="torch.OutOfMemoryError", error=OOM_38, **base)
+    with EventWriter(str(char)) as w:
+        for gib in (3, 2):  # the newer row counts
+            w.emit("characterisation", problem=29, problem_name=q.slug, family=q.family, problem_hash=q.hash, size="full",
+                   gpu="NVIDIA H200", ok=True, peak_memory_bytes=gib * GIB)
+    ctx = Context("NVIDIA H200", "H200", "2.11", None)
+    ev = peak_evidence(str(store), [str(char)], size="full", ctx=ctx, backend="inductor")
+    assert ev[p.hash] == PeakEvidence(measured={"default": 10 * GIB}, oom_need=int(75.60 * GIB) + 30 * GIB, eager_peak=None)
+    assert ev[q.hash] == PeakEvidence(eager_peak=2 * GIB)
+    assert estimate_peak(ev[p.hash], "max-autotune-no-cudagraphs", 140 * GIB)[1] == "measured-other-mode+oom"
+
+
+def test_the_committed_rows_of_schema_1_0_still_give_their_oom_needs():
+    """h200-torch-compile calls 1-4 wrote torch_compile 1.0 (no peak column): their OOM messages are the evidence."""
+    from pathlib import Path
+
+    ds = Path(__file__).resolve().parents[2] / "events" / "h200-torch-compile"
+    ev = peak_evidence(str(ds), [], size="full", ctx=Context("NVIDIA H200", "H200", "2.11.0+cu130", None), backend="inductor")
+    assert max(e.oom_need or 0 for e in ev.values()) >= int((75.60 + 30.0) * GIB)  # problem 38, call 4
