@@ -105,10 +105,12 @@ def test_what_was_recorded_is_read_without_polars(tmp_path, monkeypatch):
     code = ("import sys; sys.modules['polars'] = None\n"
             "from mkb.problems._torch_compile import Context, recorded\n"
             f"d = recorded({str(store)!r}, size='smoke', ctx=Context('cpu', None, '9.9', None), backend='inductor')\n"
-            "print(sorted((m, v) for (h, m), v in d.items()))")
+            "print(sorted((m, v) for (h, m), v in d.items()))\n"
+            "from mkb.problems._torch_compile import peak_evidence\n"
+            f"print(peak_evidence({str(store)!r}, [{str(store)!r}], size='smoke', ctx=Context('cpu', None, '9.9', None), backend='inductor'))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == "[('default', [('timeout', None, 30.0, None)])]"
+    assert r.stdout.strip().splitlines() == ["[('default', [('timeout', None, 30.0, None)])]", "{}"]
 
 
 def test_plan_is_mode_major_and_only_final_outcomes_settle_a_key():
