@@ -683,7 +683,7 @@ def _run(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callable[[di
             if warm_proc is not None and (now - warm_t0 > WARM_LIMIT_S or not warm_proc.is_alive() and not warm_conn.poll()):
                 end_warm(None)
             # start workers while there is room, GPU memory and budget (never while a worker holds the quiet GPU); in
-            # plan order: a task that does not fit holds back those after it, so the biggest wait only for the running
+            # plan order: a task that does not fit holds back those after it, so it waits only for the running ones
             while (holder is None and pending and len(slots) < cfg.concurrency and deadline - now > min_start_s
                    and fits(pending[0], [x.task for x in slots], cfg.memory_budget_bytes)):
                 task = pending.pop(0)
