@@ -196,10 +196,14 @@ def register(app: typer.Typer) -> None:
         compile_threads: int = typer.Option(1, "--compile-threads", help="TORCHINDUCTOR_COMPILE_THREADS per worker."),
         cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="The run's shared inductor/triton cache (default: a fresh temp dir)."),
         worker_log: Optional[str] = typer.Option(None, "--worker-log", help="Where the workers' output goes (default: this terminal)."),
+        peaks_from: Optional[list[str]] = typer.Option(None, "--peaks-from", help="Characterisation datasets whose eager peaks estimate each task's GPU memory (repeatable)."),
+        memory_fraction: float = typer.Option(0.85, "--memory-fraction", help="Share of the GPU's memory the running tasks' expected peaks may sum to."),
+        gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib", help="The GPU's memory (default: nvidia-smi's figure)."),
     ) -> None:
         """torch.compile each problem's eager (per mode), check it, time it beside eager on a quiet GPU: torch_compile events.
 
         Resumable: what the store already holds for this problem hash, torch version, GPU model and mode is skipped.
+        Workers start only as far as their expected GPU memory peaks fit beside the running ones; one too big runs alone.
         """
         from mkb.cli._exit import BAD_INPUT, fail
         from mkb.problems._torch_compile import MODES, run_torch_compile
@@ -208,6 +212,8 @@ def register(app: typer.Typer) -> None:
             run_torch_compile(store=store, size=size, device=device, family=family, only=problem,
                                     modes=tuple(mode) if mode else MODES, budget_s=budget_s, concurrency=concurrency,
                                     compile_threads=compile_threads, cache_dir=cache_dir, worker_log=worker_log,
-                                    caps={"default": cap_default_s, "max-autotune-no-cudagraphs": cap_autotune_s})
+                                    caps={"default": cap_default_s, "max-autotune-no-cudagraphs": cap_autotune_s},
+                                    peak_stores=peaks_from or (), memory_fraction=memory_fraction,
+                                    device_memory_bytes=int(gpu_memory_gib * 2**30) if gpu_memory_gib else None)
         except ValueError as exc:
             fail(BAD_INPUT, str(exc))

@@ -10,11 +10,20 @@ group is paused (SIGSTOP; resumed with SIGCONT), so the GPU and the CPU are quie
 taken out of its compile time and its cap. Workers share one on-disk inductor/triton cache, warmed first by
 a trivial compile so the one-off toolchain builds (triton's launcher stubs) are nobody's compile time.
 
+GPU memory admits workers as well as the count: at full size a worker's peak is dominated by the check's fp64
+anchor (tens of GiB for the large problems, beyond 120 GiB for 50), and paused workers keep what they hold. A
+task starts only when the running tasks' expected peaks plus its own fit within MEMORY_FRACTION of the device's
+memory; in plan order, so one that does not fit holds back those after it (no starvation), and one expected to
+exceed the budget runs alone (`estimate_peak`, `fits`). Each worker reports its own peak (`peak_memory_bytes`),
+which the next call's estimate prefers. An out-of-memory failure beside other workers is tried again by the next
+call; one while the task ran alone is recorded as `oom_alone` and is final: it will never fit on this GPU.
+
 Resumable problem by problem: a (problem hash, mode, size, torch version, GPU model, backend) already
-recorded with a final outcome is skipped; a timeout is final only for caps up to the one it ran under.
-A wall-clock budget stops the run cleanly: no worker starts when too little is left, running ones are
-killed before the budget ends and record nothing, and the next run resumes them. Failures are recorded
-with their error class, never raised. Runs on the GPU host with torch, pyarrow, fsspec and rich (no polars).
+recorded with a final outcome is skipped; a timeout is final only for caps up to the one it ran under, an
+out-of-memory failure only when the task ran alone (`oom_alone`). A wall-clock budget stops the run cleanly:
+no worker starts when too little is left, running ones are killed before the budget ends and record nothing,
+and the next run resumes them. Failures are recorded with their error class, never raised. Runs on the GPU
+host with torch, pyarrow, fsspec and rich (no polars).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from typing import Any, Callable, Sequence
 
 MODES: tuple[str, ...] = ("default", "max-autotune-no-cudagraphs")
 DEFAULT_CAP_S: dict[str, float] = {"default": 240.0, "max-autotune-no-cudagraphs": 150.0}
-STATUSES: tuple[str, ...] = ("ok", "compile_error", "runtime_error", "mismatch", "timeout")
+STATUSES: tuple[str, ...] = ("ok", "compile_error", "runtime_error", "mismatch", "timeout", "oom_alone")
 DEFAULT_COMPILER = "mkb.problems._torch_compile:torch_compile"
 SETUP_LIMIT_S = 300.0  # active seconds a worker may take to import and make its inputs before it compiles
 TIMING_LIMIT_S = 60.0  # seconds a worker may hold the quiet GPU, or check its draw (a timing takes a few; every other worker waits)
@@ -41,6 +50,17 @@ WARM_LIMIT_S = 240.0  # the warm-up compile's limit; past it the run goes on wit
 KILL_MARGIN_S = 15.0  # the run stops this long before its budget: kill, join, flush, print
 MIN_START_S = 45.0  # no worker starts with less budget than this left (it could not finish)
 MAX_DEFAULT_CONCURRENCY = 12  # 3/4 of a 16-core host: each worker holds a CUDA context and ~3 GB of host memory
+# GPU memory admission (see `estimate_peak`). The figures behind the factors: h200-torch-compile calls 1-4 and the
+# full-size audits of h200-characterisation-3/4 (logs/audit-full.jsonl).
+MEMORY_FRACTION = 0.85  # running tasks' expected peaks may sum to this share of the device's memory
+ANCHOR_FACTOR = 8.0  # a worker's peak / its eager's characterised peak when nothing better is known: the fp64 anchor and
+# the check hold fp64 copies of the inputs and intermediates (4x bf16, 8x fp8) beside the inputs, the compiled outputs
+# and inductor's buffers; measured 2.2-5.9x in the full-size audits (03, 06, 10, 13, 14, 47, 50, 51, 57), and lower
+# bounds up to 7.3x from the OOM messages of calls 1-4 (38: >= 105.6 GiB for a 14.4 GiB eager)
+MEASURED_HEADROOM = 1.15  # a measured peak of the same mode: run-to-run variation of the caching allocator
+OTHER_MODE_HEADROOM = 1.5  # a peak measured only in the other mode (max-autotune benchmarks candidates with own buffers)
+CONTEXT_BYTES = 1 << 30  # a worker's CUDA context and non-PyTorch memory (0.5-0.7 GiB per idle worker in the OOM messages)
+DEFAULT_PEAK_FRACTION = 0.25  # nothing known about a problem on this GPU: a quarter of the device (at most 3 beside it)
 
 
 def torch_compile(fn: Callable[..., Any], *, mode: str, backend: str = "inductor") -> Callable[..., Any]:
@@ -78,6 +98,8 @@ class Task:
     problem_hash: str
     mode: str
     cap_s: float
+    expected_peak_bytes: int | None = None  # GPU memory the run admits it under (None: admitted by count only)
+    peak_source: str | None = None  # where that estimate came from (`estimate_peak`)
 
 
 @dataclass(frozen=True)
@@ -95,6 +117,7 @@ class Config:
     compile_threads: int = 1
     concurrency: int = 1
     worker_log: str | None = None  # the workers' stdout/stderr (inductor's autotune tables, warnings) go here, not the run's log
+    memory_budget_bytes: int | None = None  # running tasks' expected peaks sum within this (None: admission by count only)
 
     @property
     def backend_label(self) -> str:
@@ -137,38 +160,179 @@ def detect_context(device: str) -> Context:
     return Context(gpu=gpu, gpu_model=model, torch_version=torch.__version__, triton_version=triton)
 
 
-def _final(status: str, error_cls: str | None, row_cap: float | None, cap: float) -> bool:
+_OOM_TEXT = "CUDA out of memory"
+
+
+def is_oom(error_cls: str | None, error: str | None = None) -> bool:
+    """An out-of-memory failure, also where dynamo or inductor wrapped torch's OutOfMemoryError in its own class."""
+    return bool(error_cls and "OutOfMemory" in error_cls) or bool(error and _OOM_TEXT in error)
+
+
+_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def oom_need_bytes(error: str | None, peak_bytes: int | None = None) -> int | None:
+    """A lower bound on what the failed task needed, from torch's OOM message: what its process held (CUDA context
+    included, or the worker's reserved peak if larger) plus the request that failed. None when the text says neither."""
+    import re
+
+    if not error:
+        return None
+    num = r"([0-9.]+) (bytes|KiB|MiB|GiB|TiB)"
+    req = re.search(r"Tried to allocate " + num, error)
+    held = re.search(r"this process has " + num + " memory in use", error)
+    if req is None and held is None:
+        return None
+    val = lambda m: int(float(m.group(1)) * _UNITS[m.group(2)]) if m else 0  # noqa: E731
+    return max(val(held), peak_bytes or 0) + val(req)
+
+
+def _final(status: str, error_cls: str | None, row_cap: float | None, cap: float, error: str | None = None) -> bool:
     """Does a recorded outcome settle its key for a run whose cap is `cap`?"""
     if status == "timeout":
         return row_cap is not None and row_cap >= cap
-    if error_cls and ("OutOfMemory" in error_cls or error_cls == "WorkerDied(-9)"):
+    if status == "oom_alone":
+        return True  # out of memory with the GPU to itself: it will not fit on this GPU
+    if is_oom(error_cls, error) or error_cls == "WorkerDied(-9)":
         return False  # memory pressure from the run's own concurrency (or an outside kill): tried again
     return status in STATUSES
 
 
-def recorded(store: Any, *, size: str, ctx: Context, backend: str) -> dict[tuple[str, str], list[tuple[str, str | None, float | None]]]:
-    """(problem_hash, mode) -> [(status, error_class, compile_cap_s)] already in `store` for this machine, torch
-    version, size and backend. pyarrow only (the GPU host has no polars); torn files are skipped and named."""
+def _read_rows(store: Any, kind: str, cols: Sequence[str]) -> list[dict[str, Any]]:
+    """`kind`'s rows in `store` (pyarrow only: the GPU host has no polars), columns an older minor lacks as None;
+    torn files are skipped. A local store that does not exist has no rows."""
     import pyarrow.parquet as pq
 
     from mkb.events import ScanReport, resolve_store
     from mkb.events._reader import _check
 
     st = resolve_store(store)
-    out: dict[tuple[str, str], list] = {}
     if st.is_local and not Path(st.root).exists():
-        return out
-    cols = ["problem_hash", "mode", "size", "gpu", "gpu_model", "torch_version", "backend", "status", "error_class", "compile_cap_s"]
-    for info in _check(st, "torch_compile", ScanReport()):
+        return []
+    out: list[dict[str, Any]] = []
+    for info in _check(st, kind, ScanReport()):
+        have = {n for n, _ in info.types}
         with st.fs.open(info.path, "rb") as fh:
-            t = pq.read_table(fh, columns=cols, use_threads=False).to_pylist()
-        for r in t:
-            if (r["size"], r["torch_version"], r["backend"]) != (size, ctx.torch_version, backend):
-                continue
-            if (r["gpu_model"] or r["gpu"]) != ctx.machine:
-                continue
-            out.setdefault((r["problem_hash"], r["mode"]), []).append((r["status"], r["error_class"], r["compile_cap_s"]))
+            t = pq.read_table(fh, columns=[c for c in cols if c in have], use_threads=False).to_pylist()
+        out += [{c: r.get(c) for c in cols} for r in t]
     return out
+
+
+def recorded(store: Any, *, size: str, ctx: Context, backend: str) -> dict[tuple[str, str], list[tuple[str, str | None, float | None, str | None]]]:
+    """(problem_hash, mode) -> [(status, error_class, compile_cap_s, error)] already in `store` for this machine, torch
+    version, size and backend. pyarrow only (the GPU host has no polars); torn files are skipped and named."""
+    cols = ["problem_hash", "mode", "size", "gpu", "gpu_model", "torch_version", "backend", "status", "error_class", "compile_cap_s",
+            "error"]
+    out: dict[tuple[str, str], list] = {}
+    for r in _read_rows(store, "torch_compile", cols):
+        if (r["size"], r["torch_version"], r["backend"]) != (size, ctx.torch_version, backend):
+            continue
+        if (r["gpu_model"] or r["gpu"]) != ctx.machine:
+            continue
+        out.setdefault((r["problem_hash"], r["mode"]), []).append((r["status"], r["error_class"], r["compile_cap_s"], r["error"]))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- GPU memory admission
+
+
+def _machine_of(gpu: str | None, gpu_model: str | None = None) -> str | None:
+    """The resume key's machine for a row: its GPU model, else the model in its driver name, else that name."""
+    if gpu_model:
+        return gpu_model
+    from mkb.measure import GPU_MODELS
+
+    up = (gpu or "").upper()
+    return next((m.model for m in GPU_MODELS if m.model in up), gpu)
+
+
+@dataclass(frozen=True)
+class PeakEvidence:
+    """What the stores know about one problem version's GPU memory on this machine and size."""
+
+    measured: dict[str, int] = field(default_factory=dict)  # mode -> the largest peak_memory_bytes of an ok or mismatch row
+    oom_need: int | None = None  # the largest lower bound from an out-of-memory row (`oom_need_bytes`), any mode
+    eager_peak: int | None = None  # the newest characterisation's peak_memory_bytes (the eager alone)
+
+
+def peak_evidence(store: Any | None, peak_stores: Sequence[Any], *, size: str, ctx: Context, backend: str) -> dict[str, PeakEvidence]:
+    """problem_hash -> PeakEvidence from `store`'s torch_compile rows (this backend) and the characterisation rows of
+    `store` and `peak_stores`, for this GPU model and size (any torch version: memory moves little between them).
+    `store` None: the characterisations of `peak_stores` only."""
+    measured: dict[str, dict[str, int]] = {}
+    need: dict[str, int] = {}
+    cols = ["problem_hash", "mode", "size", "gpu", "gpu_model", "backend", "status", "error_class", "error", "peak_memory_bytes"]
+    for r in _read_rows(store, "torch_compile", cols) if store is not None else []:
+        if r["size"] != size or r["backend"] != backend or _machine_of(r["gpu"], r["gpu_model"]) != ctx.machine:
+            continue
+        h = r["problem_hash"]
+        if is_oom(r["error_class"], r["error"]):
+            n = oom_need_bytes(r["error"], r["peak_memory_bytes"])
+            if n is not None:
+                need[h] = max(need.get(h, 0), n)
+        elif r["peak_memory_bytes"] is not None and r["status"] in ("ok", "mismatch"):  # the whole check ran (its peak)
+            m = measured.setdefault(h, {})
+            m[r["mode"]] = max(m.get(r["mode"], 0), int(r["peak_memory_bytes"]))
+    eager: dict[str, tuple[Any, int]] = {}
+    for st in [x for x in (store, *peak_stores) if x is not None]:
+        for r in _read_rows(st, "characterisation", ["problem_hash", "size", "gpu", "peak_memory_bytes", "ts"]):
+            if r["size"] != size or r["peak_memory_bytes"] is None or _machine_of(r["gpu"]) != ctx.machine:
+                continue
+            prev = eager.get(r["problem_hash"])
+            if prev is None or (r["ts"] is not None and (prev[0] is None or r["ts"] > prev[0])):
+                eager[r["problem_hash"]] = (r["ts"], int(r["peak_memory_bytes"]))
+    return {h: PeakEvidence(measured=measured.get(h, {}), oom_need=need.get(h), eager_peak=eager[h][1] if h in eager else None)
+            for h in {*measured, *need, *eager}}
+
+
+def estimate_peak(ev: PeakEvidence | None, mode: str, device_bytes: int) -> tuple[int, str]:
+    """(bytes, source): the GPU memory a (problem, mode) worker is expected to hold at its peak, CUDA context included.
+
+    A peak this mode measured beats one the other mode measured, which beats the characterisation's eager peak
+    times ANCHOR_FACTOR, which beats the default (a quarter of the device); an earlier out-of-memory row's need
+    (a lower bound) raises any of them ('+oom').
+    """
+    ev = ev or PeakEvidence()
+    if mode in ev.measured:
+        est, src = int(ev.measured[mode] * MEASURED_HEADROOM) + CONTEXT_BYTES, "measured"
+    elif ev.measured:
+        est, src = int(max(ev.measured.values()) * OTHER_MODE_HEADROOM) + CONTEXT_BYTES, "measured-other-mode"
+    elif ev.eager_peak is not None:
+        est, src = int(ev.eager_peak * ANCHOR_FACTOR) + CONTEXT_BYTES, "characterisation"
+    else:
+        est, src = int(device_bytes * DEFAULT_PEAK_FRACTION), "default"
+    if ev.oom_need is not None and ev.oom_need * MEASURED_HEADROOM > est:
+        est, src = int(ev.oom_need * MEASURED_HEADROOM), src + "+oom"
+    return est, src
+
+
+def fits(task: Task, running: Sequence[Task], budget_bytes: int | None) -> bool:
+    """May `task` start beside `running`? With nothing running, always (a task too big to share runs alone); never
+    beside a task that is itself over the budget; else when the expected peaks sum within the budget."""
+    if budget_bytes is None or not running:
+        return True
+    peaks = [t.expected_peak_bytes or 0 for t in running]
+    if max(peaks) > budget_bytes:
+        return False
+    return sum(peaks) + (task.expected_peak_bytes or 0) <= budget_bytes
+
+
+def gpu_memory_bytes(device: str) -> int | None:
+    """The device's total memory from nvidia-smi (the parent never initialises CUDA); None on the CPU or no answer."""
+    import shutil
+    import subprocess
+
+    if not device.startswith("cuda") or shutil.which("nvidia-smi") is None:
+        return None
+    from mkb.measure._device import _physical_index
+
+    idx = int(device.split(":")[1]) if ":" in device else 0
+    try:
+        res = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", str(_physical_index(idx))],
+                             capture_output=True, text=True, timeout=20)
+        return int(float(res.stdout.strip().splitlines()[0])) << 20 if res.returncode == 0 else None  # MiB
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
 
 
 def plan(problems: Sequence[Any], *, modes: Sequence[str], caps: dict[str, float],
@@ -179,7 +343,7 @@ def plan(problems: Sequence[Any], *, modes: Sequence[str], caps: dict[str, float
         for p in problems:
             t = Task(p.slug, p.number, p.hash, mode, float(caps[mode]))
             prior = done.get((p.hash, mode), [])
-            (skipped if any(_final(s, e, c, t.cap_s) for s, e, c in prior) else todo).append(t)
+            (skipped if any(_final(*r[:3], t.cap_s, *r[3:]) for r in prior) else todo).append(t)
     return todo, skipped
 
 
@@ -193,6 +357,18 @@ def _counters() -> tuple[int | None, int | None]:
         return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
     except Exception:  # noqa: BLE001 - a diagnostic, never a reason to fail
         return None, None
+
+
+def _peak_memory(dev: Any) -> int | None:
+    """The worker's GPU memory high-water mark (what the caching allocator held, so what other processes could not use)."""
+    if dev is None or dev.type != "cuda":
+        return None
+    try:
+        import torch
+
+        return int(torch.cuda.max_memory_reserved(dev))
+    except Exception:  # noqa: BLE001 - a measurement, never a reason to lose the row
+        return None
 
 
 def _start_worker(cfg: Config, name: str) -> None:
@@ -213,6 +389,7 @@ def _worker(conn: Any, task: Task, cfg: Config) -> None:
     _start_worker(cfg, f"{task.problem} {task.mode}")
     t_begin = time.monotonic()
     out: dict[str, Any] = {}
+    dev = None
 
     def send(kind: str, **kw: Any) -> None:
         conn.send((kind, kw))
@@ -223,6 +400,7 @@ def _worker(conn: Any, task: Task, cfg: Config) -> None:
         if exc is not None:
             out["error_class"], out["error"] = error_class(exc), _error_text(exc)
         out["seconds"] = time.monotonic() - t_begin
+        out["peak_memory_bytes"] = _peak_memory(dev)
         send("result", **out)
 
     try:
@@ -346,6 +524,7 @@ class _Slot:
     t0: float | None = None
     t1: float | None = None
     timing_since: float | None = None
+    shared: bool = False  # another worker of the run was alive at some time during this one's life
 
     def paused_in(self, a: float, b: float) -> float:
         return sum(max(0.0, min(b, e if e is not None else b) - max(a, s)) for s, e in self.pauses)
@@ -366,6 +545,7 @@ class RunReport:
     skipped: list[Task] = field(default_factory=list)
     unfinished: list[Task] = field(default_factory=list)
     windows: list[tuple[str, float, float]] = field(default_factory=list)  # (slug/mode, start, end) of each quiet window
+    spans: list[tuple[str, float, float]] = field(default_factory=list)  # (slug/mode, start, end) of each worker's life
     warm_s: float | None = None
     stopped_by_budget: bool = False
 
@@ -425,8 +605,13 @@ def _run(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callable[[di
             "gpu": ctx.gpu, "gpu_model": ctx.gpu_model, "torch_version": ctx.torch_version, "triton_version": ctx.triton_version,
             "compile_s": compile_s, "compile_cap_s": s.task.cap_s, "concurrency": cfg.concurrency,
             "compile_threads": cfg.compile_threads, "error_class": None, "error": None,
+            "expected_peak_bytes": s.task.expected_peak_bytes if cfg.memory_budget_bytes is not None else None,
+            "expected_peak_source": s.task.peak_source if cfg.memory_budget_bytes is not None else None,
+            "ran_alone": not s.shared,
         }
         row.update({k: v for k, v in res.items()})
+        if row["status"] != "ok" and not s.shared and is_oom(row.get("error_class"), row.get("error")):
+            row["status"] = "oom_alone"  # nothing else of the run held GPU memory: it will never fit here (final)
         row["ok"] = row["status"] == "ok"
         return row
 
@@ -441,6 +626,7 @@ def _run(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callable[[di
             s.conn.close()
         except OSError:
             pass
+        rep.spans.append((f"{s.task.problem}/{s.task.mode}", s.started, time.monotonic()))
         slots.remove(s)
 
     def record(s: _Slot, res: dict[str, Any]) -> None:
@@ -496,14 +682,25 @@ def _run(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callable[[di
                 break
             if warm_proc is not None and (now - warm_t0 > WARM_LIMIT_S or not warm_proc.is_alive() and not warm_conn.poll()):
                 end_warm(None)
-            # start workers while there is room and budget (never while a worker holds the quiet GPU)
-            while holder is None and pending and len(slots) < cfg.concurrency and deadline - now > min_start_s:
+            # start workers while there is room, GPU memory and budget (never while a worker holds the quiet GPU); in
+            # plan order: a task that does not fit holds back those after it, so it waits only for the running ones
+            while (holder is None and pending and len(slots) < cfg.concurrency and deadline - now > min_start_s
+                   and fits(pending[0], [x.task for x in slots], cfg.memory_budget_bytes)):
                 task = pending.pop(0)
                 a, b = mpc.Pipe()
                 proc = mpc.Process(target=_worker, args=(b, task, cfg), daemon=False, name=f"tc-{task.number}-{task.mode}")
                 proc.start()
                 b.close()
-                slots.append(_Slot(task, proc, a, time.monotonic()))
+                new = _Slot(task, proc, a, time.monotonic(), shared=bool(slots))
+                for x in slots:
+                    x.shared = True
+                slots.append(new)
+                if cfg.memory_budget_bytes is not None:
+                    gib = (task.expected_peak_bytes or 0) / 2**30
+                    alone = " (alone: over the budget)" if (task.expected_peak_bytes or 0) > cfg.memory_budget_bytes else ""
+                    log(f"start {task.problem} {task.mode}: expects {gib:.1f} GiB ({task.peak_source}){alone}, "
+                        f"{sum((x.task.expected_peak_bytes or 0) for x in slots) / 2**30:.1f} of "
+                        f"{cfg.memory_budget_bytes / 2**30:.1f} GiB admitted")
             if not slots:
                 if pending:  # too little budget left to start another
                     rep.stopped_by_budget = True
@@ -594,8 +791,15 @@ def run_torch_compile(*, store: str | None = None, size: str = "full", device: s
                       compile_threads: int = 1, backend: str = "inductor", compiler: str = DEFAULT_COMPILER,
                       cache_dir: str | None = None, share_s: float = 4.0, write: bool = True, warm: bool = True,
                       log: Callable[[str], None] = print, kill_margin_s: float = KILL_MARGIN_S,
-                      min_start_s: float = MIN_START_S, worker_log: str | None = None) -> RunReport:
-    """Resume the torch.compile characterisation of the selected problems into `store` within `budget_s`."""
+                      min_start_s: float = MIN_START_S, worker_log: str | None = None, peak_stores: Sequence[str] = (),
+                      memory_fraction: float = MEMORY_FRACTION, device_memory_bytes: int | None = None) -> RunReport:
+    """Resume the torch.compile characterisation of the selected problems into `store` within `budget_s`.
+
+    GPU memory admission: each task's expected peak (`estimate_peak`, from `store`'s own torch_compile rows and the
+    characterisations in `store` and `peak_stores`) and a budget of `memory_fraction` of the device's memory
+    (`device_memory_bytes`, else nvidia-smi's; none on the CPU unless given: then the count alone admits).
+    """
+    import dataclasses
     import tempfile
 
     from mkb.problems import get_problem, problems
@@ -605,6 +809,16 @@ def run_torch_compile(*, store: str | None = None, size: str = "full", device: s
         raise ValueError(f"unknown torch.compile mode {', '.join(unknown)}\nhint: modes are {', '.join(MODES)}")
     if size not in ("full", "smoke"):
         raise ValueError(f"unknown size {size!r}\nhint: full or smoke")
+    if not 0.0 < memory_fraction <= 1.0:
+        raise ValueError(f"memory fraction {memory_fraction} is not in (0, 1]\nhint: e.g. 0.85 of the device's memory")
+    if device_memory_bytes is not None and device_memory_bytes <= 0:
+        raise ValueError(f"GPU memory {device_memory_bytes} bytes is not positive\nhint: leave it out to take nvidia-smi's figure")
+    from mkb.events import resolve_store
+
+    for ps_ in peak_stores:
+        st_ = resolve_store(ps_)
+        if st_.is_local and not Path(st_.root).is_dir():
+            raise ValueError(f"peak store {ps_!r} does not exist\nhint: a characterisation dataset, e.g. events/h200-characterisation-2")
     import torch
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -614,13 +828,21 @@ def run_torch_compile(*, store: str | None = None, size: str = "full", device: s
     n_cpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
     conc = max(1, concurrency if concurrency is not None else min(MAX_DEFAULT_CONCURRENCY, (n_cpu * 3) // 4))
     cache = cache_dir or tempfile.mkdtemp(prefix="mkb-torch-compile-cache-")
+    total = device_memory_bytes if device_memory_bytes is not None else gpu_memory_bytes(dev)
+    mem_budget = int(total * memory_fraction) if total else None
     cfg = Config(size=size, device=dev, backend=backend, compiler=compiler, share_s=share_s, cache_dir=cache,
-                 compile_threads=compile_threads, concurrency=conc, worker_log=worker_log)
+                 compile_threads=compile_threads, concurrency=conc, worker_log=worker_log, memory_budget_bytes=mem_budget)
     done = recorded(store, size=size, ctx=ctx, backend=cfg.backend_label) if write else {}
     todo, skipped = plan(ps, modes=modes, caps=caps, done=done)
+    if total:
+        ev = peak_evidence(store if write else None, peak_stores, size=size, ctx=ctx, backend=cfg.backend_label)
+        todo = [dataclasses.replace(t, expected_peak_bytes=e, peak_source=src)
+                for t in todo for e, src in [estimate_peak(ev.get(t.problem_hash), t.mode, total)]]
     log(f"torch.compile characterisation: {len(todo)} to run, {len(skipped)} already recorded "
         f"({ctx.machine}, torch {ctx.torch_version}, size={size}, backend={backend}); {conc} workers x "
-        f"{compile_threads} compile threads, cache {cache}, budget {budget_s:.0f} s")
+        f"{compile_threads} compile threads, cache {cache}, budget {budget_s:.0f} s; "
+        + (f"GPU memory {mem_budget / 2**30:.1f} of {total / 2**30:.1f} GiB admits by expected peaks" if mem_budget
+           else "no GPU memory figure: admission by count only"))
     writer = None
     if write:
         from mkb.events import EventWriter

@@ -30,6 +30,12 @@ def fake(fn, *, mode: str, backend: str):
         return torch_compile(fn, mode=mode, backend="eager")
     if how == "die":  # the process ends in the middle of the compile, as a segfault in a compiler would end it
         os._exit(3)
+    if how == "oom":  # torch's own exception and message, as the CUDA caching allocator raises it
+        import torch
+
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 100.00 GiB "
+                                     "of which 1.50 GiB is free. Including non-PyTorch memory, this process has 1.00 GiB "
+                                     "memory in use.")
     if how == "wrong":
         return lambda *a: fn(*a) * 1.5 + 1.0
     if how in ("busy", "hang"):

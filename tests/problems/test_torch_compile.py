@@ -11,7 +11,9 @@ import pytest
 import fake_compilers
 from mkb.events import schema_for
 from mkb.problems import get_problem
-from mkb.problems._torch_compile import Task, _final, plan, run_torch_compile
+from mkb.problems._torch_compile import (ANCHOR_FACTOR, CONTEXT_BYTES, MEASURED_HEADROOM, OTHER_MODE_HEADROOM, Context, PeakEvidence,
+                                         Task, _final, estimate_peak, fits, oom_need_bytes, peak_evidence, plan, recorded,
+                                         run_torch_compile)
 
 FAKE = f"{fake_compilers.__name__}:fake"
 
@@ -103,10 +105,12 @@ def test_what_was_recorded_is_read_without_polars(tmp_path, monkeypatch):
     code = ("import sys; sys.modules['polars'] = None\n"
             "from mkb.problems._torch_compile import Context, recorded\n"
             f"d = recorded({str(store)!r}, size='smoke', ctx=Context('cpu', None, '9.9', None), backend='inductor')\n"
-            "print(sorted((m, v) for (h, m), v in d.items()))")
+            "print(sorted((m, v) for (h, m), v in d.items()))\n"
+            "from mkb.problems._torch_compile import peak_evidence\n"
+            f"print(peak_evidence({str(store)!r}, [{str(store)!r}], size='smoke', ctx=Context('cpu', None, '9.9', None), backend='inductor'))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == "[('default', [('timeout', None, 30.0)])]"
+    assert r.stdout.strip().splitlines() == ["[('default', [('timeout', None, 30.0, None)])]", "{}"]
 
 
 def test_plan_is_mode_major_and_only_final_outcomes_settle_a_key():
@@ -124,6 +128,11 @@ def test_plan_is_mode_major_and_only_final_outcomes_settle_a_key():
     assert _final("mismatch", "Mismatch(wrong_values)", 1.0, 1.0)
     assert not _final("runtime_error", "WorkerDied(-9)", 1.0, 1.0)
     assert not _final("weird", None, 1.0, 1.0)
+    assert _final("oom_alone", "torch.OutOfMemoryError", 1.0, 1.0)  # out of memory with the GPU to itself: final
+    assert not _final("runtime_error", "torch.OutOfMemoryError", 1.0, 1.0)  # beside others: tried again
+    # dynamo/inductor may wrap torch's OOM in their own class: the message still tells
+    assert not _final("compile_error", "torch._inductor.exc.InductorError", 1.0, 1.0, "OutOfMemoryError: CUDA out of memory. Tried")
+    assert _final("compile_error", "torch._inductor.exc.InductorError", 1.0, 1.0, "LoweringException: no")
 
 
 def test_bad_modes_and_sizes_are_one_line_errors(tmp_path):
@@ -159,3 +168,114 @@ def test_the_gpu_script_records_packs_and_summarises(tmp_path):
     assert "=== warm-up" in wlog.read_text() and "=== 28_" in wlog.read_text()  # the workers' output, apart from the run's
     r2 = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)  # a second call resumes: nothing left
     assert r2.returncode == 0 and "0 to run, 1 already recorded" in r2.stdout, r2.stdout[-2000:] + r2.stderr[-2000:]
+
+
+GIB = 1 << 30
+# a message of h200-torch-compile call 4 (problem 38), as torch writes it
+OOM_38 = ("OutOfMemoryError: CUDA out of memory. Tried to allocate 30.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which "
+          "3.41 GiB is free. Process 1911 has 29.01 GiB memory in use. Including non-PyTorch memory, this process has 75.60 GiB "
+          "memory in use. Process 1908 has 14.98 GiB memory in use. Of the allocated memory 51.25 GiB is allocated by PyTorch")
+
+
+def test_an_oom_message_gives_a_lower_bound_on_the_need():
+    assert oom_need_bytes(OOM_38) == int(75.60 * GIB) + 30 * GIB  # what this process held, plus the request that failed
+    assert oom_need_bytes(OOM_38, peak_bytes=90 * GIB) == 120 * GIB  # the worker's own reserved peak, where larger
+    assert oom_need_bytes("Tried to allocate 480.00 MiB. this process has 512 bytes memory in use") == 480 * (1 << 20) + 512
+    assert oom_need_bytes("RuntimeError: something else") is None and oom_need_bytes(None) is None
+
+
+def test_the_expected_peak_prefers_measurements_and_an_oom_raises_it():
+    dev = 100 * GIB
+    assert estimate_peak(None, "default", dev) == (25 * GIB, "default")  # nothing known: a quarter of the device
+    ev = PeakEvidence(eager_peak=2 * GIB)
+    assert estimate_peak(ev, "default", dev) == (int(2 * GIB * ANCHOR_FACTOR) + CONTEXT_BYTES, "characterisation")
+    ev = PeakEvidence(measured={"default": 10 * GIB}, eager_peak=2 * GIB)
+    assert estimate_peak(ev, "default", dev) == (int(10 * GIB * MEASURED_HEADROOM) + CONTEXT_BYTES, "measured")
+    assert estimate_peak(ev, "max-autotune-no-cudagraphs", dev) == (int(10 * GIB * OTHER_MODE_HEADROOM) + CONTEXT_BYTES,
+                                                                    "measured-other-mode")
+    ev = PeakEvidence(oom_need=40 * GIB, eager_peak=2 * GIB)  # the OOM's lower bound beats the factor's guess
+    assert estimate_peak(ev, "default", dev) == (int(40 * GIB * MEASURED_HEADROOM), "characterisation+oom")
+    ev = PeakEvidence(oom_need=GIB, eager_peak=2 * GIB)  # a lower bound under the estimate changes nothing
+    assert estimate_peak(ev, "default", dev)[1] == "characterisation"
+
+
+def test_admission_sums_expected_peaks_within_the_budget_and_a_too_big_task_runs_alone():
+    t = lambda gib: Task("p", 1, "h", "default", 1.0, expected_peak_bytes=gib * GIB)  # noqa: E731
+    assert fits(t(200), [], 85 * GIB)  # nothing running: even over the budget (it runs alone)
+    assert not fits(t(1), [t(200)], 85 * GIB)  # nothing beside a task over the budget
+    assert fits(t(30), [t(50)], 85 * GIB) and not fits(t(40), [t(50)], 85 * GIB)
+    assert fits(t(40), [t(50)], None)  # no memory figure (the CPU): the count alone admits
+
+
+def _characterisation(store, peaks_gib: dict[int, float]) -> None:
+    from mkb.events import EventWriter
+
+    with EventWriter(str(store)) as w:
+        for n, gib in peaks_gib.items():
+            p = get_problem(n)
+            w.emit("characterisation", problem=n, problem_name=p.slug, family=p.family, problem_hash=p.hash, size="smoke", gpu="cpu",
+                   ok=True, peak_memory_bytes=int(gib * GIB))
+
+
+@pytest.mark.slow
+def test_memory_admission_keeps_big_tasks_apart_fills_around_them_and_a_lone_oom_is_final(tmp_path, monkeypatch):
+    """Device 100 GiB, budget 85: 23 expects 97 GiB (alone), 24 and 28 49 GiB each (never together), 25 and 29 3 GiB."""
+    store, peaks = tmp_path / "ds", tmp_path / "char"
+    _characterisation(peaks, {23: 12.0, 24: 6.0, 25: 0.25, 28: 6.0, 29: 0.25})
+    kw = dict(concurrency=4, peak_stores=[str(peaks)], device_memory_bytes=100 * GIB)
+    rep = _run(store, ["23", "24", "25", "28", "29"], {"23": "oom", "25": "oom"}, monkeypatch, **kw)
+    by = {r["problem"]: r for r in _rows(store)}
+    assert sorted(by) == [23, 24, 25, 28, 29] and not rep.unfinished
+    span = {name.split("_")[0]: (a, b) for name, a, b in rep.spans}
+    over = lambda x, y: min(span[x][1], span[y][1]) - max(span[x][0], span[y][0])  # noqa: E731 - > 0: they overlapped
+    assert all(over("23", o) <= 0 for o in ("24", "25", "28", "29"))  # over the budget: alone
+    assert over("24", "28") <= 0  # two big ones never together
+    assert over("24", "25") > 0 and over("28", "29") > 0  # small ones beside the big ones
+    assert by[23]["status"] == "oom_alone" and by[23]["ran_alone"] and by[23]["error_class"] == "torch.OutOfMemoryError"
+    assert by[23]["expected_peak_bytes"] == int(12 * GIB * ANCHOR_FACTOR) + CONTEXT_BYTES
+    assert by[23]["expected_peak_source"] == "characterisation"
+    assert by[25]["status"] == "compile_error" and not by[25]["ran_alone"] and by[25]["error_class"] == "torch.OutOfMemoryError"
+    assert {by[n]["status"] for n in (24, 28, 29)} == {"ok"}
+    # the next call: the lone OOM is settled, the shared one is tried again, and its OOM raised its estimate
+    ctx = Context("cpu", None, by[25]["torch_version"], None)
+    done = recorded(str(store), size="smoke", ctx=ctx, backend=by[25]["backend"])
+    todo, skipped = plan([get_problem(n) for n in (23, 24, 25, 28, 29)], modes=("default",), caps={"default": 240.0}, done=done)
+    assert [t.number for t in todo] == [25] and [t.number for t in skipped] == [23, 24, 28, 29]
+    ev = peak_evidence(str(store), [str(peaks)], size="smoke", ctx=ctx, backend=by[25]["backend"])
+    # (1 GiB held + 2 GiB asked, from the OOM's message) x the headroom, above the characterisation's 0.25 x 8 + 1 GiB
+    assert estimate_peak(ev[get_problem(25).hash], "default", 100 * GIB) == (int(3 * GIB * MEASURED_HEADROOM), "characterisation+oom")
+
+
+def test_peak_evidence_reads_measured_peaks_oom_needs_and_the_newest_characterisation(tmp_path):
+    from mkb.events import EventWriter
+
+    store, char = tmp_path / "ds", tmp_path / "char"
+    p, q = get_problem(28), get_problem(29)
+    base = dict(problem_name=p.slug, family=p.family, size="full", torch_version="2.11", backend="inductor", compile_cap_s=240.0)
+    with EventWriter(str(store)) as w:
+        w.emit("torch_compile", problem=28, problem_hash=p.hash, mode="default", gpu="NVIDIA H200", gpu_model="H200", status="ok",
+               ok=True, peak_memory_bytes=10 * GIB, **base)
+        w.emit("torch_compile", problem=28, problem_hash=p.hash, mode="default", gpu="NVIDIA H200", gpu_model="H200", status="ok",
+               ok=True, peak_memory_bytes=50 * GIB, **{**base, "size": "smoke"})  # another size: not this run's
+        w.emit("torch_compile", problem=28, problem_hash=p.hash, mode="default", gpu="NVIDIA B200", gpu_model="B200", status="ok",
+               ok=True, peak_memory_bytes=70 * GIB, **base)  # another GPU model
+        w.emit("torch_compile", problem=28, problem_hash=p.hash, mode="max-autotune-no-cudagraphs", gpu="NVIDIA H200",
+               gpu_model="H200", status="runtime_error", ok=False, error_class="torch.OutOfMemoryError", error=OOM_38, **base)
+    with EventWriter(str(char)) as w:
+        for gib in (3, 2):  # the newer row counts
+            w.emit("characterisation", problem=29, problem_name=q.slug, family=q.family, problem_hash=q.hash, size="full",
+                   gpu="NVIDIA H200", ok=True, peak_memory_bytes=gib * GIB)
+    ctx = Context("NVIDIA H200", "H200", "2.11", None)
+    ev = peak_evidence(str(store), [str(char)], size="full", ctx=ctx, backend="inductor")
+    assert ev[p.hash] == PeakEvidence(measured={"default": 10 * GIB}, oom_need=int(75.60 * GIB) + 30 * GIB, eager_peak=None)
+    assert ev[q.hash] == PeakEvidence(eager_peak=2 * GIB)
+    assert estimate_peak(ev[p.hash], "max-autotune-no-cudagraphs", 140 * GIB)[1] == "measured-other-mode+oom"
+
+
+def test_the_committed_rows_of_schema_1_0_still_give_their_oom_needs():
+    """h200-torch-compile calls 1-4 wrote torch_compile 1.0 (no peak column): their OOM messages are the evidence."""
+    from pathlib import Path
+
+    ds = Path(__file__).resolve().parents[2] / "events" / "h200-torch-compile"
+    ev = peak_evidence(str(ds), [], size="full", ctx=Context("NVIDIA H200", "H200", "2.11.0+cu130", None), backend="inductor")
+    assert max(e.oom_need or 0 for e in ev.values()) >= int((75.60 + 30.0) * GIB)  # problem 38, call 4
