@@ -120,11 +120,9 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         raise ScoreError(f"unknown score {score!r}\nhint: one of {', '.join(SCORES)}")
     lean = columns == "lift"
     store = store if isinstance(store, Store) else resolve_store(store)
-    score, score_from = (score, "--score") if score is not None else _plan_score(store)
-    sp_col, s_col = SCORES[score]
     skipped: dict[str, str] = {}
     scans = {}
-    for kind in ("attempt_started", "attempt_finished", "verdict", "annotation", "characterisation", "skill", "torch_compile"):
+    for kind in ("attempt_started", "attempt_finished", "verdict", "annotation", "characterisation", "skill", "torch_compile", "plan"):
         r = ScanReport()
         # no event_id de-duplication here: every kind is reduced to one row per attempt (latest) below,
         # which a duplicated event cannot change, and it saves a hash pass over every row
@@ -139,7 +137,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         return pl.when(pl.col(name).is_not_null()).then(pl.lit("k")).alias(name) if lean else pl.col(name)
 
     started = scans["attempt_started"].select(
-        "attempt_id", "ts", "mkb_version", col("attempt_started", "experiment"), "model", "problem",
+        "attempt_id", "ts", "mkb_version", "experiment", "model", "problem",
         col("attempt_started", "problem_name"), "family", "problem_hash", "target_dsl", "source_dsl", "arm_kind", "replicate",
         "gpu", *(col("attempt_started", c) for c in ("budget_submissions", "budget_turns", "budget_output_tokens", "budget_wall_s")),
         "grader_version", "dsl_version", "doc_pack_version", "skill_sha256", "skill_source_attempt",
@@ -152,8 +150,9 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         *(col("attempt_finished", c) for c in ("submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd", "wall_s")),
         present("attempt_finished", "final_kernel_sha256"), col("attempt_finished", "error"), served.alias("served_model"))
     ver = scans["verdict"].filter(pl.col("scope").is_in(["attempt", "pair"])).select(
-        "attempt_id", "ts", "scope", "passed", col("verdict", "reason"), pl.col(sp_col).alias("speedup"), pl.col(s_col).alias("s"),
-        present("verdict", "kernel_sha256"),
+        "attempt_id", "ts", "scope", "passed", col("verdict", "reason"),
+        # both scores' columns when the plan is to choose (it is read in the same pass), else the one asked for
+        *dict.fromkeys(c for sc in ((score,) if score else SCORES) for c in SCORES[sc]), present("verdict", "kernel_sha256"),
         "candidate_median_us")
     ann = scans["annotation"].select(pl.col("target_attempt_id").alias("attempt_id"), "ts", "label",
                                      col("annotation", "reason").alias("annotation_reason"))
@@ -166,7 +165,13 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     char = scans["characterisation"].filter((pl.col("size") == "full") & pl.col("ok").fill_null(False)).select(
         "ts", "problem", "gpu", "flops", "bytes", "peak")
     tc = scans["torch_compile"].filter(pl.col("size") == "full")
-    started, fin, ver, ann, char, skill_flags, tc = pl.collect_all([started, fin, ver, ann, char, skill_flags, tc], engine=ENGINE)
+    plans = scans["plan"].select("experiment", "ts", "score")  # the score each experiment's plan names
+    started, fin, ver, ann, char, skill_flags, tc, plans = pl.collect_all(
+        [started, fin, ver, ann, char, skill_flags, tc, plans], engine=ENGINE)
+    score, score_from = (score, "--score") if score is not None else _plan_score(
+        store, started["experiment"].unique().to_list(), plans)
+    sp_col, s_col = SCORES[score]
+    ver = ver.select(pl.exclude(*(c for sc in SCORES for c in SCORES[sc])), speedup=sp_col, s=s_col)
     counts = {"attempt_started": started.height, "attempt_finished": fin.height, "verdict": ver.height, "annotation": ann.height}
     started = _latest(started, keep="first").drop("ts")
     started_gpus = started["gpu"].unique().to_list()
@@ -243,23 +248,16 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts, score=score, score_from=score_from)
 
 
-def _plan_score(store: Store) -> tuple[str, str]:
+def _plan_score(store: Store, experiments: list[str | None], plans: pl.DataFrame) -> tuple[str, str]:
     """The score the plans of the store's experiments name (plan >= 1.1; `s` before), and where it came from.
 
     An experiment's plan is its latest `plan` event (a store holds one plan per experiment name); an experiment
     without a plan (a synthetic or imported dataset) is scored by `s`. Experiments scored differently in one store
     are refused: their rows would mix baselines in one table.
     """
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a skipped file is reported by the scans of load_tables
-        exps = scan("attempt_started", store, dedupe=False).select("experiment").unique()
-        plans = scan("plan", store, dedupe=False).select("experiment", "ts", "score")
-        exps, plans = pl.collect_all([exps, plans], engine=ENGINE)
     plans = plans.sort("ts").unique(subset="experiment", keep="last")
     named = {e: sc or "s" for e, sc in plans.select("experiment", "score").iter_rows()}
-    used = {e or "(none)": named.get(e, "s") for e in exps["experiment"].to_list()}
+    used = {e or "(none)": named.get(e, "s") for e in experiments}
     bad = sorted({sc for sc in used.values() if sc not in SCORES})
     if bad:
         raise ScoreError(f"store {store.url}: a plan names an unknown score {bad[0]!r}\nhint: pass --score s or --score s_upstream")
