@@ -116,14 +116,17 @@ def _counts(store) -> dict[str, int]:
     return out
 
 
-def _load(store, stratify: bool, *, columns: str = "all", score: str | None = None):
-    """The tables, or None after printing what the store holds when it has no attempts (`columns`, `score`: see load_tables)."""
+def _load(store, stratify: bool, *, columns: str = "all", score: str | None = None, score_from: str | None = None):
+    """The tables, or None after printing what the store holds when it has no attempts (`columns`, `score`: see load_tables;
+    `score_from`: where a `score` the command chose came from)."""
     from mkb.analysis import MixedVersionsError, ScoreError, load_tables
 
     try:
         t = load_tables(store, stratify=stratify, columns=columns, score=score)
     except (MixedVersionsError, ScoreError) as exc:
         _fail(str(exc))
+    if score_from is not None:
+        t.score_from = score_from
     if t.attempts.height == 0:
         counts = _counts(store)
         console.print(f"store {t.store}: no attempts (events: {counts or 'none'})")
@@ -488,13 +491,12 @@ def _plan_power(plan: str, store, stratify: bool, *, target: float, power_: floa
         design = PlanDesign.from_config(cfg)
     except ConfigError as exc:
         _fail(str(exc))
-    design_score = cfg.score
     if not design.cells:
         _fail(f"{plan}: the plan has no arm besides solo: nothing to compare\nhint: add arms = [\"solo\", \"transfer\", ...]")
     comps, meta = None, {"plan": plan, "problems": design.n_problems, "replicates": design.replicates, "models": list(design.models)}
     if store is not None:
         # the components are read under the score the plan will be analysed by, unless --score says otherwise
-        t = _load(store, stratify, columns="lift", score=score or design_score)
+        t = _load(store, stratify, columns="lift", score=score or cfg.score, score_from=None if score else f"the config {plan}")
         if t is None:
             raise typer.Exit(EXIT_NO_DATA)
         _need_arms(t)
@@ -519,6 +521,7 @@ def _plan_power(plan: str, store, stratify: bool, *, target: float, power_: floa
     console.print("SE of relative lift = sqrt((tau2 + sigma2/R) / P) / S_solo (the delta method on the problem-clustered ratio); "
                   "needed: SE <= lift / (z_0.975 + z_power). Problems needed keep R; replicates needed keep the problems.")
     meta["components"] = "store" if comps is not None else "defaults"
+    meta["score"] = score or cfg.score
     _emit({"power": pt}, json_path=json_out, csv_path=csv, meta=meta)
 
 

@@ -118,3 +118,19 @@ def test_experiments_scored_differently_are_refused(stores, tmp_path):
     with pytest.raises(ScoreError, match=r"scored differently \(other: s \(no plan\); synthetic: s_upstream\)"):
         load_tables(store)
     assert load_tables(store, score="s_upstream").score == "s_upstream"
+
+
+def test_power_of_a_plan_reads_the_store_under_the_plans_score(stores):
+    from pathlib import Path
+
+    preset = str(Path(__file__).resolve().parents[2] / "configs" / "upstream-compatible.toml")
+    r = runner.invoke(app, ["power", "--plan", preset, "--store", stores["x4"], "--resamples", "200", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    import json
+
+    doc = json.loads(r.stdout)
+    assert doc["score"] == "s_upstream" and doc["score_from"] == f"the config {preset}"
+    r = runner.invoke(app, ["power", "--plan", preset, "--store", stores["old"]])
+    assert r.exit_code == 2 and "no s_upstream column" in r.output
+    r = runner.invoke(app, ["power", "--plan", preset, "--store", stores["old"], "--score", "s", "--json", "-"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["score"] == "s"
