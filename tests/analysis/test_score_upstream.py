@@ -134,3 +134,13 @@ def test_power_of_a_plan_reads_the_store_under_the_plans_score(stores):
     assert r.exit_code == 2 and "no s_upstream column" in r.output
     r = runner.invoke(app, ["power", "--plan", preset, "--store", stores["old"], "--score", "s", "--json", "-"])
     assert r.exit_code == 0 and json.loads(r.stdout)["score"] == "s"
+
+
+def test_the_report_says_which_score(stores, tmp_path):
+    out = tmp_path / "rep"
+    r = runner.invoke(app, ["report", "--store", stores["x4"], "--out", str(out), "--resamples", "200", "--score", "s_upstream"])
+    assert r.exit_code == 0, r.output
+    html = (out / "report.html").read_text()
+    assert "score: S_upstream (speedup over the problem&#x27;s fp32 reference" in html and "from --score" in html
+    # its tables are the S_upstream ones
+    assert sorted(pl.read_csv(out / "lift.csv")["S_solo"].to_list()) == sorted(_lift(stores["x4"], score="s_upstream")["S_solo"].to_list())
