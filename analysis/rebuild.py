@@ -7,6 +7,7 @@ A third party's check that an mkb dataset is self-describing: this file imports 
 definitions the card states. `tests/analysis/test_reanalysis_kit.py` checks they equal `mkb-analyze`'s.
 
 Usage: python analysis/rebuild.py DATASET [--card README.md] [--out DIR] [--seed 20261129] [--resamples 10000]
+                                  [--score s|s_upstream]
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ NEEDED = {
     "verdict": ("attempt_id", "ts", "scope", "passed", "speedup", "kernel_sha256"),
     "annotation": ("target_attempt_id", "ts", "label"),
 }
+# the score: S on the speedup over eager, or S_upstream on the speedup over the problem's reference timed as upstream
+# times it (the verdict records both, and the score itself to tell a verdict that predates it); the plan names the default
+SCORES = {"s": ("speedup", "s"), "s_upstream": ("speedup_upstream", "s_upstream")}
 
 
 # ----------------------------------------------------------------------------------------------- reading
@@ -52,10 +56,10 @@ def read_card(path: Path) -> dict[str, dict[str, str]]:
     return kinds
 
 
-def read_kind(root: Path, kind: str, card: dict[str, dict[str, str]]) -> pl.DataFrame:
+def read_kind(root: Path, kind: str, card: dict[str, dict[str, str]], *, extra: tuple[str, ...] = ()) -> pl.DataFrame:
     """Every row of one event kind (files of several schema minors are aligned by column name)."""
     files = sorted((root / "data" / kind).glob("*.parquet")) or sorted((root / f"kind={kind}").glob("*.parquet"))
-    need = NEEDED.get(kind, ())
+    need = NEEDED.get(kind, ()) + extra
     if need:
         missing = [c for c in need if c not in card.get(kind, {})]
         if missing and files:
@@ -70,11 +74,31 @@ def _one(df: pl.DataFrame, key: str, keep: str) -> pl.DataFrame:
     return df if df[key].n_unique() == df.height else df.sort("ts").unique(subset=key, keep=keep)
 
 
-def attempts(root: Path, card: dict[str, dict[str, str]]) -> pl.DataFrame:
+def plan_score(root: Path, card: dict[str, dict[str, str]]) -> str:
+    """The score the plans of the dataset's experiments name (null, or no plan: s); experiments scored differently are refused."""
+    st = read_kind(root, "attempt_started", card)
+    plans = read_kind(root, "plan", card)
+    named = {}
+    if plans.height and "score" in plans.columns:
+        for e, sc in plans.sort("ts").select("experiment", "score").iter_rows():
+            named[e] = sc or "s"
+    elif plans.height:
+        named = {e: "s" for e in plans["experiment"]}
+    used = {named.get(e, "s") for e in (st["experiment"].unique().to_list() if "experiment" in st.columns else [None])}
+    if len(used) > 1:
+        raise SystemExit(f"error: the dataset's experiments are scored differently ({', '.join(sorted(used))})\n"
+                         "hint: pass --score s or --score s_upstream")
+    return used.pop() if used else "s"
+
+
+def attempts(root: Path, card: dict[str, dict[str, str]], *, score: str = "s") -> pl.DataFrame:
     """One row per attempt: the verdict that counts (pair re-grade, else the attempt's own), S, and why it is excluded."""
+    sp_col, s_col = SCORES[score]
     st = _one(read_kind(root, "attempt_started", card).filter(pl.col("attempt_id").is_not_null()), "attempt_id", "first")
     fin = _one(read_kind(root, "attempt_finished", card), "attempt_id", "last").select("attempt_id", "status", "final_kernel_sha256")
-    ver = read_kind(root, "verdict", card)
+    ver = read_kind(root, "verdict", card, extra=(sp_col, s_col))
+    if ver.height:
+        ver = ver.with_columns(pl.col(sp_col).alias("speedup"), pl.col(s_col).alias("score_recorded"))
     ann = read_kind(root, "annotation", card)
     ann = _one(ann.select(attempt_id="target_attempt_id", ts="ts", label="label"), "attempt_id", "last").drop("ts") if ann.height \
         else pl.DataFrame({"attempt_id": [], "label": []}, schema={"attempt_id": pl.Utf8, "label": pl.Utf8})
@@ -82,16 +106,17 @@ def attempts(root: Path, card: dict[str, dict[str, str]]) -> pl.DataFrame:
     for scope in ("pair", "attempt"):
         s = ver.filter(pl.col("scope") == scope) if ver.height else ver
         s = _one(s, "attempt_id", "last") if s.height else s
-        v[scope] = (s.select("attempt_id", **{f"{scope}_{c}": c for c in ("passed", "speedup", "kernel_sha256")}) if s.height else
+        cols = ("passed", "speedup", "kernel_sha256", "score_recorded")
+        v[scope] = (s.select("attempt_id", **{f"{scope}_{c}": c for c in cols}) if s.height else
                     pl.DataFrame(schema={"attempt_id": pl.Utf8, f"{scope}_passed": pl.Boolean, f"{scope}_speedup": pl.Float64,
-                                         f"{scope}_kernel_sha256": pl.Utf8}))
+                                         f"{scope}_kernel_sha256": pl.Utf8, f"{scope}_score_recorded": pl.Float64}))
     a = (st.drop("ts").join(fin, on="attempt_id", how="left").join(v["pair"], on="attempt_id", how="left")
          .join(v["attempt"], on="attempt_id", how="left").join(ann, on="attempt_id", how="left"))
     pair = pl.col("pair_passed").is_not_null()
     att = pl.col("attempt_passed").is_not_null()
     pick = lambda c: pl.when(pair).then(pl.col(f"pair_{c}")).otherwise(pl.col(f"attempt_{c}"))  # noqa: E731
     a = a.with_columns(source=pl.when(pair).then(pl.lit("pair")).when(att).then(pl.lit("attempt")).otherwise(pl.lit("none")),
-                       vp=pick("passed"), vs=pick("speedup"), vk=pick("kernel_sha256"))
+                       vp=pick("passed"), vs=pick("speedup"), vk=pick("kernel_sha256"), vr=pick("score_recorded"))
     kernel = pl.col("final_kernel_sha256").is_not_null() | pl.col("vk").is_not_null()
     a = a.with_columns(family=pl.col("family").fill_null("unknown"), status=pl.col("status").fill_null("unfinished"),
                        passed=pl.col("vp").fill_null(False) & kernel, kernel=kernel)
@@ -102,6 +127,10 @@ def attempts(root: Path, card: dict[str, dict[str, str]]) -> pl.DataFrame:
                        .when(pl.col("label").is_not_null() & (pl.col("label") != "clean")).then(pl.lit("annotated"))
                        .when(pl.col("kernel") & (pl.col("source") == "none")).then(pl.lit("ungraded"))
                        .when(~pl.col("status").is_in(["finished", "budget_exhausted"])).then(pl.lit("unknown_status")))
+    missing = a.filter(pl.col("excluded").is_null() & (pl.col("source") != "none") & pl.col("vr").is_null()).height
+    if missing:
+        raise SystemExit(f"error: {missing} counted verdicts have no {s_col} column (graded before the verdict recorded it)\n"
+                         "hint: rebuild with --score s")
     return a.select("attempt_id", "model", "problem", "family", "target_dsl", "source_dsl", "arm_kind", "replicate",
                     "skill_source_attempt", "passed", "S", "excluded")
 
@@ -294,14 +323,17 @@ def regression(lt: pl.DataFrame) -> pl.DataFrame:
                      "regression_noise_floor", "pair_regress")
 
 
-def rebuild(dataset: str | Path, *, card: str | Path | None = None, seed: int = 20261129, resamples: int = 10_000) -> dict[str, pl.DataFrame]:
-    """{"lift", "standing", "regression"} for one dataset with one version stratum."""
+def rebuild(dataset: str | Path, *, card: str | Path | None = None, seed: int = 20261129, resamples: int = 10_000,
+            score: str | None = None) -> dict[str, pl.DataFrame]:
+    """{"lift", "standing", "regression"} for one dataset with one version stratum, under `score` (None: the plan's)."""
     root = Path(dataset)
     card_path = Path(card) if card else root / "README.md"
     if not card_path.exists():
         raise SystemExit(f"error: no schema card at {card_path}\nhint: export the dataset with `mkb-analyze export` or pass --card")
     c = read_card(card_path)
-    a = attempts(root, c)
+    if score is not None and score not in SCORES:
+        raise SystemExit(f"error: unknown score {score!r}\nhint: s or s_upstream")
+    a = attempts(root, c, score=score or plan_score(root, c))
     p = pairs(a)
     lt = lift(p, seed=seed, resamples=resamples)
     return {"lift": lt, "standing": standing(p, seed=seed, resamples=resamples), "regression": regression(lt)}
@@ -314,8 +346,9 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="Write lift.csv, standing.csv and regression.csv here.")
     ap.add_argument("--seed", type=int, default=20261129)
     ap.add_argument("--resamples", type=int, default=10_000)
+    ap.add_argument("--score", choices=tuple(SCORES), default=None, help="s or s_upstream (default: the one the plan names).")
     args = ap.parse_args()
-    tables = rebuild(args.dataset, card=args.card, seed=args.seed, resamples=args.resamples)
+    tables = rebuild(args.dataset, card=args.card, seed=args.seed, resamples=args.resamples, score=args.score)
     pl.Config.set_tbl_rows(60)
     pl.Config.set_tbl_cols(20)
     for name, df in tables.items():

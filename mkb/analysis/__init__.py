@@ -9,9 +9,9 @@ from mkb.analysis._stats import (
     contrast_table, holm, lift_table, plan_power_table, power_table, problem_table, standing_table, two_part_table,
     variance_components,
 )
-from mkb.analysis._tables import MixedVersionsError, NOISE_ARM, Tables, build_pairs, load_tables
+from mkb.analysis._tables import SCORES, MixedVersionsError, NOISE_ARM, ScoreError, Tables, build_pairs, load_tables
 
 __all__ = [
-    "BootstrapSpec", "DEFAULT_COMPONENTS", "DETECT_LIFT", "PlanDesign", "VarianceComponents", "plan_power_table", "variance_components", "MixedVersionsError", "NOISE_ARM", "Tables", "build_pairs", "cell_lift_simple",
+    "BootstrapSpec", "DEFAULT_COMPONENTS", "DETECT_LIFT", "PlanDesign", "VarianceComponents", "plan_power_table", "variance_components", "MixedVersionsError", "NOISE_ARM", "SCORES", "ScoreError", "Tables", "build_pairs", "cell_lift_simple",
     "cluster_bootstrap", "contrast_table", "export_dataset", "power_table", "problem_table", "holm", "lift_table", "load_tables", "problems_table", "standing_table", "two_part_table", "verdicts_table",
 ]

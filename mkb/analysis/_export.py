@@ -8,7 +8,7 @@ import polars as pl
 from mkb.events import read, schemas
 
 
-def _card(kinds: dict[str, int], store_url: str) -> str:
+def _card(kinds: dict[str, int], store_url: str, score_note: str | None = None) -> str:
     import mkb
 
     yaml = ["---", "configs:"]
@@ -23,7 +23,9 @@ def _card(kinds: dict[str, int], store_url: str) -> str:
         "standing) are in `derived/` as CSV.", "",
         "Definitions (DESIGN.md): speedup = median eager time / median candidate time; R@t = passed and speedup >= t; "
         "S = 100 x mean over t in {0, 0.5, 1, 2, 4} of R@t; lift = S(arm) - S(solo of the target DSL), same model, "
-        "problem and replicate.", "",
+        "problem and replicate. S_upstream: the same ladder on speedup_upstream = reference_median_us / candidate_median_us "
+        "(the problem's fp32 reference timed as upstream MetaKernelBench times it; verdict `s_upstream`)."
+        + (f" Derived tables: {score_note}." if score_note else ""), "",
         "| config | rows |", "|---|---|", *[f"| {k} | {n} |" for k, n in kinds.items()], "",
     ]
     sch = schemas()
@@ -55,7 +57,7 @@ def export_dataset(store: str, out: str, *, tables=None, redact: bool = False) -
         with fs.open(f"{root}/data/{kind}/events.parquet", "wb") as f:
             df.sort("ts").write_parquet(f, compression="zstd")
     with fs.open(f"{root}/README.md", "w") as f:
-        f.write(_card(kinds, store))
+        f.write(_card(kinds, store, tables.score_note() if tables is not None else None))
     if tables is not None:
         from mkb.analysis._stats import lift_table, standing_table
 

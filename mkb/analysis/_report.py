@@ -226,6 +226,7 @@ td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}} th{{background:#
 excluded: infra_error {s['infra_error']}, unfinished {s['unfinished']}, annotated {s['annotated']}, ungraded {s['ungraded']}.
 {'<b>Stratified by version</b>.' if tables.stratified else ''}</p>
 <p>{html.escape(tables.verdict_note())}.</p>
+<p>{html.escape(tables.score_note())}: every S, lift and speedup below is read against that baseline.</p>
 <p>{html.escape(spec.describe())}. A cell whose relative-lift 95% CI half-width exceeds 7 points has under 80% power for a 10% lift:
 {under.height} of {lift.height} cells ({html.escape(', '.join(f"{r['model']} {r['arm_kind']} {r['direction']}" for r in under.iter_rows(named=True))[:2000])}).</p>
 <h2>Lift table</h2>

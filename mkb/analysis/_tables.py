@@ -41,6 +41,18 @@ class MixedVersionsError(ValueError):
     """The dataset mixes grader, DSL, doc-pack, problem or mkb versions and was not told to stratify."""
 
 
+# the score an analysis reports: S over mkb's baseline (`eager`) or over upstream MetaKernelBench's (the problem's fp32
+# `reference`, timed as upstream times it). Each names the verdict columns it is read from; both go through the one
+# definition below (R@t and S recomputed from passed and that speedup, mkb.scoring), so only the baseline differs.
+SCORES = {"s": ("speedup", "s"), "s_upstream": ("speedup_upstream", "s_upstream")}
+SCORE_LABELS = {"s": "S (speedup over eager, mkb's baseline)",
+                "s_upstream": "S_upstream (speedup over the problem's fp32 reference, timed as upstream MetaKernelBench times it)"}
+
+
+class ScoreError(ValueError):
+    """The score asked for cannot be read from the store, or its experiments' plans name different scores."""
+
+
 @dataclass
 class Tables:
     """The derived tables and what was left out of them, with the reasons."""
@@ -52,6 +64,11 @@ class Tables:
     version_mix: dict[str, list[str]] = field(default_factory=dict)
     skipped_files: dict[str, str] = field(default_factory=dict)
     event_counts: dict[str, int] = field(default_factory=dict)
+    score: str = "s"  # which score `S` (and `speedup`, the R@t columns) holds: a key of SCORES
+    score_from: str = "default"  # why: "--score", "plan of <experiment>[, ...]" or "default" (no plan names one)
+
+    def score_note(self) -> str:
+        return f"score: {SCORE_LABELS[self.score]}; from {self.score_from}"
 
     @property
     def included(self) -> pl.DataFrame:
@@ -84,8 +101,14 @@ LIFT_COLUMNS = ("attempt_id", "model", "problem", "family", "target_dsl", "sourc
                 "excluded", "verdict_source", "s_mismatch", "stratum")
 
 
-def load_tables(store: str | Store | None = None, *, stratify: bool = False, columns: str = "all") -> Tables:
+def load_tables(store: str | Store | None = None, *, stratify: bool = False, columns: str = "all",
+                score: str | None = None) -> Tables:
     """Read a store and build the tables; refuse mixed versions unless `stratify` (then every key carries a stratum).
+
+    `score` picks the baseline every S, speedup and R@t column of the tables is read against (a key of SCORES); None
+    takes the one the plans of the store's experiments name (`s` where none does) and refuses plans that disagree.
+    The verdict counted is the same under either score; a counted verdict that recorded no such score refuses the
+    store (never read as 0).
 
     `columns="lift"` builds the same pairs table and an attempts table of `LIFT_COLUMNS` only: the columns
     nothing of it reads (token counts, errors, budgets, names) are not read from the store, and of a kernel
@@ -93,11 +116,13 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     """
     if columns not in ("all", "lift"):
         raise ValueError(f"columns={columns!r}: 'all' or 'lift'")
+    if score is not None and score not in SCORES:
+        raise ScoreError(f"unknown score {score!r}\nhint: one of {', '.join(SCORES)}")
     lean = columns == "lift"
     store = store if isinstance(store, Store) else resolve_store(store)
     skipped: dict[str, str] = {}
     scans = {}
-    for kind in ("attempt_started", "attempt_finished", "verdict", "annotation", "characterisation", "skill", "torch_compile"):
+    for kind in ("attempt_started", "attempt_finished", "verdict", "annotation", "characterisation", "skill", "torch_compile", "plan"):
         r = ScanReport()
         # no event_id de-duplication here: every kind is reduced to one row per attempt (latest) below,
         # which a duplicated event cannot change, and it saves a hash pass over every row
@@ -112,7 +137,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         return pl.when(pl.col(name).is_not_null()).then(pl.lit("k")).alias(name) if lean else pl.col(name)
 
     started = scans["attempt_started"].select(
-        "attempt_id", "ts", "mkb_version", col("attempt_started", "experiment"), "model", "problem",
+        "attempt_id", "ts", "mkb_version", "experiment", "model", "problem",
         col("attempt_started", "problem_name"), "family", "problem_hash", "target_dsl", "source_dsl", "arm_kind", "replicate",
         "gpu", *(col("attempt_started", c) for c in ("budget_submissions", "budget_turns", "budget_output_tokens", "budget_wall_s")),
         "grader_version", "dsl_version", "doc_pack_version", "skill_sha256", "skill_source_attempt",
@@ -125,7 +150,9 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         *(col("attempt_finished", c) for c in ("submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd", "wall_s")),
         present("attempt_finished", "final_kernel_sha256"), col("attempt_finished", "error"), served.alias("served_model"))
     ver = scans["verdict"].filter(pl.col("scope").is_in(["attempt", "pair"])).select(
-        "attempt_id", "ts", "scope", "passed", col("verdict", "reason"), "speedup", "s", present("verdict", "kernel_sha256"),
+        "attempt_id", "ts", "scope", "passed", col("verdict", "reason"),
+        # both scores' columns when the plan is to choose (it is read in the same pass), else the one asked for
+        *dict.fromkeys(c for sc in ((score,) if score else SCORES) for c in SCORES[sc]), present("verdict", "kernel_sha256"),
         "candidate_median_us")
     ann = scans["annotation"].select(pl.col("target_attempt_id").alias("attempt_id"), "ts", "label",
                                      col("annotation", "reason").alias("annotation_reason"))
@@ -138,7 +165,13 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     char = scans["characterisation"].filter((pl.col("size") == "full") & pl.col("ok").fill_null(False)).select(
         "ts", "problem", "gpu", "flops", "bytes", "peak")
     tc = scans["torch_compile"].filter(pl.col("size") == "full")
-    started, fin, ver, ann, char, skill_flags, tc = pl.collect_all([started, fin, ver, ann, char, skill_flags, tc], engine=ENGINE)
+    plans = scans["plan"].select("experiment", "ts", "score")  # the score each experiment's plan names
+    started, fin, ver, ann, char, skill_flags, tc, plans = pl.collect_all(
+        [started, fin, ver, ann, char, skill_flags, tc, plans], engine=ENGINE)
+    score, score_from = (score, "--score") if score is not None else _plan_score(
+        store, started["experiment"].unique().to_list(), plans)
+    sp_col, s_col = SCORES[score]
+    ver = ver.select(pl.exclude(*(c for sc in SCORES for c in SCORES[sc])), speedup=sp_col, s=s_col)
     counts = {"attempt_started": started.height, "attempt_finished": fin.height, "verdict": ver.height, "annotation": ann.height}
     started = _latest(started, keep="first").drop("ts")
     started_gpus = started["gpu"].unique().to_list()
@@ -182,11 +215,22 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         verdict=pl.when(pl.col("passed")).then(pl.lit("passed")).when(~has_kernel).then(pl.lit("no_kernel"))
         .otherwise(pl.col("v_reason").fill_null("failed")),
         budget_used=pl.col("submissions_used") / pl.col("budget_submissions"),
+        # a counted verdict that recorded no score of this kind (every grader since it existed records it, null or not)
+        score_unrecorded=(pl.col("verdict_source") != "none") & pl.col("v_s").is_null(),
     )
     a = a.drop([c for c in a.collect_schema().names() if c.startswith(("pv_", "av_"))] + ["v_passed", "v_speedup", "v_kernel", "v_candidate_us"])
     if lean:  # what the lift tables read, and what the version check and the strata need
-        a = a.select(*(c for c in LIFT_COLUMNS if c != "stratum"), *dict.fromkeys(k for k in VERSION_KEYS if k not in LIFT_COLUMNS))
+        a = a.select(*(c for c in LIFT_COLUMNS if c != "stratum"), *dict.fromkeys(k for k in VERSION_KEYS if k not in LIFT_COLUMNS),
+                     "score_unrecorded")
     attempts = a.collect(engine=ENGINE)
+    unrecorded = attempts.filter(pl.col("score_unrecorded") & pl.col("excluded").is_null()).height
+    if unrecorded:
+        counted = attempts.filter((pl.col("verdict_source") != "none") & pl.col("excluded").is_null()).height
+        raise ScoreError(
+            f"store {store.url}: {unrecorded} of {counted} counted verdicts have no {s_col} column (graded before the verdict "
+            f"recorded it), so {SCORE_LABELS[score].split(' (')[0]} cannot be computed\nhint: re-grade the final kernels under "
+            "the current grader (`mkb-run regrade`), or analyse with --score s")
+    attempts = attempts.drop("score_unrecorded")
     # the frames read are in `attempts` now: let them go before the pairs are built (at experiment scale they are
     # gigabytes, and the peak would otherwise hold both)
     del a, started, fin, ver, ann, v_pair, v_att, skill_flags, char, tc
@@ -201,7 +245,31 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     if lean:
         attempts = attempts.select(LIFT_COLUMNS)
     pairs = build_pairs(attempts)
-    return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts)
+    return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts, score=score, score_from=score_from)
+
+
+def _plan_score(store: Store, experiments: list[str | None], plans: pl.DataFrame) -> tuple[str, str]:
+    """The score the plans of the store's experiments name (plan >= 1.1; `s` before), and where it came from.
+
+    An experiment's plan is its latest `plan` event (a store holds one plan per experiment name); an experiment
+    without a plan (a synthetic or imported dataset) is scored by `s`. Experiments scored differently in one store
+    are refused: their rows would mix baselines in one table.
+    """
+    plans = plans.sort("ts").unique(subset="experiment", keep="last")
+    named = {e: sc or "s" for e, sc in plans.select("experiment", "score").iter_rows()}
+    used = {e or "(none)": named.get(e, "s") for e in experiments}
+    bad = sorted({sc for sc in used.values() if sc not in SCORES})
+    if bad:
+        raise ScoreError(f"store {store.url}: a plan names an unknown score {bad[0]!r}\nhint: pass --score s or --score s_upstream")
+    scores = sorted(set(used.values()))
+    if len(scores) > 1:
+        by = "; ".join(f"{e}: {sc}{'' if e in named else ' (no plan)'}" for e, sc in sorted(used.items()))
+        raise ScoreError(f"store {store.url}: its experiments are scored differently ({by})\n"
+                         "hint: pass --score s or --score s_upstream, or point --store at one experiment")
+    from_plan = sorted(e for e in used if e in named)
+    if not from_plan:
+        return "s", "the default (no plan names a score)"
+    return scores[0], "the plan of " + ", ".join(from_plan)
 
 
 def _add_sol(a: pl.LazyFrame, char: pl.DataFrame, tc: pl.DataFrame | None = None, *,

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from mkb.scoring import THRESHOLDS
+from mkb.scoring import THRESHOLDS, s_upstream
 
 ARM_KINDS = ("solo", "transfer", "placebo", "same", "wrong")
 # z thresholds at which R@t switches on: passed (z > 0) and speedup = exp(z - 1) >= t
@@ -73,6 +73,10 @@ class SynthSpec:
     dsl_versions: dict[str, str] = field(default_factory=lambda: {"cute": "4.8.1", "tirx": "0.27.0.post1"})
     doc_pack_version: str = "docs-1"
     problem_hash_salt: str = ""
+    # upstream's baseline: the problem's reference takes this many times eager's time, so speedup_upstream = factor x
+    # speedup (and S_upstream differs from S where it crosses a threshold); None writes verdicts without it, as graders
+    # did before verdict 1.3
+    upstream_factor: float | None = None
 
     def model_mean(self, i: int) -> float:
         return self.model_means[i % len(self.model_means)]
@@ -426,6 +430,11 @@ def write_synthetic(spec: SynthSpec, store: str, *, via_emit: bool = False, chun
                                 continue
                             sp_ = speed * jitter if (speed is not None and scope == "attempt") else speed
                             rat = [passed and sp_ is not None and sp_ >= t for t in THRESHOLDS] if has_kernel else [False] * 5
+                            up = {}
+                            if spec.upstream_factor is not None:
+                                sp_up = sp_ * spec.upstream_factor if sp_ is not None else None
+                                up = {"reference_median_us": 100.0 * spec.upstream_factor if passed else None,
+                                      "speedup_upstream": sp_up, "s_upstream": s_upstream(passed and has_kernel, sp_up)}
                             sink.emit("verdict", aid, evaluation_id=_sha("eval", aid, scope)[:16], scope=scope, problem=p,
                                       dsl=tgt, kernel_sha256=sha, passed=passed,
                                       reason=None if passed else ("no_kernel" if not has_kernel else "wrong_output"),
@@ -433,7 +442,7 @@ def write_synthetic(spec: SynthSpec, store: str, *, via_emit: bool = False, chun
                                       candidate_median_us=100.0 / sp_ if sp_ else None,
                                       r_at_0=rat[0], r_at_0_5=rat[1], r_at_1=rat[2], r_at_2=rat[3], r_at_4=rat[4],
                                       s=20.0 * sum(rat) if scope == "attempt" else s_val, gpu="NVIDIA H200",
-                                      pair_id=pair_id if scope == "pair" else None)
+                                      pair_id=pair_id if scope == "pair" else None, **up)
     if spec.characterise:
         for p in sim.problems:
             # a memory-bound problem whose speed of light on the H200 is rho x the eager time (100 us in the verdicts)

@@ -72,6 +72,9 @@ STORE = typer.Option(None, "--store", help="Event store URL (local path, s3://, 
 STRATIFY = typer.Option(False, "--stratify", help="Analyse each version stratum separately instead of refusing mixed versions.")
 SEED = typer.Option(20261129, "--seed", help="Bootstrap seed (recorded in the output).")
 RESAMPLES = typer.Option(10_000, "--resamples", help="Bootstrap resamples.")
+SCORE = typer.Option(None, "--score", help="The score every S, speedup and R@t is read as: s (speedup over eager, mkb's S) or "
+                     "s_upstream (over the problem's fp32 reference timed as upstream MetaKernelBench times it). "
+                     "Default: the one the experiment's plan names (s without a plan).")
 
 
 from mkb.cli._exit import BAD_INPUT as EXIT_BAD_INPUT, ERROR as EXIT_ERROR, NO_DATA as EXIT_NO_DATA  # the one table (DESIGN)
@@ -113,14 +116,17 @@ def _counts(store) -> dict[str, int]:
     return out
 
 
-def _load(store, stratify: bool, *, columns: str = "all"):
-    """The tables, or None after printing what the store holds when it has no attempts (`columns`: see load_tables)."""
-    from mkb.analysis import MixedVersionsError, load_tables
+def _load(store, stratify: bool, *, columns: str = "all", score: str | None = None, score_from: str | None = None):
+    """The tables, or None after printing what the store holds when it has no attempts (`columns`, `score`: see load_tables;
+    `score_from`: where a `score` the command chose came from)."""
+    from mkb.analysis import MixedVersionsError, ScoreError, load_tables
 
     try:
-        t = load_tables(store, stratify=stratify, columns=columns)
-    except MixedVersionsError as exc:
+        t = load_tables(store, stratify=stratify, columns=columns, score=score)
+    except (MixedVersionsError, ScoreError) as exc:
         _fail(str(exc))
+    if score_from is not None:
+        t.score_from = score_from
     if t.attempts.height == 0:
         counts = _counts(store)
         console.print(f"store {t.store}: no attempts (events: {counts or 'none'})")
@@ -140,7 +146,7 @@ def _load(store, stratify: bool, *, columns: str = "all"):
 def _header(t) -> None:
     s = t.summary()
     console.print(f"[bold]store[/bold] {t.store}  attempts {s['attempts']}, counted {s['included']}"
-                  + ("  [yellow]stratified by version[/yellow]" if t.stratified else ""))
+                  + ("  [yellow]stratified by version[/yellow]" if t.stratified else "") + f"  {t.score_note()}")
     console.print(t.verdict_note())
     ex = t.attempts.filter(t.attempts["excluded"].is_not_null())
     if ex.height:
@@ -203,7 +209,7 @@ def _emit(tables: dict, *, json_path: str | None, csv_path: str | None, meta: di
 
 
 def _meta(t, spec=None) -> dict:
-    out = {"store": t.store, "stratified": t.stratified, "summary": t.summary()}
+    out = {"store": t.store, "stratified": t.stratified, "score": t.score, "score_from": t.score_from, "summary": t.summary()}
     if spec is not None:
         out["bootstrap"] = {"seed": spec.seed, "resamples": spec.resamples, "level": spec.level, "method": spec.describe()}
     return out
@@ -287,12 +293,12 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
          by_family: bool = typer.Option(False, "--by-family", help="Also per problem family."),
          by_problem: bool = typer.Option(False, "--by-problem", help="Also one row per problem (model x arm x direction x problem)."),
          all_rows: bool = typer.Option(False, "--all", help="Print every cell (default: the first 120)."),
-         json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
+         score: Optional[str] = SCORE, json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """Lift and relative lift per model x arm x direction (and pooled), with problem-clustered CIs on lift and rates,
     the regression rate's noise floor, S_sol, the time-matched contrast (transfer - placebo, transfer - wrong) and a
     sensitivity row without flagged skills."""
     _quiet(json_out)
-    t = _load(store, stratify, columns="lift")
+    t = _load(store, stratify, columns="lift", score=score)
     if t is None:
         return
     _need_arms(t)
@@ -387,10 +393,10 @@ def print_contrast(ct, *, max_rows: int | None = 120) -> None:
 def standing(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SEED, resamples: int = RESAMPLES,
              per_model: bool = typer.Option(False, "--per-model"),
              naive: bool = typer.Option(False, "--naive", help="Also show the biased table (standing vs the solo the lift subtracts)."),
-             json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
+             score: Optional[str] = SCORE, json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """Lift by the source's standing (above/tie/below the target's other solo replicates), with the standing effect."""
     _quiet(json_out)
-    t = _load(store, stratify, columns="lift")
+    t = _load(store, stratify, columns="lift", score=score)
     if t is None:
         return
     _need_arms(t)
@@ -435,7 +441,7 @@ def power(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = S
           tau2: Optional[float] = typer.Option(None, "--tau2", help="With --plan: between-problem variance of the lift (S points^2)."),
           sigma2: Optional[float] = typer.Option(None, "--sigma2", help="With --plan: within-problem variance of a pair's lift."),
           s_solo: Optional[float] = typer.Option(None, "--s-solo", help="With --plan: mean solo S."),
-          json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
+          score: Optional[str] = SCORE, json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """Problems or replicates needed to detect a relative lift at a given power, from the observed variance components
     (of a store's cells, or of a planned experiment with --plan)."""
     _quiet(json_out)
@@ -443,11 +449,12 @@ def power(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = S
         _fail(f"--lift {target} / --power {power_} out of range\nhint: --lift 0.10 --power 0.80")
     override = {k: v for k, v in (("tau2", tau2), ("sigma2", sigma2), ("s_solo", s_solo)) if v is not None}
     if plan is not None:
-        _plan_power(plan, store, stratify, target=target, power_=power_, override=override, json_out=json_out, csv=csv)
+        _plan_power(plan, store, stratify, target=target, power_=power_, override=override, json_out=json_out, csv=csv,
+                    score=score)
         return
     if override:
         _fail("--tau2, --sigma2 and --s-solo describe a planned experiment\nhint: pass --plan CONFIG.toml with them")
-    t = _load(store, stratify, columns="lift")
+    t = _load(store, stratify, columns="lift", score=score)
     if t is None:
         return
     _need_arms(t)
@@ -470,7 +477,8 @@ def power(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = S
     _emit({"power": pt}, json_path=json_out, csv_path=csv, meta=_meta(t, spec))
 
 
-def _plan_power(plan: str, store, stratify: bool, *, target: float, power_: float, override: dict, json_out, csv) -> None:
+def _plan_power(plan: str, store, stratify: bool, *, target: float, power_: float, override: dict, json_out, csv,
+                score: str | None = None) -> None:
     """`power --plan`: the plan's cells and size, with variance components from --store (when given) or the stated defaults."""
     from mkb.analysis._stats import DEFAULT_COMPONENTS, PlanDesign, plan_power_table, variance_components
     from mkb.experiment._config import ConfigError, load_config
@@ -479,14 +487,16 @@ def _plan_power(plan: str, store, stratify: bool, *, target: float, power_: floa
         if not v >= 0 or (k == "s_solo" and not v > 0):
             _fail(f"--{k.replace('_', '-')} {v}: must be {'positive' if k == 's_solo' else 'non-negative'}")
     try:
-        design = PlanDesign.from_config(load_config(plan))
+        cfg = load_config(plan)
+        design = PlanDesign.from_config(cfg)
     except ConfigError as exc:
         _fail(str(exc))
     if not design.cells:
         _fail(f"{plan}: the plan has no arm besides solo: nothing to compare\nhint: add arms = [\"solo\", \"transfer\", ...]")
     comps, meta = None, {"plan": plan, "problems": design.n_problems, "replicates": design.replicates, "models": list(design.models)}
     if store is not None:
-        t = _load(store, stratify, columns="lift")
+        # the components are read under the score the plan will be analysed by, unless --score says otherwise
+        t = _load(store, stratify, columns="lift", score=score or cfg.score, score_from=None if score else f"the config {plan}")
         if t is None:
             raise typer.Exit(EXIT_NO_DATA)
         _need_arms(t)
@@ -511,16 +521,17 @@ def _plan_power(plan: str, store, stratify: bool, *, target: float, power_: floa
     console.print("SE of relative lift = sqrt((tau2 + sigma2/R) / P) / S_solo (the delta method on the problem-clustered ratio); "
                   "needed: SE <= lift / (z_0.975 + z_power). Problems needed keep R; replicates needed keep the problems.")
     meta["components"] = "store" if comps is not None else "defaults"
+    meta["score"] = score or cfg.score
     _emit({"power": pt}, json_path=json_out, csv_path=csv, meta=meta)
 
 
 @app.command()
 def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
            mixed: bool = typer.Option(True, "--mixed/--no-mixed", help="Fit the mixed models (secondary estimates)."),
-           json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
+           score: Optional[str] = SCORE, json_out: Optional[str] = JSON, csv: Optional[str] = CSV) -> None:
     """Per-model summary (pass rate, mean S per arm, tokens, cost) and the mixed-model fits with diagnostics."""
     _quiet(json_out)
-    t = _load(store, stratify)
+    t = _load(store, stratify, score=score)
     if t is None:
         return
     import polars as pl
@@ -585,10 +596,11 @@ def models(store: Optional[str] = STORE, stratify: bool = STRATIFY,
 def attempts(store: Optional[str] = STORE, stratify: bool = STRATIFY,
              excluded: bool = typer.Option(False, "--excluded", help="List the excluded attempts and why."),
              limit: int = typer.Option(30, "--limit"), json_out: Optional[str] = JSON,
-             csv: Optional[str] = typer.Option(None, "--csv", help="Write every attempt (all columns) as CSV to this file.")) -> None:
+             csv: Optional[str] = typer.Option(None, "--csv", help="Write every attempt (all columns) as CSV to this file."),
+             score: Optional[str] = SCORE) -> None:
     """The attempts table: counts by arm, status and verdict; or the excluded attempts."""
     _quiet(json_out)
-    t = _load(store, stratify)
+    t = _load(store, stratify, score=score)
     if t is None:
         return
     import polars as pl
@@ -620,10 +632,11 @@ def report(store: Optional[str] = STORE, out: str = typer.Option("mkb-report", "
            seed: int = SEED, resamples: int = RESAMPLES,
            fmt: list[str] = typer.Option([], "--format", help="Also save each chart as png and/or svg (vl-convert)."),
            json_out: Optional[str] = typer.Option(None, "--json", help="Write what was written (every file, its size) as JSON ('-': stdout)."),
-           csv: Optional[str] = typer.Option(None, "--csv", help="Write the list of files written as CSV.")) -> None:
+           csv: Optional[str] = typer.Option(None, "--csv", help="Write the list of files written as CSV."),
+           score: Optional[str] = SCORE) -> None:
     """An offline HTML report with inline altair charts (and PNG/SVG with --format)."""
     _quiet(json_out)
-    t = _load(store, stratify, columns="lift")
+    t = _load(store, stratify, columns="lift", score=score)
     if t is None:
         return
     _need_arms(t)
@@ -659,11 +672,11 @@ def export(store: Optional[str] = STORE, out: str = typer.Option(..., "--out", h
            csv: Optional[str] = typer.Option(None, "--csv", help="Write rows per kind as CSV (the files beside it as <stem>.files.csv).")) -> None:
     """A Hugging Face dataset layout (data/<kind>/, README card with the schema) plus derived CSVs."""
     _quiet(json_out)
-    from mkb.analysis import MixedVersionsError, export_dataset, load_tables
+    from mkb.analysis import MixedVersionsError, ScoreError, export_dataset, load_tables
 
     try:
         t = load_tables(store, stratify=stratify)
-    except MixedVersionsError as exc:
+    except (MixedVersionsError, ScoreError) as exc:
         _fail(str(exc))
     kinds = export_dataset(t.store, out, tables=t if t.attempts.height else None, redact=redact)
     console.print(f"wrote {out}: " + ", ".join(f"{k} {n}" for k, n in kinds.items()))

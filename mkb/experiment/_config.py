@@ -64,6 +64,7 @@ class ExperimentConfig:
     max_infra_retries: int = 3
     infra_backoff_s: float = 30.0
     missing_skill: str = "empty_slot"  # "empty_slot" (mkb) or "skip" (upstream: no attempt, lift 0 in its analysis)
+    score: str = "s"  # what `mkb-analyze` reports by default: "s" (over eager) or "s_upstream" (upstream's baseline)
     assumptions: Assumptions = field(default_factory=Assumptions)
     source: str = ""  # where the config came from (path), for messages
 
@@ -78,6 +79,10 @@ class ExperimentConfig:
         d = self.as_dict()
         for k in ("assumptions", "max_infra_retries", "infra_backoff_s"):
             d.pop(k)
+        # the score is fixed with the plan (chosen before any data), but a plan that keeps the default hashes as it did
+        # before the setting existed, so the plans already in stores still match their configs
+        if d["score"] == "s":
+            d.pop("score")
         d["models"] = [m["config"] for m in d["models"]]
         return d
 
@@ -209,6 +214,9 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"{w}: header must be one of {', '.join(HEADERS)}")
     if cfg.missing_skill not in ("empty_slot", "skip"):
         raise ConfigError(f"{w}: missing_skill must be empty_slot or skip")
+    if cfg.score not in ("s", "s_upstream"):
+        raise ConfigError(f"{w}: score must be s (speedup over eager) or s_upstream (over the problem's reference, as upstream "
+                          f"times it), got {cfg.score!r}")
     if cfg.max_infra_retries < 0 or cfg.infra_backoff_s < 0:
         raise ConfigError(f"{w}: max_infra_retries and infra_backoff_s must be >= 0")
     names = [m.name for m in cfg.models]

@@ -177,7 +177,7 @@ class Plan:
             "problem_hashes": [self.problems[p].hash for p in sorted(self.problems)],
             "derangement": json.dumps({str(p): q for p, q in sorted(self.derangement.items())}),
             "tokenizer": TOKENIZER, "placebo_notes_sha256": notes_sha256(), "placebo_notes": json.dumps(notes()), "header": cfg.header,
-            "missing_skill": cfg.missing_skill, "n_coordinates": len(self.coordinates),
+            "missing_skill": cfg.missing_skill, "score": cfg.score, "n_coordinates": len(self.coordinates),
             "coordinates": [c.key for c in self.coordinates],
         }
 

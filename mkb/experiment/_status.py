@@ -82,7 +82,7 @@ def _provisional_lift(store, console: Console) -> None:
     cell = p.group_by("model", "arm_kind", "direction").agg(
         pl.len().alias("pairs"), pl.col("problem").n_unique().alias("problems"), pl.col("lift").mean().alias("mean_lift"),
         ((pl.col("S").sum() - pl.col("S_solo").sum()) / pl.col("S_solo").sum()).alias("rel_lift")).sort("model", "arm_kind", "direction")
-    t = Table(title=f"provisional lift over {full.height} complete block(s) (no CI: see mkb-analyze lift when done)", header_style="bold")
+    t = Table(title=f"provisional lift over {full.height} complete block(s) (no CI: see mkb-analyze lift when done); {tables.score_note()}", header_style="bold")
     for c in cell.columns:
         t.add_column(c)
     for r in cell.iter_rows():

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mkb.scoring import r_at, s_score
+from mkb.scoring import r_at, s_score, s_upstream
 
 UPSTREAM_REPO = "YIGE24/MetaKernelBench"
 UPSTREAM_REV = "d90ba28"
@@ -129,5 +129,7 @@ def _emit(w, aid: str, rec: dict, *, exp: str, model: str, problem: int, problem
     w.emit("verdict", attempt_id=aid, evaluation_id=f"upstream-{aid}", scope="attempt", problem=problem, dsl=dsl,
            kernel_sha256=f"unrecorded:upstream@{UPSTREAM_REV}", passed=passed, reason=None if passed else "upstream_failed", speedup=speedup,
            r_at_0=ra[0.0], r_at_0_5=ra[0.5], r_at_1=ra[1.0], r_at_2=ra[2.0], r_at_4=ra[4.0], s=s_score(passed, speedup),
+           # upstream's speedup is over its own baseline (the fp32 reference under reference numerics): S_upstream by definition
+           speedup_upstream=speedup if passed else None, s_upstream=s_upstream(passed, speedup),
            gpu=UPSTREAM_GPU, details=json.dumps({"grader": f"upstream@{UPSTREAM_REV}", "rewards": rewards}))
     rep.verdicts += 1

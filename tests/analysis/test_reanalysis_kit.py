@@ -83,6 +83,32 @@ def test_kit_equals_mkb_analyze_on_the_synthetic_demo(tmp_path):
     _check(store, tmp_path)
 
 
+def test_kit_equals_mkb_analyze_under_the_plans_upstream_score(tmp_path):
+    """A plan naming s_upstream: the kit and mkb-analyze both default to it, and agree."""
+    from mkb.analysis.synthetic import SynthSpec, write_synthetic
+    from mkb.events import EventWriter
+    from mkb.experiment import build_plan, parse_config
+
+    store = str(tmp_path / "up")
+    write_synthetic(SynthSpec(models=("m",), model_means=(0.7,), n_problems=16, replicates=3, seed=4, upstream_factor=4.0), store)
+    cfg = parse_config({"experiment": {"name": "synthetic", "problems": [28, 72], "replicates": 2, "score": "s_upstream"},
+                        "models": [{"name": "m"}]})
+    with EventWriter(store) as w:
+        w.emit("plan", **build_plan(cfg).event())
+    _check(store, tmp_path)
+    assert "Derived tables: score: S_upstream" in (tmp_path / "export" / "README.md").read_text()
+    up, eager = _mkb(store, "lift"), _mkb_score(store, "s")
+    assert [r["S_solo"] for r in up] != [r["S_solo"] for r in eager]
+
+
+def _mkb_score(store: str, score: str) -> list[dict]:
+    r = runner.invoke(app, ["lift", "--store", store, "--resamples", RESAMPLES, "--score", score, "--json", "-"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["score"] == score
+    return doc["tables"]["lift"]
+
+
 def _experiment_datasets() -> list[Path]:
     """Datasets an experiment made: they carry its plan (a single-attempt demo such as h200-agent-demo has attempts
     but no plan and no re-graded final verdicts, so it has no pairs to analyse)."""

@@ -137,3 +137,28 @@ def test_operational_settings_are_not_the_plan():
     assert build_plan(a).sha256 == build_plan(b).sha256
     c = replace(a, budget=replace(a.budget, submissions=4))
     assert build_plan(c).sha256 != build_plan(a).sha256
+
+
+def test_score_is_recorded_and_a_default_keeps_the_plan_hash(tmp_path):
+    """`score` names what the analysis reports; a config that does not set it hashes as before the setting existed."""
+    from dataclasses import replace
+
+    plain = _cfg()
+    assert plain.score == "s" and "score" not in plain.identity()
+    assert _cfg(score="s").sha256() == plain.sha256() and build_plan(_cfg(score="s")).sha256 == build_plan(plain).sha256
+    up = _cfg(score="s_upstream")
+    assert up.identity()["score"] == "s_upstream" and build_plan(up).sha256 != build_plan(plain).sha256
+    with pytest.raises(ConfigError, match="score must be s .* or s_upstream"):
+        _cfg(score="S")
+    ev = build_plan(up).event()
+    assert ev["score"] == "s_upstream" and json.loads(ev["config"])["score"] == "s_upstream"
+    with EventWriter(str(tmp_path / "s")) as w:
+        w.emit("plan", **ev)
+    assert read("plan", str(tmp_path / "s"))["score"].to_list() == ["s_upstream"]
+    # a plan event written before the setting existed rebuilds (replay) with the default, under the same hash
+    from mkb.experiment._config import config_from_dict
+
+    old = json.loads(build_plan(plain).event()["config"])
+    old.pop("score")
+    assert config_from_dict(old).score == "s" and build_plan(config_from_dict(old)).sha256 == build_plan(plain).sha256
+    assert replace(plain, score="s_upstream").sha256() == up.sha256()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from mkb.events import read
@@ -19,6 +20,7 @@ def test_preset():
     assert cfg.problems == UPSTREAM_SHIPPED and len(UPSTREAM_SHIPPED) == 32
     assert cfg.replicates == 1 and cfg.arms == ("solo", "transfer") and cfg.header == "upstream" and cfg.missing_skill == "skip"
     assert cfg.budget.wall_clock_s == 2400.0 and cfg.budget.submissions == 10
+    assert cfg.score == "s_upstream"  # scored as upstream scores: over the problem's reference
     plan = build_plan(cfg)
     assert len(plan.coordinates) == 32 * 2 * 2
 
@@ -60,6 +62,9 @@ def test_import_results(tmp_path):
     pairs = t.pairs.filter(t.pairs["arm_kind"] == "transfer")
     # problem 28 cute->tirx: transfer passed at 2.5x (S=80: R@0..R@2) over a failed tirx solo (S=0)
     assert pairs.height == 1 and pairs["lift"].to_list() == [80.0]
+    # upstream's speedup is over its reference: the same figures read as S_upstream
+    up = load_tables(store, score="s_upstream").pairs.filter(pl.col("arm_kind") == "transfer")
+    assert up["lift"].to_list() == [80.0] and up["speedup"].to_list() == [2.5]
     # importing again adds nothing new to the analysis: attempt ids are derived from the coordinates
     import_results(p, store)
     assert read("attempt_started", store)["attempt_id"].n_unique() == 6
