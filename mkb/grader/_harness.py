@@ -274,8 +274,8 @@ def needs_sampling(mode: str, *, n_expectations: int, expectation_bytes: int, wo
     "auto" samples only where the whole ones do not fit: the n - 1 further expectations beside the first one's
     measured working peak (its inputs, their fp64 copies, the reference's temporaries and the expectation itself)
     exceed the free device memory left after the timing loop's input sets (a quarter, `_input_budget`). Not a
-    tighter budget: problem 56 keeps ~80 GiB of whole expectations and fits an H200 today (its grading peak
-    ~82 GiB, benchmarks/full_size_memory.py), and a problem that fits is graded as before (grader 2.3). Without
+    tighter budget: problem 56 keeps ~85 GiB of whole expectations and fits an H200 today (its grading peak
+    ~87 GiB, benchmarks/full_size_memory.py), and a problem that fits is graded as before (grader 2.3). Without
     a device figure (the CPU) "auto" keeps them whole.
     """
     if mode != "auto":

@@ -86,7 +86,7 @@ def test_positions_differ_between_the_expectations_of_a_grading_and_between_grad
 
 def test_needs_sampling():
     fit = dict(n_expectations=17, working_bytes=10 * GiB, free_bytes=139 * GiB)
-    assert not needs_sampling("auto", expectation_bytes=5 * GiB, **fit)  # 56: ~80 GiB of whole expectations fit
+    assert not needs_sampling("auto", expectation_bytes=5 * GiB, **fit)  # 56: ~85 GiB of whole expectations fit
     assert needs_sampling("auto", expectation_bytes=25 * GiB, **fit)  # 34, 38
     assert needs_sampling("auto", expectation_bytes=36 * GiB, **fit)  # 50
     assert not needs_sampling("auto", expectation_bytes=36 * GiB, n_expectations=17, working_bytes=None, free_bytes=None)
