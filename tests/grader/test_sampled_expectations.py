@@ -99,3 +99,23 @@ def test_the_config_rejects_an_unknown_mode():
         GraderConfig(expectations="some")
     with pytest.raises(ValueError, match="sample_positions"):
         GraderConfig(sample_positions=0)
+
+
+def test_the_gpu_runs_script_logic_on_the_cpu(tmp_path):
+    """scripts/gpu_sampled_run.py (the H200 run of 50, 34, 38 at full size) as a CPU dry run at smoke size."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(repo / "scripts" / "gpu_sampled_run.py"), "--device", "cpu", "--size", "smoke",
+                        "--expectations", "sampled", "--sample-positions", "64", "--problems", "38", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    (row,) = json.loads((tmp_path / "summary.json").read_text())["problems"]
+    assert row["ok"] and row["eager_ok"], row.get("error")
+    assert row["plan"]["expectations"] == "sampled" and row["plan"]["n_expectations"] == 17
+    assert all(c["rejected_as_wanted"] for c in row["negative_controls"])
+    assert len(row["checks"]) == 2 * 17 and all(c["ok"] for c in row["checks"])
