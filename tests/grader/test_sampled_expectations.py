@@ -40,6 +40,25 @@ def test_a_correct_kernel_passes_and_the_verification_says_the_expectations_were
     assert f.expectations == "sampled" and f.sampled_positions == {"y": K}
     assert all(c["max_abs_err"] <= c["tolerance"] for d in f.details for c in d["checks"])
     assert f.expectations_kept_bytes < f.expectations_whole_bytes
+    # the verdict event records it (its details; the verification event's details hold the draws)
+    import glob
+    import json
+
+    import pyarrow.parquet as pq
+
+    (row,) = [r for f_ in sorted(glob.glob(f"{store}/kind=verdict/*.parquet")) for r in pq.read_table(f_).to_pylist()]
+    details = json.loads(row["details"])
+    assert details["grader_version"] == "2.3"
+    assert details["expectations"]["expectations"] == "sampled"
+    assert details["expectations"]["sampled_positions"] == {"y": K}
+
+
+def test_a_whole_grading_records_whole(tmp_path, fake_dsl, cpu_config, store):
+    v = grade(28, fake_dsl, _kernel(tmp_path, TORCH_BASELINE_28), store=store, config=cpu_config)
+    assert v.passed, v.message
+    f = v.stage("verification").typed
+    assert f.expectations == "whole" and f.sampled_positions == {}
+    assert f.expectations_kept_bytes == f.expectations_whole_bytes and f.device_free_bytes is None
 
 
 @pytest.mark.parametrize("body, reason", [
