@@ -67,7 +67,7 @@ class SampledOutput:
     `Expected.tolerance`) and the reference and fp64 anchor values there.
 
     The positions are not stored: `positions()` makes them again from `seed`, so the kept record is a seed and
-    2 x k values (DESIGN, Problem contract, full-size memory: the 16 whole expectations of problems 34, 38 and 50
+    2 x k values (DESIGN, Problem contract, full-size memory: the 17 whole expectations of problems 34, 38 and 50
     exceed an H200). Drawn with replacement, so an output wrong in n of its N elements escapes one check with
     probability (1 - k/N)^n.
     """
