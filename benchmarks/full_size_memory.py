@@ -153,8 +153,8 @@ def main() -> None:
     print(f"# grading: {n_exp} expectations kept (GraderConfig draws={cfg.draws}, n_timed={cfg.n_timed}, "
           f"recheck_fraction={cfg.recheck_fraction}: {cfg.draws} draws, the re-check sets, the final draw), plus at most "
           f"4 input sets and one fp64 copy; 'sampled': the same with every allclose output over {SAMPLE_K} elements "
-          f"kept at {SAMPLE_K} positions (DESIGN, full-size memory), beside the larger of the trusted phase (a set, its "
-          f"fp64 copy, the one full expectation being computed) and the timing phase (4 sets); 'auto': what grader 2.3 "
+          f"kept at {SAMPLE_K} positions (DESIGN, full-size memory), beside the larger of the trusted phase (the compile "
+          f"set, a set, its fp64 copy, the one full expectation being computed) and the timing phase (4 sets); 'auto': what grader 2.3 "
           f"picks on an H200 (mkb.grader._harness.needs_sampling, with that trusted-phase figure as the working peak)")
     print(f"{'problem':58s} {'inputs GiB':>10s} {'fp64 in GiB':>11s} {'outputs GiB':>11s} {'peak GiB':>9s}  fits H200"
           f"  {'sampled GiB':>11s}  auto")
@@ -173,11 +173,12 @@ def main() -> None:
         ob = sum(n * e for n, e, _, _ in outs) / 2**30 if known else math.nan
         ob64 = sum(n * 8 for n, _, f, _ in outs if f) / 2**30 if known else math.nan
         peak = n_exp * (ob + ob64 if known else 0.0) + 4 * ib + fb
-        # sampled: the kept expectations beside the larger of the trusted phase (one set, its fp64 copy and the full
-        # expectation being computed, before it is sampled) and the timing phase (the compile set and a ring of 3)
+        # sampled: the kept expectations beside the larger of the trusted phase (the plan's compile set, one set, its
+        # fp64 copy and the full expectation being computed, before it is sampled) and the timing phase (the compile
+        # set and a ring of 3)
         kept = n_exp * sum((min(n, SAMPLE_K) if f and m == "allclose" else n) * (e + 8 * f)
                            for n, e, f, m in outs) / 2**30 if known else math.nan
-        sampled = kept + max(ib + fb + ob + ob64, 4 * ib)
+        sampled = kept + max(2 * ib + fb + ob + ob64, 4 * ib)
         auto = "?" if not known else ("sampled" if needs_sampling(
             "auto", n_expectations=n_exp, expectation_bytes=round((ob + ob64) * 2**30),
             working_bytes=round((ib + fb + ob + ob64) * 2**30), free_bytes=round(H200_GIB * 2**30)) else "whole")

@@ -15,8 +15,9 @@ sampled one (same verdict; the sampled max error at most the whole one).
     python3 scripts/gpu_sampled_run.py [--problems 50,34,38] 2>&1 | tee $OUT/log
 
 $OUT gets: log (from tee) and summary.json (per problem: the plan's choice and figures, every check, the controls,
-seconds and peak GiB per phase). Expected: ~1-2 min per problem, peak ~60-90 GiB (50's trusted phase computes one
-whole 36 GiB expectation at a time).
+seconds and peak GiB per phase). Expected: ~1-2 min per problem; peak
+(benchmarks/full_size_memory.py, a bound from shapes) ~95 GiB for 50, ~69 for 34, ~60 for 38: the plan's compile set,
+the 17 sampled expectations and one whole expectation being computed.
 """
 
 from __future__ import annotations
