@@ -128,7 +128,7 @@ def audit_main(numbers: list[int], probes: dict[int, tuple[int, ...]]) -> None:
 
 def main() -> None:
     from mkb.grader import GraderConfig
-    from mkb.measure import as_tuple
+    from mkb.grader._harness import needs_sampling
     from mkb.problems import problems
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -149,14 +149,15 @@ def main() -> None:
         audit_main(a.audit, probes)
         return
     cfg = GraderConfig()
-    n_exp = cfg.draws + max(1, round(cfg.recheck_fraction * cfg.n_timed)) + 1
+    n_exp = cfg.n_expectations
     print(f"# grading: {n_exp} expectations kept (GraderConfig draws={cfg.draws}, n_timed={cfg.n_timed}, "
-          f"recheck_fraction={cfg.recheck_fraction}), plus at most 4 input sets and one fp64 copy; 'sampled': the "
-          f"same with every float output over {SAMPLE_K} elements kept at {SAMPLE_K} positions (DESIGN, full-size "
-          f"memory), beside the larger of the trusted phase (a set, its fp64 copy, the one full expectation being "
-          f"computed) and the timing phase (4 sets)")
+          f"recheck_fraction={cfg.recheck_fraction}: {cfg.draws} draws, the re-check sets, the final draw), plus at most "
+          f"4 input sets and one fp64 copy; 'sampled': the same with every allclose output over {SAMPLE_K} elements "
+          f"kept at {SAMPLE_K} positions (DESIGN, full-size memory), beside the larger of the trusted phase (the compile "
+          f"set, a set, its fp64 copy, the one full expectation being computed) and the timing phase (4 sets); 'auto': what grader 2.3 "
+          f"picks on an H200 (mkb.grader._harness.needs_sampling, with that trusted-phase figure as the working peak)")
     print(f"{'problem':58s} {'inputs GiB':>10s} {'fp64 in GiB':>11s} {'outputs GiB':>11s} {'peak GiB':>9s}  fits H200"
-          f"  {'sampled GiB':>11s}")
+          f"  {'sampled GiB':>11s}  auto")
     over = 0
     for p in problems():
         try:
@@ -169,35 +170,53 @@ def main() -> None:
         known = outs is not None
         # per expectation: the reference's outputs and their fp64 anchors (plus mutated inputs, counted in the set)
         # unknown outputs count as 0: the figure is then a lower bound (">=")
-        ob = sum(n * e for n, e, _ in outs) / 2**30 if known else math.nan
-        ob64 = sum(n * 8 for n, _, f in outs if f) / 2**30 if known else math.nan
+        ob = sum(n * e for n, e, _, _ in outs) / 2**30 if known else math.nan
+        ob64 = sum(n * 8 for n, _, f, _ in outs if f) / 2**30 if known else math.nan
         peak = n_exp * (ob + ob64 if known else 0.0) + 4 * ib + fb
-        # sampled: the kept expectations beside the larger of the trusted phase (one set, its fp64 copy and the full
-        # expectation being computed, before it is sampled) and the timing phase (the compile set and a ring of 3)
-        kept = n_exp * sum(min(n, SAMPLE_K) * (e + 8 * f) for n, e, f in outs) / 2**30 if known else math.nan
-        sampled = kept + max(ib + fb + ob + ob64, 4 * ib)
+        # sampled: the kept expectations beside the larger of the trusted phase (the plan's compile set, one set, its
+        # fp64 copy and the full expectation being computed, before it is sampled) and the timing phase (the compile
+        # set and a ring of 3)
+        kept = n_exp * sum((min(n, SAMPLE_K) if f and m == "allclose" else n) * (e + 8 * f)
+                           for n, e, f, m in outs) / 2**30 if known else math.nan
+        sampled = kept + max(2 * ib + fb + ob + ob64, 4 * ib)
+        auto = "?" if not known else ("sampled" if needs_sampling(
+            "auto", n_expectations=n_exp, expectation_bytes=round((ob + ob64) * 2**30),
+            working_bytes=round((ib + fb + ob + ob64) * 2**30), free_bytes=round(H200_GIB * 2**30)) else "whole")
         fits = "NO" if peak >= H200_GIB else ("yes" if known else "?")
         over += fits == "NO"
         if a.over_only and fits != "NO":
             continue
         fmt = lambda x: "?" if math.isnan(x) else ("~" if approx else "") + f"{x:.1f}"  # noqa: E731
         print(f"{p.slug:58s} {ib:10.2f} {fb:11.2f} {fmt(ob):>11s} {('' if known else '>=') + fmt(peak):>9s}  "
-              f"{fits:9s}  {fmt(sampled):>11s}")
+              f"{fits:9s}  {fmt(sampled):>11s}  {auto}")
     print(f"# {over} problems' gradings may exceed an H200 at full size (~: outputs scaled from the audit probe size)")
 
 
-SAMPLE_K = 2**24  # positions kept per sampled output (DESIGN, Problem contract, full-size memory)
+def _sample_k() -> int:
+    from mkb.measure import SAMPLE_POSITIONS
+
+    return SAMPLE_POSITIONS
 
 
-def _output_shapes(p, inputs) -> tuple[list[tuple[int, int, bool]] | None, bool]:
-    """[(numel, element bytes, is float)] of the reference's full-size outputs, and whether they are scaled from the
+SAMPLE_K = _sample_k()  # positions kept per sampled output (DESIGN, Problem contract, full-size memory)
+
+
+def _modes(p, n: int) -> list[str]:
+    """The compare mode of each of the reference's n outputs (META.outputs order)."""
+    outs = list(getattr(p.meta, "outputs", ()))
+    return [getattr(o, "compare", "allclose") for o in outs[:n]] + ["allclose"] * max(0, n - len(outs))
+
+
+def _output_shapes(p, inputs) -> tuple[list[tuple[int, int, bool, str]] | None, bool]:
+    """[(numel, element bytes, is float, compare mode)] of the reference's full-size outputs, and whether they are scaled from the
     audit probe size: a data-dependent reference (routing by nonzero/unique) cannot run on the meta device, so one in
     AUDIT_PROBES runs on the CPU at its probe size and each output's size is scaled by full set / probe set."""
     from mkb.measure import as_tuple
 
     try:
         outs = as_tuple(p.reference(*inputs))
-        return [(o.numel(), o.element_size(), o.is_floating_point()) for o in outs if isinstance(o, torch.Tensor)], False
+        return [(o.numel(), o.element_size(), o.is_floating_point(), m) for o, m in zip(outs, _modes(p, len(outs)))
+                if isinstance(o, torch.Tensor)], False
     except Exception:  # noqa: BLE001 - data-dependent on meta
         pass
     dims = AUDIT_PROBES.get(p.number)
@@ -211,7 +230,7 @@ def _output_shapes(p, inputs) -> tuple[list[tuple[int, int, bool]] | None, bool]
         outs = as_tuple(p.reference(*small))
     finally:
         del sizes["probe"]
-    return [(round(o.numel() * scale), o.element_size(), o.is_floating_point()) for o in outs
+    return [(round(o.numel() * scale), o.element_size(), o.is_floating_point(), m) for o, m in zip(outs, _modes(p, len(outs)))
             if isinstance(o, torch.Tensor)], True
 
 

@@ -41,12 +41,28 @@ class GraderConfig:
     reference_timed: int = 50
     reference_budget_s: float = 90.0  # ... and a wall bound, for references that loop per token in Python
     early_stop: bool = True  # stop timing once R@t and S cannot change (mkb.grader._verdict.timing_decided)
+    # how the trusted plan keeps its expectations (DESIGN, Problem contract, full-size memory): "whole", "sampled"
+    # (allclose outputs over `sample_positions` elements kept at that many secret positions), or "auto": sampled only
+    # where the whole ones do not fit the device (`mkb.grader._harness.needs_sampling`); "auto" never samples on the CPU
+    expectations: str = "auto"
+    sample_positions: int = 2**24  # mkb.measure.SAMPLE_POSITIONS; tests lower it to sample smoke-size outputs
 
     def __post_init__(self) -> None:
         if self.draws < 1 or self.n_timed < 1 or self.n_warmup < 0:
             raise ValueError("GraderConfig needs draws >= 1, n_timed >= 1 and n_warmup >= 0")
         if self.device not in ("cuda", "cpu"):
             raise ValueError(f"GraderConfig.device must be 'cuda' or 'cpu', not {self.device!r}")
+        if self.expectations not in ("auto", "whole", "sampled"):
+            raise ValueError(f"GraderConfig.expectations must be 'auto', 'whole' or 'sampled', not {self.expectations!r}")
+        if self.sample_positions < 1:
+            raise ValueError(f"GraderConfig.sample_positions must be >= 1, not {self.sample_positions}")
+
+    @property
+    def n_expectations(self) -> int:
+        """Expectations a grading keeps from its trusted phase through timing: the draws, the re-check sets (a
+        random recheck_fraction of the timed calls but the last, plus the last) and the final draw: 5 + 11 + 1 = 17
+        with the defaults (mkb.grader._harness._Plan)."""
+        return self.draws + min(max(1, round(self.recheck_fraction * self.n_timed)), self.n_timed - 1) + 1 + 1
 
     @classmethod
     def quick(cls, **overrides) -> "GraderConfig":

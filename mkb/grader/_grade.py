@@ -21,7 +21,7 @@ from mkb.grader._session import TrustedCache, problem_identity, trusted_key
 from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict, exit_failure, missing_stages_reason, timeout_failure
 from mkb.problems import problem_number
 
-GRADER_VERSION = "2.2"  # 2.2: the side-work check also takes the empty calls' tails after the loop; 2.1: device-time window (host dispatch hidden by a GPU sleep, reported beside it), spinning tails; 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
+GRADER_VERSION = "2.3"  # 2.3: sampled expectations where the whole ones do not fit the device (34, 38, 50 at full size; nothing changes for problems that fit); 2.2: the side-work check also takes the empty calls' tails after the loop; 2.1: device-time window (host dispatch hidden by a GPU sleep, reported beside it), spinning tails; 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
 
 
 def _jsonable(v: Any) -> str | None:
@@ -294,5 +294,19 @@ def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failur
         reference_median_us=v.reference_median_us, speedup_upstream=v.speedup_upstream, s_upstream=v.s_upstream,
         queue_wait_s=v.queue_wait_s, pair_id=pair_id, problem_hash=v.problem_hash,
         details=_jsonable({"wall_s": v.wall_s, "overhead_s": v.overhead_s, "worker_wait_s": v.worker_wait_s,
-                           "grader_version": GRADER_VERSION, "config_overrides": config_overrides or {}}),
+                           "grader_version": GRADER_VERSION, "config_overrides": config_overrides or {},
+                           **_expectations(v)}),
     )
+
+
+_EXPECTATION_FIGURES = ("expectations", "sampled_positions", "expectations_kept_bytes", "expectations_whole_bytes",
+                        "expectation_working_bytes", "device_free_bytes")
+
+
+def _expectations(v: Verdict) -> dict[str, Any]:
+    """How the grading kept its expectations (grader 2.3: whole, or sampled with the positions per output), from a
+    passed verification stage, for the verdict's details (the verification event's details hold the draws)."""
+    s = v.stage("verification")
+    if s is None or s.figures.get("expectations") is None:
+        return {}
+    return {"expectations": {k: s.figures.get(k) for k in _EXPECTATION_FIGURES}}

@@ -28,7 +28,7 @@ from mkb.grader._trace import CallLimits, call_figures, classify, profile_call
 from mkb.grader._verdict import CompileFigures, IntegrityFigures, TimingFigures, VerificationFigures, timing_decided
 from mkb.measure import (
     MIN_TIMED, TIMING_POLICY, UPSTREAM_POLICY, InputStream, L2Flusher, LoopRecord, UnsupportedGpu, clone_inputs, compare,
-    SmClock, expect, gpu_state, sm_hold, identify_gpu, inputs_unchanged, side_work_us, stream_window as _stream_window, summarize,
+    SmClock, expect, gpu_state, sample, sm_hold, identify_gpu, inputs_unchanged, side_work_us, stream_window as _stream_window, summarize,
     tensor_bytes, time_upstream, timed_loop,
 )
 from mkb.reasons import Reason
@@ -44,6 +44,7 @@ _ev_sync = torch.cuda.Event.synchronize
 _tensor_type = torch.Tensor
 _is_floating = torch.Tensor.is_floating_point
 _empty_like = torch.empty_like
+_empty = torch.empty
 _fill = torch.Tensor.fill_
 _warm_copy_watch()  # before any guard snapshot (it imports torch._dynamo, which rebinds torch callables)
 
@@ -164,11 +165,18 @@ class _Device:
         return ids or None
 
 
-def _poison(expected_values: tuple) -> None:
-    """Park NaN-filled blocks of each output's size in the allocator, so an output read from freed memory is NaN."""
+def _poison(expected: Any) -> None:
+    """Park NaN-filled blocks of each output's size in the allocator, so an output read from freed memory is NaN.
+
+    A sampled output (`Expected.sampled`) has no whole reference: its block is made from its shape and dtype."""
     blocks = []
-    for v in expected_values:
-        if isinstance(v, _tensor_type) and _is_floating(v) and v.numel():
+    for k, v in enumerate(expected.reference):
+        s = expected.sampled.get(k)
+        if s is not None:
+            b = _empty(s.shape, dtype=s.dtype, device=s.device)
+            _fill(b, math.nan)
+            blocks.append(b)
+        elif isinstance(v, _tensor_type) and _is_floating(v) and v.numel():
             b = _empty_like(v)
             _fill(b, math.nan)
             blocks.append(b)
@@ -259,6 +267,41 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
         ev.stage(f.stage, False, f.reason, f.message)
 
 
+def needs_sampling(mode: str, *, n_expectations: int, expectation_bytes: int, working_bytes: int | None,
+                   free_bytes: int | None) -> bool:
+    """Whether the trusted plan keeps its expectations sampled (GraderConfig.expectations).
+
+    "auto" samples only where the whole ones do not fit: the n - 1 further expectations beside the first one's
+    measured working peak (its inputs, their fp64 copies, the reference's temporaries and the expectation itself)
+    exceed the free device memory left after the timing loop's input sets (a quarter, `_input_budget`). Not a
+    tighter budget: problem 56 keeps ~85 GiB of whole expectations and fits an H200 today (its grading peak
+    ~87 GiB, benchmarks/full_size_memory.py), and a problem that fits is graded as before (grader 2.3). Without
+    a device figure (the CPU) "auto" keeps them whole.
+    """
+    if mode != "auto":
+        return mode == "sampled"
+    if free_bytes is None or working_bytes is None:
+        return False
+    return (n_expectations - 1) * expectation_bytes + working_bytes > free_bytes - free_bytes // 4
+
+
+def _free_bytes(device: str) -> int | None:
+    if device != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info()
+    return int(free)
+
+
+def _measured(device: str, fn: Callable[[], Any]) -> tuple[Any, int | None]:
+    """fn() and the device bytes its peak held above what was allocated before it (None off the GPU)."""
+    if device != "cuda":
+        return fn(), None
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    return out, int(torch.cuda.max_memory_allocated() - base)
+
+
 class _Plan:
     """What the trusted phase fixed before the candidate exists: secret draws with their expected outputs,
     the warm-up count, the re-checked, profiled and content-repeat positions.
@@ -269,14 +312,34 @@ class _Plan:
     H200 for several problems (benchmarks/full_size_memory.py). The expectations, the part that must exist
     before the candidate does, are computed here as before; re-making the same values after the import gives
     a candidate nothing it could not see on the call itself.
+
+    Where the whole expectations do not fit beside the timing loop's input sets (`needs_sampling`; 34, 38 and 50 at
+    full size), each is computed whole as before and then kept sampled (`mkb.measure.sample`, with a secret seed
+    per expectation from the trusted rng); every other problem draws nothing more from the rng and keeps its
+    expectations whole, as before.
     """
 
     def __init__(self, mod: Any, cfg: GraderConfig, rng: random.Random, make: Callable[[int], tuple],
-                 fresh_seed: Callable[[], int]) -> None:
-        self.draws = []
-        for _ in range(cfg.draws):
+                 fresh_seed: Callable[[], int], *, device: str = "cpu") -> None:
+        free = _free_bytes(device)
+        seed = fresh_seed()
+        first, working = _measured(device, lambda: expect(mod, make(seed)))
+        self.whole_bytes = first.nbytes() * cfg.n_expectations
+        self.working_bytes, self.free_bytes = working, free
+        self.expectations = "sampled" if needs_sampling(
+            cfg.expectations, n_expectations=cfg.n_expectations, expectation_bytes=first.nbytes(),
+            working_bytes=working, free_bytes=free) else "whole"
+
+        def keep(exp: Any) -> Any:
+            if self.expectations == "whole":
+                return exp
+            return sample(exp, seed=fresh_seed(), positions=cfg.sample_positions)
+
+        self.draws = [(seed, keep(first))]
+        del first
+        for _ in range(cfg.draws - 1):
             seed = fresh_seed()
-            self.draws.append((seed, expect(mod, make(seed))))
+            self.draws.append((seed, keep(expect(mod, make(seed)))))
         self.compile_inputs = make(fresh_seed())
         self.n_warm = cfg.n_warmup + rng.randrange(cfg.warmup_jitter + 1)
         self.n_timed = n_timed = cfg.n_timed
@@ -285,9 +348,12 @@ class _Plan:
         self.recheck_sets = {}
         for k in sorted(recheck):
             seed = fresh_seed()
-            self.recheck_sets[k] = (seed, expect(mod, make(seed)))
+            self.recheck_sets[k] = (seed, keep(expect(mod, make(seed))))
         self.final_seed = fresh_seed()
-        self.final_expected = expect(mod, make(self.final_seed))
+        self.final_expected = keep(expect(mod, make(self.final_seed)))
+        kept = [e for _, e in self.draws] + [e for _, e in self.recheck_sets.values()] + [self.final_expected]
+        self.kept_bytes = sum(e.nbytes() for e in kept)
+        self.sampled_positions = self.final_expected.sampled_positions()
         # profiled calls at secret positions after timed call k; the last repeats an earlier re-check set's content
         first_re = min(recheck)
         self.prof_after = sorted(rng.sample(range(n_timed), min(cfg.n_profiled, n_timed)))
@@ -348,7 +414,7 @@ class _Evaluation:
 
             gpu_reader = _threading.Thread(target=lambda: gpu_box.update(state=gpu_state().as_dict()), daemon=True)
             gpu_reader.start()
-        self.plan = plan = _Plan(mod, cfg, self.rng, make, self.fresh_seed)
+        self.plan = plan = _Plan(mod, cfg, self.rng, make, self.fresh_seed, device=dev.kind)
         ph.mark("draws_and_recheck_sets")
         # eager baseline, launch floors and upstream's reference timing, before import; taken from the
         # session cache when the parent has them for this exact (problem, GPU, versions, policy) key
@@ -473,7 +539,7 @@ class _Evaluation:
             if k >= 2:
                 first = ()
             pristine = clone_inputs(inputs)
-            _poison(exp.reference)
+            _poison(exp)
             self.ph.mark("verify_inputs")
             before = python_threads()
             watch = CopyWatch(inputs)  # the write check: which output elements torch copies produced
@@ -506,8 +572,12 @@ class _Evaluation:
                     worst_err, worst_tol = c.max_abs_err, c.tolerance
             del out
             self.ph.mark("verify_checks")
+        plan = self.plan
         self.stage("verification", True, None, "", **VerificationFigures(
-            draws=len(draws), max_abs_err=worst_err, tolerance=worst_tol, details=details, copied_fraction_max=copied_max).as_dict())
+            draws=len(draws), max_abs_err=worst_err, tolerance=worst_tol, details=details, copied_fraction_max=copied_max,
+            expectations=plan.expectations, sampled_positions=plan.sampled_positions, expectations_kept_bytes=plan.kept_bytes,
+            expectations_whole_bytes=plan.whole_bytes, expectation_working_bytes=plan.working_bytes,
+            device_free_bytes=plan.free_bytes).as_dict())
 
     # ---------------- timing: fresh values and addresses, L2 flushed, secret re-checks ----------------
     def _profiled(self, k: int, is_probe: bool) -> None:
@@ -630,7 +700,7 @@ class _Evaluation:
         # the final correctness pass after the loop (a kernel that turns wrong after N calls)
         final_args = self.make(plan.final_seed)
         pristine = clone_inputs(final_args)
-        _poison(plan.final_expected.reference)
+        _poison(plan.final_expected)
         out = _call(solve, final_args, "timing")
         dev.sync()
         cmp = compare(plan.final_expected, out, inputs_after=final_args, input_names=meta.inputs)

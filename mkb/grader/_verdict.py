@@ -63,6 +63,16 @@ class VerificationFigures(_Figures):
     tolerance: float | None = None
     details: list[dict[str, Any]] | None = None
     copied_fraction_max: float | None = None  # the largest share of an answer torch copies produced (mkb.grader._provenance)
+    # grader 2.3: how the expectations were kept ("whole", or "sampled" where the whole ones do not fit the device),
+    # output name -> positions compared for each sampled output (every draw, re-check and the final draw alike),
+    # the bytes kept, the bytes the whole ones would have kept, the first expectation's working peak and the free
+    # device memory the decision was taken against (None off the GPU)
+    expectations: str | None = None
+    sampled_positions: dict[str, int] | None = None
+    expectations_kept_bytes: int | None = None
+    expectations_whole_bytes: int | None = None
+    expectation_working_bytes: int | None = None
+    device_free_bytes: int | None = None
 
 
 @dataclass(frozen=True)

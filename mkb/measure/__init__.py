@@ -1,8 +1,8 @@
 """DSL-free measurement shared by problem characterisation and the grader: timing, comparison, speed of light."""
 
 from mkb.measure._compare import (
-    Comparison, Expected, OutputCheck, QUANTIZED_MAX_OFF_FRACTION, TOL_FACTOR, as_tuple, clone_inputs, compare,
-    expect, inputs_unchanged, to_fp64,
+    SAMPLE_POSITIONS, Comparison, Expected, OutputCheck, QUANTIZED_MAX_OFF_FRACTION, SampledOutput, TOL_FACTOR, as_tuple,
+    clone_inputs, compare, expect, inputs_unchanged, sample, to_fp64,
 )
 from mkb.measure._device import (
     CHECKED_ARCHS, GPU_MODELS, GpuModel, GpuState, SmClock, UnsupportedGpu, arch_of, detect_arch, gpu_name, gpu_state, identify_gpu,
@@ -19,7 +19,7 @@ __all__ = [
     "LoopRecord", "perf_window", "timed_loop", "HOLD_US", "HOLD_MIN_US", "HOLD_MAX_US", "SmHold", "sm_hold",
     "UPSTREAM_POLICY", "UPSTREAM_TIMED", "UPSTREAM_WARMUP", "reference_numerics", "time_upstream",
     "SmClock", "CHECKED_ARCHS", "GPU_MODELS", "GpuModel", "UnsupportedGpu", "arch_of", "detect_arch", "identify_gpu", "query_gpu",
-    "Comparison", "Expected", "GPU_PEAKS", "GpuPeaks", "GpuState", "InputStream", "L2Flusher", "MIN_TIMED",
+    "SAMPLE_POSITIONS", "SampledOutput", "sample", "Comparison", "Expected", "GPU_PEAKS", "GpuPeaks", "GpuState", "InputStream", "L2Flusher", "MIN_TIMED",
     "FLUSH_KIND", "MIN_WARMUP", "OutputCheck", "TIMING_POLICY", "QUANTIZED_MAX_OFF_FRACTION", "SpeedOfLight", "TOL_FACTOR", "Timing", "as_tuple",
     "clone_inputs", "compare", "expect", "gpu_name", "gpu_peaks", "gpu_state", "inputs_unchanged", "l2_bytes",
     "speed_of_light", "summarize", "tensor_bytes", "time_calls", "side_work_us", "stream_window", "time_problem_fn", "to_fp64", "wait_device",

@@ -13,6 +13,8 @@ encodes, before quantisation, where the problem names them (`Output.quantized_fr
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Sequence
@@ -23,6 +25,10 @@ from mkb.reasons import Reason
 
 TOL_FACTOR = 3.0
 QUANTIZED_MAX_OFF_FRACTION = 0.001  # at most 0.1% of elements one quantum off
+# positions kept per sampled output (DESIGN, Problem contract, full-size memory): 2^24 x (reference + fp64 anchor)
+# is 192 MiB for an fp32 output, against 12 GiB for one of 2^30 elements kept whole
+SAMPLE_POSITIONS = 2**24
+_SEED_STEP = 0x9E3779B97F4A7C15  # per-output seeds of one expectation: seed + (j + 1) x this, mod 2^63
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,45 @@ class Comparison:
 
 
 @dataclass(frozen=True, eq=False)
+class SampledOutput:
+    """An allclose output kept at `k` secret positions: the whole output's facts the comparison needs (shape, dtype,
+    device, the reference's non-finite positions, whether it is all zero or constant; its tolerance stays in
+    `Expected.tolerance`) and the reference and fp64 anchor values there.
+
+    The positions are not stored: `positions()` makes them again from `seed`, so the kept record is a seed and
+    2 x k values (DESIGN, Problem contract, full-size memory: the 17 whole expectations of problems 34, 38 and 50
+    exceed an H200). Drawn with replacement, so an output wrong in n of its N elements escapes one check with
+    probability (1 - k/N)^n.
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    seed: int = field(repr=False)
+    k: int
+    reference: torch.Tensor = field(repr=False)  # (k,) the reference's values at the positions
+    anchor: torch.Tensor = field(repr=False)  # (k,) float64, the anchor's values at the positions
+    nonfinite: torch.Tensor | None = field(repr=False)  # flat positions where the reference is NaN/Inf; None: > k
+    nonfinite_count: int
+    all_zero: bool
+    constant: bool
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def positions(self) -> torch.Tensor:
+        """The k flat positions, made again from the seed on the output's device."""
+        return _positions(self.seed, self.numel, self.k, self.device)
+
+
+def _positions(seed: int, numel: int, k: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return torch.randint(numel, (k,), generator=g, device=device)
+
+
+@dataclass(frozen=True, eq=False)
 class Expected:
     """What a correct call returns for one input draw, with per-output modes and tolerances.
 
@@ -78,6 +123,25 @@ class Expected:
     # mutated input name -> index of the same-named output whose mode has no per-element float rule
     # (quantized, topk): the updated input must be bitwise the candidate's own (checked) output
     same_as_output: dict = field(default_factory=dict)
+    # entry index -> SampledOutput for allclose outputs kept at secret positions (`sample`); their `reference` and
+    # `anchor` entries are None
+    sampled: dict = field(default_factory=dict)
+
+    def nbytes(self) -> int:
+        """Bytes of the tensors this expectation keeps alive (a grading keeps one per draw, re-check and final set)."""
+        held = [*self.reference, *self.anchor, *(v[1] for v in self.topk.values()),
+                *(x for v in self.dequantize.values() for x in v[2:]),
+                *(x for s in self.sampled.values() for x in (s.reference, s.anchor, s.nonfinite))]
+        seen: dict[int, int] = {}
+        for t in held:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                st = t.untyped_storage()
+                seen[st.data_ptr()] = st.nbytes()
+        return sum(seen.values())
+
+    def sampled_positions(self) -> dict[str, int]:
+        """Output name -> positions kept, for the outputs compared at sampled positions (empty: all whole)."""
+        return {self.names[k]: s.k for k, s in sorted(self.sampled.items())}
 
     def fp64_gap(self) -> dict[str, float]:
         """Per-output max|reference - anchor| / max|anchor| over finite entries (0 where the anchor is all zero).
@@ -209,6 +273,38 @@ def expect(module: ModuleType, inputs: Sequence[Any], *, anchor: bool = True) ->
                     len(outs), tuple(meta.mutates), topk, dequant, tuple(scales), same_as_output)
 
 
+def sample(expected: Expected, *, seed: int, positions: int = SAMPLE_POSITIONS) -> Expected:
+    """`expected` with every allclose output of more than `positions` elements kept at `positions` secret positions.
+
+    The expectation was computed whole (its tolerance and fp64 gap come from the whole output); exact, topk and
+    quantized outputs and smaller ones stay whole. `seed` is the expectation's secret (the grader draws it from
+    its trusted rng); each output's positions come from it and its index, so they differ between outputs,
+    expectations and gradings.
+    """
+    if positions < 1:
+        raise ValueError(f"sample: positions must be >= 1, not {positions}")
+    refs, anchors, kept = list(expected.reference), list(expected.anchor), dict(expected.sampled)
+    for j, (mode, ref, a) in enumerate(zip(expected.modes, refs, anchors)):
+        if mode != "allclose" or not isinstance(ref, torch.Tensor) or not isinstance(a, torch.Tensor) \
+                or ref.numel() <= positions:
+            continue
+        flat = _wide(ref.detach()).reshape(-1)
+        bad = ~torch.isfinite(flat)
+        n_bad = int(bad.sum())
+        nonfinite = bad.nonzero().reshape(-1) if 0 < n_bad <= positions else None
+        del bad
+        all_zero = not bool(((flat != 0) & ~torch.isnan(flat)).any())
+        constant = bool((flat == flat[0]).all())
+        s_seed = (seed + (j + 1) * _SEED_STEP) % 2**63
+        idx = _positions(s_seed, ref.numel(), positions, ref.device)
+        kept[j] = SampledOutput(shape=tuple(ref.shape), dtype=ref.dtype, device=ref.device, seed=s_seed, k=positions,
+                                reference=ref.detach().reshape(-1)[idx], anchor=a.reshape(-1)[idx], nonfinite=nonfinite,
+                                nonfinite_count=n_bad, all_zero=all_zero, constant=constant)
+        refs[j] = anchors[j] = None
+        del flat, idx
+    return dataclasses.replace(expected, reference=tuple(refs), anchor=tuple(anchors), sampled=kept)
+
+
 def _structure(name: str, cand: Any, ref: Any) -> OutputCheck | None:
     if not isinstance(ref, torch.Tensor):
         if cand != ref:
@@ -265,6 +361,52 @@ def _allclose(name: str, cand: torch.Tensor, anchor: torch.Tensor, tol: float) -
     if not err <= tol:  # also catches err = nan
         return OutputCheck(name, False, Reason.WRONG_OUTPUT, f"max |error| {err:.4g} vs fp64 anchor exceeds tolerance {tol:.4g}", err, tol)
     return OutputCheck(name, True, None, "", err, tol)
+
+
+def _sampled(name: str, cand: Any, s: SampledOutput, tol: float) -> OutputCheck:
+    """A sampled output: the candidate's whole output checked for type, shape, dtype, NaN/Inf, all-zero and constant
+    against the whole reference's facts (as `_structure` and `_degenerate`), its values at the kept positions
+    against the anchor with the whole output's tolerance (as `_allclose`). Boolean temporaries only: a 2^30-element
+    output is not copied to float64."""
+    if type(cand) is not torch.Tensor:
+        return OutputCheck(name, False, Reason.WRONG_TYPE, f"expected a plain torch.Tensor, got {type(cand).__name__}")
+    if tuple(cand.shape) != s.shape or cand.dtype != s.dtype or cand.device != s.device:
+        return OutputCheck(
+            name, False, Reason.WRONG_SHAPE,
+            f"expected {s.shape} {s.dtype} on {s.device}, got {tuple(cand.shape)} {cand.dtype} on {cand.device}",
+        )
+    c = _wide(cand.detach()).reshape(-1)
+    idx = s.positions()
+    bad_c = ~torch.isfinite(c)
+    if s.nonfinite_count == 0:
+        if bool(bad_c.any()):
+            return OutputCheck(name, False, Reason.NAN, f"{int(bad_c.sum())} NaN/Inf values where the reference is finite")
+    elif s.nonfinite is not None:
+        bad_r = torch.zeros_like(bad_c)
+        bad_r[s.nonfinite] = True
+        if bool((bad_c & ~bad_r).any()):
+            n = int((bad_c & ~bad_r).sum())
+            return OutputCheck(name, False, Reason.NAN, f"{n} NaN/Inf values where the reference is finite")
+        if bool((bad_r & ~bad_c).any()):
+            return OutputCheck(name, False, Reason.WRONG_OUTPUT, "finite values where the reference has NaN/Inf")
+        del bad_r
+    else:  # more non-finite reference values than positions: their count, and the kept positions' own values
+        n_c = int(bad_c.sum())
+        bad_rs, bad_cs = ~torch.isfinite(_wide(s.reference)), bad_c[idx]
+        if n_c > s.nonfinite_count or bool((bad_cs & ~bad_rs).any()):
+            return OutputCheck(name, False, Reason.NAN,
+                               f"NaN/Inf values where the reference is finite ({n_c} in all, the reference has "
+                               f"{s.nonfinite_count})")
+        if n_c < s.nonfinite_count or bool((bad_rs & ~bad_cs).any()):
+            return OutputCheck(name, False, Reason.WRONG_OUTPUT, "finite values where the reference has NaN/Inf")
+    del bad_c
+    if not bool(((c != 0) & ~torch.isnan(c)).any()) and not s.all_zero:
+        return OutputCheck(name, False, Reason.ALL_ZERO, "all zeros where the reference is not")
+    if c.numel() > 1 and bool((c == c[0]).all()) and not s.constant:
+        return OutputCheck(name, False, Reason.CONSTANT, f"every element equals {c[0].item()!r}; the reference varies")
+    check = _allclose(name, c[idx], s.anchor, tol)
+    where = f"at {s.k} sampled positions of {s.numel}"
+    return dataclasses.replace(check, message=f"{check.message} ({where})" if check.message else where)
 
 
 def _exact(name: str, cand: torch.Tensor, ref: torch.Tensor) -> OutputCheck:
@@ -336,6 +478,9 @@ def compare(expected: Expected, outputs: Any, *, inputs_after: Sequence[Any] | N
         values += [inputs_after[list(input_names).index(n)] for n in mutated]
     checks = []
     for k, (name, mode, ref, cand) in enumerate(zip(expected.names, expected.modes, expected.reference, values)):
+        if k in expected.sampled:
+            checks.append(_sampled(name, cand, expected.sampled[k], expected.tolerance[k]))
+            continue
         check = _structure(name, cand, ref)
         if check is None:
             check = _degenerate(name, cand, ref)

@@ -54,3 +54,24 @@ def test_hack_is_rejected_with_its_reason(env, hack):
         assert v.reason == f"static_{hack.static}"
     else:
         assert v.reason in hack.runtime, v.message
+
+
+@pytest.mark.parametrize("hack", [h for h in R.HACKS if h.cpu and not h.static], ids=lambda h: h.name)
+def test_hack_is_rejected_with_sampled_expectations(env, hack):
+    """Grader 2.3 keeps 34's, 38's and 50's expectations sampled at full size: every runtime form is still rejected
+    with its reason when problem 28's output is compared at 64 secret positions (a static form never reaches it)."""
+    paths, cfg, pool, store = env
+    if hack.name not in paths:
+        pytest.skip(f"problem {hack.problem}'s baseline does not take `solve({hack.signature})` (the other form runs)")
+    sampled = GraderConfig.from_dict({**cfg.as_dict(), "expectations": "sampled", "sample_positions": 64})
+    v = grade(hack.problem, "fake", paths[hack.name], store=store, config=sampled, pool=pool)
+    assert not v.passed
+    assert v.reason in hack.runtime, v.message
+
+
+def test_control_passes_with_sampled_expectations(env):
+    paths, cfg, pool, store = env
+    sampled = GraderConfig.from_dict({**cfg.as_dict(), "expectations": "sampled", "sample_positions": 64})
+    v = grade(R.PROBLEM, "fake", paths["control"], store=store, config=sampled, pool=pool)
+    assert v.passed, v.message
+    assert v.stage("verification").typed.sampled_positions == {"y": 64}
