@@ -113,6 +113,19 @@ def test_two_worker_processes_share_one_rate_limit(cluster):
     ray.kill(pacers[key])
 
 
+def _wait_dead(handle, limit_s: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=2)
+        except Exception:  # noqa: BLE001 - the actor is gone
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the killed actor still answered after {limit_s:.0f} s")
+
+
 def test_a_dead_pacing_actor_fails_the_request_in_one_line_and_stops_the_run(cluster, tmp_path):
     from mkb.experiment._ray import RayExecutor
 
@@ -133,6 +146,7 @@ def test_a_dead_pacing_actor_fails_the_request_in_one_line_and_stops_the_run(clu
         lim = limiter_for(*key)
         lim.acquire(10)
         ray.kill(h, no_restart=True)
+        _wait_dead(h)  # ray.kill is asynchronous: a call sent at once may still be answered
         with pytest.raises(PacingUnavailable) as e:
             lim.acquire(10)
         first, hint = str(e.value).split("\n")
