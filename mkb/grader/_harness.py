@@ -64,8 +64,9 @@ def _warm_step(what: str, hint: str, fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except Exception as exc:  # noqa: BLE001 - re-raised with the step named
-        raise WarmStartError(f"the grader worker's warm start failed at {what}: {type(exc).__name__}: "
-                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else '(no message)'}; hint: {hint}") from exc
+        first = (str(exc).strip().splitlines() or ["(no message)"])[0]
+        raise WarmStartError(f"the grader worker's warm start failed at {what}: {type(exc).__name__}: {first}; "
+                             f"hint: {hint}") from exc
 
 
 def warm_start(device: str) -> None:
