@@ -6,6 +6,12 @@ into registers with a 128-bit copy atom, adds x + residual in fp32 once, reduces
 squares (warp shuffle, then shared memory), then writes y = s * rsqrt(mean + eps) * w with 128-bit
 stores. Compiled once per hidden size with TVM-FFI on fake tensors (rows dynamic), launched on
 torch's current stream.
+
+Against torch.compile: 83.2 us, 0.99x torch.compile (max-autotune-no-cudagraphs, 82.6 us), 13.44x eager, 0.893 of
+the speed of light (356.6 MB, 74.3 us at 4.8 TB/s); the TIRx version 83.0 us, 1.00x (problems/README.md speed table,
+events/h200-grader-2-2). At parity within the timing spread (this file: 82.4-83.5 us over seven gradings in that
+dataset): the kernel reads x and the residual and writes y once each, at 89% of the HBM roof, so torch.compile (82.6
+us, 0.90 of the speed of light), this kernel and the TIRx one all sit at the memory bound.
 """
 
 import operator

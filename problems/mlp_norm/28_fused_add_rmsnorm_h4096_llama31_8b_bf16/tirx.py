@@ -4,6 +4,12 @@ Each thread owns hidden/(8*NT) chunks of 8 bf16 (16 bytes; chunk index k*NT + tx
 contiguous memory), loads them with `bfloat16x8` vector loads, adds x + residual in fp32 once,
 reduces the sum of squares with `Tx.cuda.cta_sum`, then writes y = s * rsqrt(mean + eps) * w
 with vector stores. One kernel per hidden size, compiled on first use.
+
+Against torch.compile: 83.0 us, 1.00x torch.compile (max-autotune-no-cudagraphs, 82.6 us), 13.46x eager, 0.895 of
+the speed of light (356.6 MB, 74.3 us at 4.8 TB/s); the CuTe DSL version 83.2 us, 0.99x (problems/README.md speed
+table, events/h200-grader-2-2). At parity within the timing spread (this file: 82.4-83.2 us over seven gradings in
+that dataset): the kernel reads x and the residual and writes y once each, at 90% of the HBM roof, so torch.compile
+(82.6 us, 0.90 of the speed of light), this kernel and the CuTe DSL one all sit at the memory bound.
 """
 
 import torch

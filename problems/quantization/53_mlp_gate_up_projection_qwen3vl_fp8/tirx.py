@@ -35,6 +35,27 @@ memory descriptors) fed by TMA through a multi-stage mbarrier pipeline, i.e. the
 was too risky to write without a GPU to test on.
 Commit 84c0e11 holds an exact fp32 SIMT version of this kernel (no tensor cores).
 
+Against torch.compile: 9337.9 us, 0.36x torch.compile (3395.3 us), 0.70x eager, 0.128 of the fp8 tensor-core speed
+of light (problems/README.md speed table, events/h200-grader-2-2), as expected above: the emulated fp8 mma.sync is
+the limit, a missing primitive on this path. The CuTe DSL baseline is 2153.7 us, 1.58x torch.compile
+(events/h200-53-wgmma), with the design named above: wgmma m64n128k32 e4m3 from 128B-swizzled shared memory fed by a
+TMA ring on mbarriers, a producer warp and two math warpgroups (setmaxnreg), TMA multicast across 2-CTA clusters.
+Why TIRx did not get that design: TIRx as shipped (apache-tvm 0.27.0.post1) reaches each instruction of it, but only
+as raw PTX, with no GEMM layer above it on Hopper. In the wheel, tvm/backend/cuda/ptx/table.py registers
+wgmma.mma_async m64nNk32 .f32.e4m3.e4m3 (ss and rs forms, certified for sm_90a) with wgmma fence/commit/wait,
+tvm/backend/cuda/tile_primitive/copy_async/tma.py accepts tiled TMA copies from SM90 on, and
+Tx.cuda.wgmma.encode_matrix_descriptor builds shared-memory descriptors; but there is no wgmma tile primitive
+(tile_primitive/gemm_async/ holds only tcgen05.py, tile_primitive/gemm/ only mma_m16n8k_.py for mma.sync), and the
+mbarrier Pipeline helpers (tvm/backend/cuda/lang/pipeline.py) are documented as for SM100 kernels. mkb's TIRx notes
+name the same raw route for Hopper GEMMs (mkb/dsl/docs/tirx/patterns.md, GEMM: raw Tx.ptx wgmma + TMA + mbarrier)
+and hold no Hopper example of it. In CuTe DSL each piece of the design is a library call (PipelineTmaAsync, a
+warpgroup MMA atom through make_tiled_mma, partition_C for the accumulator's coordinates, the TMA multicast copy
+op); in TIRx each is hand-written (descriptors, the 128B swizzle, the accumulator fragment table, the barrier
+protocol), and that was not attempted without a GPU to debug it on. So: a missing library layer rather than a
+compiler limit (a raw Tx.ptx["wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3"] call with descriptors from
+encode_matrix_descriptor lowers and compiles to QGMMA.64x8x32.F32.E4M3.E4M3 for sm_90a: checked on the CPU with nvcc
+13.0, not run), and not yet done.
+
 Numerics: codes are multiplied exactly on the tensor cores; each 128-wide block's partial sum
 (fp32, or the tensor core's internal accumulation) is scaled by x_scale * w_scale in fp32 and
 added in fp32, so the result differs from the fp32 reference only by summation order and the
