@@ -8,21 +8,22 @@ its state slice, reduces k.S and q.S over k, and uses o = scale * (q.S' + (q.k) 
 as scale * q.(S' + k delta^T)) so the state is read once and the new state written once. Compiled once
 per shape and scale; launched on torch's current stream.
 
-Against torch.compile: 299.0 us, 0.48x torch.compile (default mode, 142.7 us), 1.08x eager, 0.094 of the speed of
-light (135.0 MB, the fp32 state read and written once: 2 x 67.1 MB, 28.1 us at 4.8 TB/s); the CuTe DSL version, the
-same design, 298.2 us with the same ratios (problems/README.md speed table, events/h200-grader-2-2). Not yet tuned;
-no missing primitive. What the code does, read from the sm_90a SASS (nvcc 13.0 on the CPU; none of it measured on a
-GPU): each thread reads its 32 state values with 32 scalar 4-byte loads (LDG.E.CONSTANT: the loop indexes element by
-element, so nothing is vectorised), all issued before the first barrier, and writes them back with 32 scalar stores.
-A warp's 32 lanes hold 32 consecutive v, i.e. rows 512 bytes apart, so every warp-wide load or store touches 32
-different 128-byte lines, 4 bytes in each: 32 sectors for 128 useful bytes, where a coalesced warp access needs 4
-sectors of one line and 16-byte lanes would need a quarter of the requests. The rest of each loaded sector serves
-the thread's next 7 loads only if its line is still in L1, and the stores reach L2 as 16.8M 4-byte partial-sector
-writes where 2.1M full sectors would do. Occupancy is not the limit on paper: 64 registers x 512 threads leave 2
-CTAs (32 warps) per SM, the 1024 CTAs are ~3.9 waves on 132 SMs, and each thread has 32 loads in flight. The likely
-cause of the 0.094 is that request count, not DRAM bandwidth. Likely fixes, untried: lanes along k (a warp reads one
-v row's 512 contiguous bytes as 32 16-byte loads; the k.S and q.S sums become 5-step shuffles), or 16-byte loads and
-stores with the current mapping.
+Against torch.compile: 295-299 us (events/h200-checks-ab-2, events/h200-grader-2-3), about 0.3x torch.compile (its
+faster mode, max-autotune-no-cudagraphs, 89.9 us; default mode 142.7 us; events/h200-torch-compile), 1.08-1.11x eager,
+0.094-0.097 of the speed of light (135.0 MB, the fp32 state read and written once: 2 x 67.1 MB, 28.1 us at 4.8 TB/s);
+the CuTe DSL version, the same design, 290-292 us with the same ratios (problems/README.md speed table). Not yet
+tuned; no missing primitive. What the code does, read from the sm_90a SASS (nvcc 13.0 on the CPU; none of it measured
+on a GPU): each thread reads its 32 state values with 32 scalar 4-byte loads (LDG.E.CONSTANT: the loop indexes element
+by element, so nothing is vectorised), all issued before the first barrier, and writes them back with 32 scalar
+stores. A warp's 32 lanes hold 32 consecutive v, i.e. rows 512 bytes apart, so every warp-wide load or store touches
+32 different 128-byte lines, 4 bytes in each: 32 sectors for 128 useful bytes, where a coalesced warp access needs 4
+sectors of one line and 16-byte lanes would need a quarter of the requests. The rest of each loaded sector serves the
+thread's next 7 loads only if its line is still in L1, and the stores reach L2 as 16.8M 4-byte partial-sector writes
+where 2.1M full sectors would do. Occupancy is not the limit on paper: 64 registers x 512 threads leave 2 CTAs (32
+warps) per SM, the 1024 CTAs are ~3.9 waves on 132 SMs, and each thread has 32 loads in flight. The likely cause of
+the 0.094 is that request count, not DRAM bandwidth. Likely fixes, untried: lanes along k (a warp reads one v row's
+512 contiguous bytes as 32 16-byte loads; the k.S and q.S sums become 5-step shuffles), or 16-byte loads and stores
+with the current mapping.
 """
 
 import torch
