@@ -227,7 +227,7 @@ def recorded(store: Any, *, size: str, ctx: Context, backend: str) -> dict[tuple
     for r in _read_rows(store, "torch_compile", cols):
         if (r["size"], r["torch_version"], r["backend"]) != (size, ctx.torch_version, backend):
             continue
-        if (r["gpu_model"] or r["gpu"]) != ctx.machine:
+        if _machine_of(r["gpu"], r["gpu_model"]) != ctx.machine:  # the one machine rule, shared with peak_evidence
             continue
         out.setdefault((r["problem_hash"], r["mode"]), []).append((r["status"], r["error_class"], r["compile_cap_s"], r["error"]))
     return out

@@ -279,3 +279,22 @@ def test_the_committed_rows_of_schema_1_0_still_give_their_oom_needs():
     ds = Path(__file__).resolve().parents[2] / "events" / "h200-torch-compile"
     ev = peak_evidence(str(ds), [], size="full", ctx=Context("NVIDIA H200", "H200", "2.11.0+cu130", None), backend="inductor")
     assert max(e.oom_need or 0 for e in ev.values()) >= int((75.60 + 30.0) * GIB)  # problem 38, call 4
+
+
+def test_resume_and_memory_evidence_match_a_row_to_this_machine_the_same_way(tmp_path):
+    # a row written before gpu_model existed names only the driver's GPU name: both readers must take it as this H200's
+    from mkb.events import EventWriter
+    from mkb.problems._torch_compile import Context, peak_evidence, recorded
+
+    store = tmp_path / "ds"
+    p = get_problem(28)
+    with EventWriter(str(store)) as w:
+        for gpu, model, status in (("NVIDIA H200", None, "ok"), ("NVIDIA H100 80GB HBM3", None, "timeout")):
+            w.emit("torch_compile", problem=28, problem_name=p.slug, family=p.family, problem_hash=p.hash, size="full",
+                   mode="default", backend="inductor", gpu=gpu, gpu_model=model, torch_version="9.9", status=status,
+                   ok=status == "ok", compile_cap_s=30.0, peak_memory_bytes=2**30)
+    ctx = Context("NVIDIA H200", "H200", "9.9", None)
+    done = recorded(str(store), size="full", ctx=ctx, backend="inductor")
+    assert done == {(p.hash, "default"): [("ok", None, 30.0, None)]}  # the H100's row is another machine's
+    ev = peak_evidence(str(store), [], size="full", ctx=ctx, backend="inductor")
+    assert ev[p.hash].measured == {"default": 2**30}
