@@ -87,10 +87,10 @@ def problems_table(store: str) -> pl.DataFrame:
     from mkb.peaks import gpu_peaks
 
     c = read("characterisation", store)
-    ct = compile_times(read("torch_compile", store))
+    tc = read("torch_compile", store)
+    ct = compile_times(tc)
     if c.height == 0 and ct.height == 0:
         return c
-    c = c.sort("ts").unique(subset=["problem", "size", "gpu"], keep="last").select(CHAR_COLS)
 
     def machine(g: str | None) -> str | None:
         try:
@@ -99,7 +99,17 @@ def problems_table(store: str) -> pl.DataFrame:
             return g
 
     c = c.with_columns(machine=pl.col("gpu").map_elements(machine, return_dtype=pl.Utf8))
+    # the latest problem version per (problem, size, machine), whichever kind measured it last: a store that holds
+    # rows of an earlier version of a problem (its hash changed) shows only the current one, like the characterisation
     keys = ["problem", "problem_hash", "size", "machine"]
+    seen = [c.select(*keys, "ts")] if c.height else []
+    if tc.height:
+        seen.append(tc.select("problem", "problem_hash", "size", machine=pl.coalesce("gpu_model", "gpu"), ts="ts"))
+    latest = (pl.concat([f.with_columns(pl.col("problem").cast(pl.Int64)) for f in seen], how="vertical_relaxed")
+              .sort("ts").unique(subset=["problem", "size", "machine"], keep="last").select(keys))
+    c = (c.join(latest, on=keys, how="semi") if c.height else c).sort("ts") \
+        .unique(subset=["problem", "size", "gpu"], keep="last").select(*CHAR_COLS, "machine")
+    ct = ct.join(latest, on=keys, how="semi") if ct.height else ct
     out = c.join(ct, on=keys, how="full", coalesce=True)
     out = out.with_columns(gpu=pl.coalesce("gpu", "machine"), problem_name=pl.coalesce("problem_name", "problem_name_right"),
                            family=pl.coalesce("family", "family_right"),

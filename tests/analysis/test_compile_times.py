@@ -63,3 +63,23 @@ def test_problems_table_and_cli_show_torch_compile_beside_eager(tmp_path):
     out = CliRunner().invoke(app, ["problems", "--store", store])
     assert out.exit_code == 0, out.output
     assert "compile us" in out.output and "—" in out.output
+
+
+def test_the_problems_table_shows_only_the_latest_version_of_a_problem(tmp_path):
+    # a store holding torch.compile rows of an earlier version of a problem (its hash changed since) shows one row,
+    # the current version's, as it does for the characterisation
+    import time
+
+    from mkb.analysis import problems_table
+    from mkb.events import EventWriter
+
+    store = str(tmp_path / "ds")
+    with EventWriter(store) as w:
+        for h, us in (("old-hash", 500.0), ("new-hash", 300.0)):
+            w.emit("torch_compile", problem=50, problem_name="p50", family="moe", problem_hash=h, size="full", mode="default",
+                   backend="inductor", gpu="NVIDIA H200", gpu_model="H200", torch_version="9.9", status="ok", ok=True,
+                   compile_cap_s=240.0, median_us=us, eager_median_us=600.0, speedup_over_eager=600.0 / us)
+            time.sleep(0.01)
+    t = problems_table(store)
+    assert t.height == 1
+    assert t.row(0, named=True)["problem_hash"] == "new-hash" and t.row(0, named=True)["compile_us"] == 300.0
