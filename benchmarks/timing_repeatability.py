@@ -533,6 +533,7 @@ def datasets_main(events: Path, sections: list[str]) -> None:
 
 KERNELS = ("28/cute", "28/eager", "25/cute", "1/cute")
 HOLDS = ("hold", "quiet", "sleep", "none")
+DEFAULT_HOLDS = ("hold", "quiet", "sleep")  # `none` (the v2 window) is known from the committed datasets: kept out of 200 s
 HOLD_US = 300.0  # the grader sets 150-500 us for these kernels (twice the warm-ups' longest dispatch): one value for all
 _QUIET_SRC = r"""
 extern "C" __global__ void mkb_quiet_hold(int cycles) {
@@ -635,7 +636,13 @@ def _child(a: argparse.Namespace) -> None:
         "gpu_after": state, "wall_s": time.monotonic() - t_start, "gradings": gradings}))
 
 
-def gpu_main(a: argparse.Namespace) -> None:
+def gpu_main(a: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: --gpu needs a CUDA device and this process sees none\nhint: run it on the GPU host (docs/timing-repeatability.md "
+              "gives the command); the datasets mode runs here", file=sys.stderr)
+        return 2
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -662,6 +669,7 @@ def gpu_main(a: argparse.Namespace) -> None:
            "elapsed_s": time.monotonic() - t0}
     (out / "levels.json").write_text(json.dumps(res))
     summarise(res)
+    return 0 if procs else 1
 
 
 def summarise(res: dict) -> None:
@@ -714,10 +722,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--summary", default=None, help="print the GPU experiment's table again from its levels.json")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mkb-timing-levels"))
     ap.add_argument("--processes", type=int, default=6)
-    ap.add_argument("--budget-s", type=float, default=150.0, help="start no new process after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=145.0, help="start no new process after this many seconds")
     ap.add_argument("--child-timeout-s", type=float, default=120.0)
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), help="PROBLEM/DSL or PROBLEM/eager")
-    ap.add_argument("--holds", nargs="+", default=list(HOLDS), choices=HOLDS)
+    ap.add_argument("--holds", nargs="+", default=list(DEFAULT_HOLDS), choices=HOLDS)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--warm", type=int, default=10)
@@ -731,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.gpu and a.child is not None:
         _child(a)
     elif a.gpu:
-        gpu_main(a)
+        return gpu_main(a)
     else:
         events = Path(a.events)
         missing = [ds for ds in HOLD_DATASETS if not (events / ds / "kind=timing").is_dir()]
