@@ -623,9 +623,12 @@ def _child(a: argparse.Namespace) -> None:
         w = (w @ w).clamp_(-1, 1)
     torch.cuda.synchronize()
     del w
+    state = {"process": a.child, "pid": os.getpid(), "sm_max_mhz": mhz, "jiterator_hold": {"per_thread": jit.per_thread,
+             "threads": jit.threads, "buffer_bytes": jit._x.numel() * jit._x.element_size()}, "quiet_error": quiet_error,
+             "gpu_after": None, "wall_s": None, "gradings": []}
     order = [h for h in a.holds if h in holds]
     order = order[a.child % len(order):] + order[:a.child % len(order)]  # each process starts on another hold
-    gradings = []
+    gradings = state["gradings"]
     seed = 10_000_000 * (a.child + 1)
     for spec in a.kernels:
         for h in order:
@@ -649,12 +652,12 @@ def _child(a: argparse.Namespace) -> None:
                 g = {"kernel": spec, "hold": h, "rep": rep, "median_us": statistics.median(times), "times_us": times,
                      "tail_us_median": statistics.median(tails), "input_sets": sets, "hold_out_addrs": sorted(hold_addr)}
                 gradings.append(g)
+                state["wall_s"] = time.monotonic() - t_start
+                Path(a.child_out).write_text(json.dumps(state))  # after every grading: a process cut short keeps what it made
                 print(f"[proc {a.child}] {spec:9s} {h:5s} rep {rep}  median {g['median_us']:9.3f} us", flush=True)
-    state = gpu_state(dev).as_dict()
-    Path(a.child_out).write_text(json.dumps({
-        "process": a.child, "pid": os.getpid(), "sm_max_mhz": mhz, "jiterator_hold": {"per_thread": jit.per_thread,
-        "threads": jit.threads, "buffer_bytes": jit._x.numel() * jit._x.element_size()}, "quiet_error": quiet_error,
-        "gpu_after": state, "wall_s": time.monotonic() - t_start, "gradings": gradings}))
+    state["gpu_after"] = gpu_state(dev).as_dict()
+    state["wall_s"] = time.monotonic() - t_start
+    Path(a.child_out).write_text(json.dumps(state))
 
 
 def gpu_main(a: argparse.Namespace) -> int:
@@ -680,11 +683,12 @@ def gpu_main(a: argparse.Namespace) -> int:
         try:
             rc = subprocess.run(cmd, timeout=a.child_timeout_s).returncode
         except subprocess.TimeoutExpired:
-            rc = "timeout"
-        if rc == 0:
-            procs.append(json.loads(Path(path).read_text()))
-        else:
-            errors.append(f"process {i} exited {rc}")
+            rc = f"timeout after {a.child_timeout_s:.0f} s"
+        text = Path(path).read_text() if Path(path).stat().st_size else ""
+        if text:
+            procs.append(json.loads(text))  # a process cut short still brings the gradings it finished
+        if rc != 0:
+            errors.append(f"process {i} exited {rc}" + ("" if text else " before its first grading"))
         Path(path).unlink(missing_ok=True)
     res = {"args": {k: v for k, v in vars(a).items() if k not in ("out",)}, "processes": procs, "errors": errors,
            "elapsed_s": time.monotonic() - t0}
@@ -743,8 +747,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--summary", default=None, help="print the GPU experiment's table again from its levels.json")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mkb-timing-levels"))
     ap.add_argument("--processes", type=int, default=6)
-    ap.add_argument("--budget-s", type=float, default=145.0, help="start no new process after this many seconds")
-    ap.add_argument("--child-timeout-s", type=float, default=120.0)
+    ap.add_argument("--budget-s", type=float, default=135.0, help="start no new process after this many seconds")
+    ap.add_argument("--child-timeout-s", type=float, default=60.0, help="a process is stopped after this (expected ~30 s)")
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), help="PROBLEM/DSL or PROBLEM/eager")
     ap.add_argument("--holds", nargs="+", default=list(DEFAULT_HOLDS), choices=HOLDS)
     ap.add_argument("--reps", type=int, default=2)
