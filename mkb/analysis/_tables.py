@@ -6,12 +6,13 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from mkb.events import ScanReport, Store, resolve_store, scan
+from mkb.events import ScanReport, Store, read_batches, resolve_store, schema_for
 from mkb.scoring import R_COLS, SOL_THRESHOLDS, THRESHOLDS
 
 SCORED_STATUSES = ("finished", "budget_exhausted")
 NOISE_ARM = "solo_noise"  # the solo-vs-solo pseudo-arm that measures the noise floor (see build_pairs)
 SENSITIVE_FLAGS = ("code_block", "problem_identity")  # skill hygiene flags the sensitivity row leaves out
+_KINDS = ("attempt_started", "attempt_finished", "verdict", "annotation", "characterisation", "skill", "torch_compile", "plan")
 VERSION_KEYS = {  # what must not mix, and within what it must not mix
     "grader_version": (),
     "mkb_version": (),
@@ -120,54 +121,71 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         raise ScoreError(f"unknown score {score!r}\nhint: one of {', '.join(SCORES)}")
     lean = columns == "lift"
     store = store if isinstance(store, Store) else resolve_store(store)
-    skipped: dict[str, str] = {}
-    scans = {}
-    for kind in ("attempt_started", "attempt_finished", "verdict", "annotation", "characterisation", "skill", "torch_compile", "plan"):
-        r = ScanReport()
-        # no event_id de-duplication here: every kind is reduced to one row per attempt (latest) below,
-        # which a duplicated event cannot change, and it saves a hash pass over every row
-        scans[kind] = scan(kind, store, report=r, dedupe=False)
-        skipped.update(r.skipped)
+    canon = {kind: schema_for(kind).polars() for kind in _KINDS}
+    reports = {kind: ScanReport() for kind in _KINDS}
+
+    def read(kind: str, cols: list[str], reduce) -> pl.DataFrame:
+        """What `reduce` keeps of every row of `kind`, built batch by batch (the rows of a kind are never all held at once).
+
+        No event_id de-duplication here: every kind is reduced to one row per attempt (latest) below, which a
+        duplicated event cannot change, and it saves a hash pass over every row.
+        """
+        return read_batches(kind, store, columns=cols, reduce=reduce, report=reports[kind], dedupe=False)
+
     def col(kind: str, name: str) -> pl.Expr:
         """A column the lean tables do not carry reads as a typed null (never read from the store) and is dropped below."""
-        return pl.lit(None, scans[kind].collect_schema()[name]).alias(name) if lean else pl.col(name)
+        return pl.lit(None, canon[kind][name]).alias(name) if lean else pl.col(name)
 
     def present(kind: str, name: str) -> pl.Expr:
         """A kernel hash: the lean tables need only whether it is there."""
         return pl.when(pl.col(name).is_not_null()).then(pl.lit("k")).alias(name) if lean else pl.col(name)
 
-    started = scans["attempt_started"].select(
+    def inputs(exprs) -> list[str]:
+        return list(dict.fromkeys(n for e in exprs for n in (e.meta.root_names() if isinstance(e, pl.Expr) else [e])))
+
+    # skills whose hygiene checks raised a flag the sensitivity row leaves out: only the flagged ones are kept, and every
+    # attempt is marked by a left join to them (read first, so each batch of attempts is marked as it is read)
+    flag = pl.col("hygiene_flags").list.eval(pl.element().is_in(list(SENSITIVE_FLAGS))).list.any().fill_null(False)
+    skill_flags = read("skill", ["sha256", "hygiene_flags"],
+                       lambda lf: lf.select(skill_sha256="sha256", skill_flagged=flag).filter(pl.col("skill_flagged")))
+    skill_flags = skill_flags.group_by("skill_sha256").agg(pl.col("skill_flagged").any())
+    started_cols = [
         "attempt_id", "ts", "mkb_version", "experiment", "model", "problem",
         col("attempt_started", "problem_name"), "family", "problem_hash", "target_dsl", "source_dsl", "arm_kind", "replicate",
         "gpu", *(col("attempt_started", c) for c in ("budget_submissions", "budget_turns", "budget_output_tokens", "budget_wall_s")),
         "grader_version", "dsl_version", "doc_pack_version", "skill_sha256", "skill_source_attempt",
         col("attempt_started", "skill_empty"), col("attempt_started", "wrong_source_problem"),
-    ).filter(pl.col("attempt_id").is_not_null())
-    fin_cols = scans["attempt_finished"].collect_schema().names()
-    served = pl.col("served_model") if "served_model" in fin_cols else pl.lit(None, pl.Utf8)  # attempt_finished >= 1.2
-    fin = scans["attempt_finished"].select(
+    ]
+    flags = skill_flags.lazy()
+
+    def started_rows(lf: pl.LazyFrame) -> pl.LazyFrame:
+        lf = lf.select(started_cols).filter(pl.col("attempt_id").is_not_null())
+        lf = lf.join(flags, on="skill_sha256", how="left", maintain_order="left").with_columns(pl.col("skill_flagged").fill_null(False))
+        return lf.drop("skill_sha256") if lean else lf  # the lean tables need only the flag
+
+    started = read("attempt_started", inputs(started_cols), started_rows)
+    served = pl.col("served_model") if "served_model" in canon["attempt_finished"] else pl.lit(None, pl.Utf8)  # attempt_finished >= 1.2
+    fin_cols = [
         "attempt_id", "ts", "status",
         *(col("attempt_finished", c) for c in ("submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd", "wall_s")),
-        present("attempt_finished", "final_kernel_sha256"), col("attempt_finished", "error"), served.alias("served_model"))
-    ver = scans["verdict"].filter(pl.col("scope").is_in(["attempt", "pair"])).select(
+        present("attempt_finished", "final_kernel_sha256"), col("attempt_finished", "error"), served.alias("served_model")]
+    fin = read("attempt_finished", inputs(fin_cols), lambda lf: lf.select(fin_cols))
+    ver_cols = [
         "attempt_id", "ts", "scope", "passed", col("verdict", "reason"),
         # both scores' columns when the plan is to choose (it is read in the same pass), else the one asked for
         *dict.fromkeys(c for sc in ((score,) if score else SCORES) for c in SCORES[sc]), present("verdict", "kernel_sha256"),
-        "candidate_median_us")
-    ann = scans["annotation"].select(pl.col("target_attempt_id").alias("attempt_id"), "ts", "label",
-                                     col("annotation", "reason").alias("annotation_reason"))
-    # skills whose hygiene checks raised a flag the sensitivity row leaves out
-    # only the flagged skills: the left join below marks their attempts and leaves every other one unflagged, without a
-    # group-by and join over every skill's 64-character hash
-    skill_flags = scans["skill"].select(skill_sha256="sha256", skill_flagged=pl.col("hygiene_flags").list.eval(
-        pl.element().is_in(list(SENSITIVE_FLAGS))).list.any().fill_null(False)).filter(pl.col("skill_flagged")) \
-        .group_by("skill_sha256").agg(pl.col("skill_flagged").any())
-    char = scans["characterisation"].filter((pl.col("size") == "full") & pl.col("ok").fill_null(False)).select(
-        "ts", "problem", "gpu", "flops", "bytes", "peak")
-    tc = scans["torch_compile"].filter(pl.col("size") == "full")
-    plans = scans["plan"].select("experiment", "ts", "score")  # the score each experiment's plan names
-    started, fin, ver, ann, char, skill_flags, tc, plans = pl.collect_all(
-        [started, fin, ver, ann, char, skill_flags, tc, plans], engine=ENGINE)
+        "candidate_median_us"]
+    ver = read("verdict", inputs(ver_cols), lambda lf: lf.filter(pl.col("scope").is_in(["attempt", "pair"])).select(ver_cols))
+    ann_cols = [pl.col("target_attempt_id").alias("attempt_id"), "ts", "label", col("annotation", "reason").alias("annotation_reason")]
+    ann = read("annotation", inputs(ann_cols), lambda lf: lf.select(ann_cols))
+    char = read("characterisation", ["size", "ok", "ts", "problem", "gpu", "flops", "bytes", "peak"],
+                lambda lf: lf.filter((pl.col("size") == "full") & pl.col("ok").fill_null(False)).select(
+                    "ts", "problem", "gpu", "flops", "bytes", "peak"))
+    tc = read("torch_compile", None, lambda lf: lf.filter(pl.col("size") == "full"))
+    plans = read("plan", ["experiment", "ts", "score"], None)  # the score each experiment's plan names
+    skipped: dict[str, str] = {}
+    for kind in _KINDS:
+        skipped.update(reports[kind].skipped)
     score, score_from = (score, "--score") if score is not None else _plan_score(
         store, started["experiment"].unique().to_list(), plans)
     sp_col, s_col = SCORES[score]
@@ -183,7 +201,6 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         .rename(lambda c: c if c == "attempt_id" else f"pv_{c}")
     v_att = _latest(ver.filter(pl.col("scope") == "attempt"), keep="last").drop("ts", "scope").lazy() \
         .rename(lambda c: c if c == "attempt_id" else f"av_{c}")
-    started = started.join(skill_flags.lazy(), on="skill_sha256", how="left").with_columns(pl.col("skill_flagged").fill_null(False))
     a = (started.join(fin, on="attempt_id", how="left").join(v_pair, on="attempt_id", how="left")
          .join(v_att, on="attempt_id", how="left").join(ann, on="attempt_id", how="left"))
     has_pv = pl.col("pv_passed").is_not_null()
