@@ -12,6 +12,10 @@ from mkb.scoring import R_COLS, SOL_THRESHOLDS, THRESHOLDS
 SCORED_STATUSES = ("finished", "budget_exhausted")
 NOISE_ARM = "solo_noise"  # the solo-vs-solo pseudo-arm that measures the noise floor (see build_pairs)
 SENSITIVE_FLAGS = ("code_block", "problem_identity")  # skill hygiene flags the sensitivity row leaves out
+# started's text columns of a few distinct values, held as categoricals (4 bytes a row, not a 16-byte view and the text)
+# from the read to the end of the joins, and text again in the tables
+_CODED = ("model", "family", "problem_hash", "target_dsl", "source_dsl", "arm_kind", "gpu", "experiment", "mkb_version",
+          "grader_version", "dsl_version", "doc_pack_version")
 _KINDS = ("attempt_started", "attempt_finished", "verdict", "annotation", "characterisation", "skill", "torch_compile", "plan")
 VERSION_KEYS = {  # what must not mix, and within what it must not mix
     "grader_version": (),
@@ -138,7 +142,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
 
     def present(kind: str, name: str) -> pl.Expr:
         """A kernel hash: the lean tables need only whether it is there."""
-        return pl.when(pl.col(name).is_not_null()).then(pl.lit("k")).alias(name) if lean else pl.col(name)
+        return pl.when(pl.col(name).is_not_null()).then(pl.lit("k", pl.Categorical)).alias(name) if lean else pl.col(name)
 
     def inputs(exprs) -> list[str]:
         return list(dict.fromkeys(n for e in exprs for n in (e.meta.root_names() if isinstance(e, pl.Expr) else [e])))
@@ -161,20 +165,23 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     def started_rows(lf: pl.LazyFrame) -> pl.LazyFrame:
         lf = lf.select(started_cols).filter(pl.col("attempt_id").is_not_null())
         lf = lf.join(flags, on="skill_sha256", how="left", maintain_order="left").with_columns(pl.col("skill_flagged").fill_null(False))
+        lf = lf.with_columns(pl.col(c).cast(pl.Categorical) for c in _CODED)
         return lf.drop("skill_sha256") if lean else lf  # the lean tables need only the flag
 
     started = read("attempt_started", inputs(started_cols), started_rows)
+    plans = read("plan", ["experiment", "ts", "score"], None)  # the score each experiment's plan names
+    score, score_from = (score, "--score") if score is not None else _plan_score(
+        store, started["experiment"].unique().to_list(), plans)
+    sp_col, s_col = SCORES[score]
     served = pl.col("served_model") if "served_model" in canon["attempt_finished"] else pl.lit(None, pl.Utf8)  # attempt_finished >= 1.2
     fin_cols = [
         "attempt_id", "ts", "status",
         *(col("attempt_finished", c) for c in ("submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd", "wall_s")),
         present("attempt_finished", "final_kernel_sha256"), col("attempt_finished", "error"), served.alias("served_model")]
     fin = read("attempt_finished", inputs(fin_cols), lambda lf: lf.select(fin_cols))
-    ver_cols = [
-        "attempt_id", "ts", "scope", "passed", col("verdict", "reason"),
-        # both scores' columns when the plan is to choose (it is read in the same pass), else the one asked for
-        *dict.fromkeys(c for sc in ((score,) if score else SCORES) for c in SCORES[sc]), present("verdict", "kernel_sha256"),
-        "candidate_median_us"]
+    # the score's columns only (the plan's score is known by now), as `speedup` and `s`
+    ver_cols = ["attempt_id", "ts", pl.col("scope").cast(pl.Categorical), "passed", col("verdict", "reason"),
+                present("verdict", "kernel_sha256"), "candidate_median_us", pl.col(sp_col).alias("speedup"), pl.col(s_col).alias("s")]
     ver = read("verdict", inputs(ver_cols), lambda lf: lf.filter(pl.col("scope").is_in(["attempt", "pair"])).select(ver_cols))
     ann_cols = [pl.col("target_attempt_id").alias("attempt_id"), "ts", "label", col("annotation", "reason").alias("annotation_reason")]
     ann = read("annotation", inputs(ann_cols), lambda lf: lf.select(ann_cols))
@@ -182,25 +189,25 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
                 lambda lf: lf.filter((pl.col("size") == "full") & pl.col("ok").fill_null(False)).select(
                     "ts", "problem", "gpu", "flops", "bytes", "peak"))
     tc = read("torch_compile", None, lambda lf: lf.filter(pl.col("size") == "full"))
-    plans = read("plan", ["experiment", "ts", "score"], None)  # the score each experiment's plan names
     skipped: dict[str, str] = {}
     for kind in _KINDS:
         skipped.update(reports[kind].skipped)
-    score, score_from = (score, "--score") if score is not None else _plan_score(
-        store, started["experiment"].unique().to_list(), plans)
-    sp_col, s_col = SCORES[score]
-    ver = ver.select(pl.exclude(*(c for sc in SCORES for c in SCORES[sc])), speedup=sp_col, s=s_col)
     counts = {"attempt_started": started.height, "attempt_finished": fin.height, "verdict": ver.height, "annotation": ann.height}
     started = _latest(started, keep="first").drop("ts")
     started_gpus = started["gpu"].unique().to_list()
+    # one row per started attempt, as in `attempts` (the joins below add columns, never rows): the versions it mixes are
+    # known here, and the lean tables then carry the version columns through the joins only when strata need them
+    mix = _version_mix(started)
     started = started.lazy()
     fin = _latest(fin, keep="last").drop("ts").lazy()
     ann = _latest(ann, keep="last").drop("ts").lazy()
     # one row per (attempt, scope): the latest verdict of each scope
     v_pair = _latest(ver.filter(pl.col("scope") == "pair"), keep="last").drop("ts", "scope").lazy() \
         .rename(lambda c: c if c == "attempt_id" else f"pv_{c}")
+    # an attempt's own verdict is read only where it has no pair re-grade: only those rows are joined
     v_att = _latest(ver.filter(pl.col("scope") == "attempt"), keep="last").drop("ts", "scope").lazy() \
-        .rename(lambda c: c if c == "attempt_id" else f"av_{c}")
+        .join(v_pair.select("attempt_id"), on="attempt_id", how="anti").rename(lambda c: c if c == "attempt_id" else f"av_{c}")
+    del ver  # the verdicts kept are in v_pair and v_att: let the rest go before the joins
     a = (started.join(fin, on="attempt_id", how="left").join(v_pair, on="attempt_id", how="left")
          .join(v_att, on="attempt_id", how="left").join(ann, on="attempt_id", how="left"))
     has_pv = pl.col("pv_passed").is_not_null()
@@ -237,9 +244,10 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     )
     a = a.drop([c for c in a.collect_schema().names() if c.startswith(("pv_", "av_"))] + ["v_passed", "v_speedup", "v_kernel", "v_candidate_us"])
     if lean:  # what the lift tables read, and what the version check and the strata need
-        a = a.select(*(c for c in LIFT_COLUMNS if c != "stratum"), *dict.fromkeys(k for k in VERSION_KEYS if k not in LIFT_COLUMNS),
+        a = a.select(*(c for c in LIFT_COLUMNS if c != "stratum"),
+                     *(dict.fromkeys(c for k, within in VERSION_KEYS.items() for c in (k, *within) if c not in LIFT_COLUMNS) if mix else ()),
                      "score_unrecorded")
-    attempts = a.collect(engine=ENGINE)
+    attempts = a.with_columns(pl.col(pl.Categorical).cast(pl.String)).collect(engine=ENGINE)
     unrecorded = attempts.filter(pl.col("score_unrecorded") & pl.col("excluded").is_null()).height
     if unrecorded:
         counted = attempts.filter((pl.col("verdict_source") != "none") & pl.col("excluded").is_null()).height
@@ -250,8 +258,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     attempts = attempts.drop("score_unrecorded")
     # the frames read are in `attempts` now: let them go before the pairs are built (at experiment scale they are
     # gigabytes, and the peak would otherwise hold both)
-    del a, started, fin, ver, ann, v_pair, v_att, skill_flags, char, tc
-    mix = _version_mix(attempts)
+    del a, started, fin, ann, v_pair, v_att, skill_flags, char, tc
     if mix and not stratify:
         lines = "\n".join(f"  {k}: {', '.join(v[:6])}{' ...' if len(v) > 6 else ''}" for k, v in mix.items())
         raise MixedVersionsError(
@@ -328,8 +335,9 @@ def _add_sol(a: pl.LazyFrame, char: pl.DataFrame, tc: pl.DataFrame | None = None
     machine = pl.DataFrame({"gpu": list(models), "machine": [p.model if p is not None else g for g, p in models.items()]},
                            schema={"gpu": pl.Utf8, "machine": pl.Utf8})
     comp = machine.join(ct.filter(pl.col("size") == "full").select("machine", "problem_hash", "compile_us"), on="machine").drop("machine")
-    a = a.join(sol.lazy().with_columns(pl.col("problem").cast(a.collect_schema()["problem"])), on=["gpu", "problem"], how="left")
-    a = a.join(comp.lazy(), on=["gpu", "problem_hash"], how="left")
+    types = a.collect_schema()
+    a = a.join(sol.lazy().with_columns(pl.col(c).cast(types[c]) for c in ("gpu", "problem")), on=["gpu", "problem"], how="left")
+    a = a.join(comp.lazy().with_columns(pl.col(c).cast(types[c]) for c in ("gpu", "problem_hash")), on=["gpu", "problem_hash"], how="left")
     cand = pl.when(pl.col("v_candidate_us") > 0).then(pl.col("v_candidate_us"))
     frac = pl.when(pl.col("sol_us") > 0).then(pl.col("sol_us") / cand)
     hits = [(pl.col("passed") & ((frac >= f).fill_null(False) if f > 0 else pl.lit(True))).cast(pl.Int32) for f in SOL_THRESHOLDS]
@@ -345,7 +353,8 @@ def _add_sol(a: pl.LazyFrame, char: pl.DataFrame, tc: pl.DataFrame | None = None
 
 def _version_mix(a: pl.DataFrame) -> dict[str, list[str]]:
     # the distinct combinations hold every set of values the checks below collect: one pass over the attempts
-    a = a.select(list(dict.fromkeys(c for col, within in VERSION_KEYS.items() for c in (col, *within)))).unique()
+    a = a.select(list(dict.fromkeys(c for col, within in VERSION_KEYS.items() for c in (col, *within)))).unique() \
+        .with_columns(pl.col(pl.Categorical).cast(pl.String))
     out = {}
     for col, within in VERSION_KEYS.items():
         if within:
