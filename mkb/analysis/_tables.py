@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from mkb.events import ScanReport, Store, read_batches, resolve_store, schema_for
+from mkb.events._reader import BATCH_ROWS
 from mkb.scoring import R_COLS, SOL_THRESHOLDS, THRESHOLDS
 
 SCORED_STATUSES = ("finished", "budget_exhausted")
 NOISE_ARM = "solo_noise"  # the solo-vs-solo pseudo-arm that measures the noise floor (see build_pairs)
 SENSITIVE_FLAGS = ("code_block", "problem_identity")  # skill hygiene flags the sensitivity row leaves out
+READ_BATCH_ROWS = BATCH_ROWS  # rows of a kind read (and reduced to what the tables keep) at a time
+
 # started's text columns of a few distinct values, held as categoricals (4 bytes a row, not a 16-byte view and the text)
 # from the read to the end of the joins, and text again in the tables
 _CODED = ("model", "family", "problem_hash", "target_dsl", "source_dsl", "arm_kind", "gpu", "experiment", "mkb_version",
@@ -134,7 +137,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         No event_id de-duplication here: every kind is reduced to one row per attempt (latest) below, which a
         duplicated event cannot change, and it saves a hash pass over every row.
         """
-        return read_batches(kind, store, columns=cols, reduce=reduce, report=reports[kind], dedupe=False)
+        return read_batches(kind, store, columns=cols, reduce=reduce, report=reports[kind], dedupe=False, batch_rows=READ_BATCH_ROWS)
 
     def col(kind: str, name: str) -> pl.Expr:
         """A column the lean tables do not carry reads as a typed null (never read from the store) and is dropped below."""
