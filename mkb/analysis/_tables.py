@@ -250,7 +250,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         a = a.select(*(c for c in LIFT_COLUMNS if c != "stratum"),
                      *(dict.fromkeys(c for k, within in VERSION_KEYS.items() for c in (k, *within) if c not in LIFT_COLUMNS) if mix else ()),
                      "score_unrecorded")
-    attempts = a.with_columns(pl.col(pl.Categorical).cast(pl.String)).collect(engine=ENGINE)
+    attempts = a.collect(engine=ENGINE)  # the categoricals stay until the pairs are built from them
     unrecorded = attempts.filter(pl.col("score_unrecorded") & pl.col("excluded").is_null()).height
     if unrecorded:
         counted = attempts.filter((pl.col("verdict_source") != "none") & pl.col("excluded").is_null()).height
@@ -268,11 +268,19 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
             f"the dataset mixes versions:\n{lines}\n"
             "hint: re-run stale coordinates (`mkb-run run --rerun-stale`), point --store at one version, "
             "or pass --stratify to analyse each version stratum separately")
+    if mix:
+        attempts = _text(attempts)
     attempts = _add_stratum(attempts, stratify=bool(mix))
     if lean:
         attempts = attempts.select(LIFT_COLUMNS)
     pairs = build_pairs(attempts)
+    attempts = _text(attempts)
     return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts, score=score, score_from=score_from)
+
+
+def _text(df):
+    """The categoricals of `df` as text again: what the tables hold."""
+    return df.with_columns(pl.col(pl.Categorical).cast(pl.String))
 
 
 def _plan_score(store: Store, experiments: list[str | None], plans: pl.DataFrame) -> tuple[str, str]:
@@ -424,7 +432,7 @@ def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
     nrep = solos.group_by(grp).agg(R=pl.col("replicate").max() + 1)
     nxt = solos.join(nrep, on=grp).filter(pl.col("R") >= 3).with_columns(prev=(pl.col("replicate") - 1) % pl.col("R"))
     noise = nxt.select(pl.col("model"), pl.col("problem"), pl.col("prev").alias("replicate"), "target_dsl", "stratum", "family",
-                       pl.lit(NOISE_ARM).alias("arm_kind"), "attempt_id", "S", "passed", "speedup", "S_sol", "S_compile",
+                       pl.lit(NOISE_ARM, attempts.schema["arm_kind"]).alias("arm_kind"), "attempt_id", "S", "passed", "speedup", "S_sol", "S_compile",
                        "skill_flagged", "served_model", "R")
     # the source DSL of a block: its transfer arm's (any DSL other than the target when there is none)
     tsrc = arms.filter(pl.col("arm_kind") == "transfer").group_by(key).agg(source_dsl=pl.col("source_dsl").drop_nulls().first())
@@ -464,4 +472,5 @@ def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
                                lift_sol=pl.col("S_sol") - pl.col("S_sol_solo"),
                                # the served model changed between the block's solo and its skill arm (null: not recorded)
                                served_changed=pl.col("served_model") != pl.col("served_solo"))
-    return pairs.drop("src_model", "src_problem", "src_tgt", "src_kind", "src_rep", "sum_S", "n_solo", "source_excluded").collect(engine=ENGINE)
+    pairs = pairs.drop("src_model", "src_problem", "src_tgt", "src_kind", "src_rep", "sum_S", "n_solo", "source_excluded")
+    return _text(pairs).collect(engine=ENGINE)  # attempts may hold categoricals (load_tables): the pairs hold text
