@@ -13,6 +13,7 @@ from mkb.scoring import R_COLS, SOL_THRESHOLDS, THRESHOLDS
 SCORED_STATUSES = ("finished", "budget_exhausted")
 NOISE_ARM = "solo_noise"  # the solo-vs-solo pseudo-arm that measures the noise floor (see build_pairs)
 SENSITIVE_FLAGS = ("code_block", "problem_identity")  # skill hygiene flags the sensitivity row leaves out
+PAIR_IDS = ("attempt_id", "base_attempt", "source_attempt")  # a pair's attempts: the arm's, its solo's, its skill source's
 READ_BATCH_ROWS = BATCH_ROWS  # rows of a kind read (and reduced to what the tables keep) at a time
 
 # started's text columns of a few distinct values, held as categoricals (4 bytes a row, not a 16-byte view and the text)
@@ -118,9 +119,10 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     The verdict counted is the same under either score; a counted verdict that recorded no such score refuses the
     store (never read as 0).
 
-    `columns="lift"` builds the same pairs table and an attempts table of `LIFT_COLUMNS` only: the columns
-    nothing of it reads (token counts, errors, budgets, names) are not read from the store, and of a kernel
-    hash only whether it is there, which at experiment scale is most of the memory and a third of the time.
+    `columns="lift"` builds the same pairs table without its attempt ids (`PAIR_IDS`: what links a pair to its
+    attempts, which no lift, standing, power or report figure reads) and an attempts table of `LIFT_COLUMNS`
+    only: the columns nothing of it reads (token counts, errors, budgets, names) are not read from the store, and
+    of a kernel hash only whether it is there, which at experiment scale is most of the memory and a third of the time.
     """
     if columns not in ("all", "lift"):
         raise ValueError(f"columns={columns!r}: 'all' or 'lift'")
@@ -273,7 +275,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     attempts = _add_stratum(attempts, stratify=bool(mix))
     if lean:
         attempts = attempts.select(LIFT_COLUMNS)
-    pairs = build_pairs(attempts)
+    pairs = build_pairs(attempts, ids=not lean)
     attempts = _text(attempts)
     return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts, score=score, score_from=score_from)
 
@@ -392,13 +394,14 @@ def _add_stratum(a: pl.DataFrame, *, stratify: bool) -> pl.DataFrame:
                                             "dsl_version", "doc_pack_version", "problem_gen")).drop("problem_gen")
 
 
-def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
+def build_pairs(attempts: pl.DataFrame, *, ids: bool = True) -> pl.DataFrame:
     """Each non-solo arm against the solo of its target DSL (same model, problem, replicate, stratum), with standing.
 
     Standing compares the source's solo S with the mean S of the target DSL's *other* solo
     replicates: neither the solo the lift subtracts nor the source itself enters that mean, so no
     regression to the mean is built in. `standing_naive` (source vs the subtracted solo) is kept
-    only to show the bias.
+    only to show the bias. Without `ids` the pairs leave out the attempt ids that link them to their attempts
+    (`PAIR_IDS`; a third of the table's memory at experiment scale).
     """
     # one lazy plan, collected once: polars shares the scans of `solos` and runs the independent joins in parallel
     inc = attempts.lazy().filter(pl.col("excluded").is_null())
@@ -472,5 +475,6 @@ def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
                                lift_sol=pl.col("S_sol") - pl.col("S_sol_solo"),
                                # the served model changed between the block's solo and its skill arm (null: not recorded)
                                served_changed=pl.col("served_model") != pl.col("served_solo"))
-    pairs = pairs.drop("src_model", "src_problem", "src_tgt", "src_kind", "src_rep", "sum_S", "n_solo", "source_excluded")
+    pairs = pairs.drop("src_model", "src_problem", "src_tgt", "src_kind", "src_rep", "sum_S", "n_solo", "source_excluded",
+                       *(() if ids else PAIR_IDS))
     return _text(pairs).collect(engine=ENGINE)  # attempts may hold categoricals (load_tables): the pairs hold text
