@@ -17,7 +17,7 @@ PAIR_IDS = ("attempt_id", "base_attempt", "source_attempt")  # a pair's attempts
 READ_BATCH_ROWS = BATCH_ROWS  # rows of a kind read (and reduced to what the tables keep) at a time
 
 # started's text columns of a few distinct values, held as categoricals (4 bytes a row, not a 16-byte view and the text)
-# from the read to the end of the joins, and text again in the tables
+# from the read until the pairs are built, and text again in the tables
 _CODED = ("model", "family", "problem_hash", "target_dsl", "source_dsl", "arm_kind", "gpu", "experiment", "mkb_version",
           "grader_version", "dsl_version", "doc_pack_version")
 _KINDS = ("attempt_started", "attempt_finished", "verdict", "annotation", "characterisation", "skill", "torch_compile", "plan")
@@ -132,6 +132,9 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     store = store if isinstance(store, Store) else resolve_store(store)
     canon = {kind: schema_for(kind).polars() for kind in _KINDS}
     reports = {kind: ScanReport() for kind in _KINDS}
+    # few-valued text as categoricals of this call's own categories (freed with the tables, not a process-wide map that
+    # only grows). The attempt ids stay text: casting 8M ids at 10M events cost more than the joins it would speed up
+    coded = pl.Categorical(pl.Categories.random())
 
     def read(kind: str, cols: list[str], reduce) -> pl.DataFrame:
         """What `reduce` keeps of every row of `kind`, built batch by batch (the rows of a kind are never all held at once).
@@ -147,7 +150,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
 
     def present(kind: str, name: str) -> pl.Expr:
         """A kernel hash: the lean tables need only whether it is there."""
-        return pl.when(pl.col(name).is_not_null()).then(pl.lit("k", pl.Categorical)).alias(name) if lean else pl.col(name)
+        return pl.when(pl.col(name).is_not_null()).then(pl.lit("k", coded)).alias(name) if lean else pl.col(name)
 
     def inputs(exprs) -> list[str]:
         return list(dict.fromkeys(n for e in exprs for n in (e.meta.root_names() if isinstance(e, pl.Expr) else [e])))
@@ -170,7 +173,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     def started_rows(lf: pl.LazyFrame) -> pl.LazyFrame:
         lf = lf.select(started_cols).filter(pl.col("attempt_id").is_not_null())
         lf = lf.join(flags, on="skill_sha256", how="left", maintain_order="left").with_columns(pl.col("skill_flagged").fill_null(False))
-        lf = lf.with_columns(pl.col(c).cast(pl.Categorical) for c in _CODED)
+        lf = lf.with_columns(pl.col(c).cast(coded) for c in _CODED)
         return lf.drop("skill_sha256") if lean else lf  # the lean tables need only the flag
 
     started = read("attempt_started", inputs(started_cols), started_rows)
@@ -185,7 +188,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         present("attempt_finished", "final_kernel_sha256"), col("attempt_finished", "error"), served.alias("served_model")]
     fin = read("attempt_finished", inputs(fin_cols), lambda lf: lf.select(fin_cols))
     # the score's columns only (the plan's score is known by now), as `speedup` and `s`
-    ver_cols = ["attempt_id", "ts", pl.col("scope").cast(pl.Categorical), "passed", col("verdict", "reason"),
+    ver_cols = ["attempt_id", "ts", pl.col("scope").cast(coded), "passed", col("verdict", "reason"),
                 present("verdict", "kernel_sha256"), "candidate_median_us", pl.col(sp_col).alias("speedup"), pl.col(s_col).alias("s")]
     ver = read("verdict", inputs(ver_cols), lambda lf: lf.filter(pl.col("scope").is_in(["attempt", "pair"])).select(ver_cols))
     ann_cols = [pl.col("target_attempt_id").alias("attempt_id"), "ts", "label", col("annotation", "reason").alias("annotation_reason")]
