@@ -22,8 +22,8 @@ import os
 import threading
 import warnings
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -540,7 +540,7 @@ def clear_caches() -> None:
     """Forget every footer, verdict and layout seen, as in a fresh process (benchmarks measure cold reads with it)."""
     with _cache_lock:
         _cache.clear()
-    for c in (_verdicts, _type_verdicts, _shapes, _bad_data):
+    for c in (_verdicts, _type_verdicts, _shapes, _bad_data, _distrusted):
         c.clear()
     _index.clear_cache()
 _CHUNK = 16_384  # files per native scan (one scan for most stores: each scan's slowest files hold up its end); errors are found by halving
@@ -661,13 +661,14 @@ def iter_batches(kind: str, store: str | Store | None = None, *, columns: list[s
     schema = schema_for(kind)
     report = report if report is not None else ScanReport()
     cols = _columns(schema, columns)
-    live = _check(store, kind, report)
+    live = _check(store, kind, report, use_index=_index_trusted(store, kind))
     try:
         yield from _batches(store, schema, live, cols, report, dedupe=dedupe, batch_rows=batch_rows)
     except _Vanished as exc:
         raise ListingChanged(f"{exc.path} vanished while it was read (a compaction merged it)\nhint: iterate again",
                              path=exc.path) from None
     except _IndexDistrusted:
+        _distrust_index(store, kind)  # the next iteration reads the files' own footers
         raise ListingChanged("the footer index is stale (a file was replaced in place)\nhint: iterate again",
                              distrust_index=True) from None
 
@@ -691,7 +692,8 @@ def read_batches(kind: str, store: str | Store | None = None, *, columns: list[s
     report = report if report is not None else ScanReport()
     cols = _columns(schema, columns)
     reduce = reduce if reduce is not None else (lambda lf: lf)
-    state = {"live": _check(store, kind, report), "use_index": True}
+    trusted = _index_trusted(store, kind)
+    state = {"live": _check(store, kind, report, use_index=trusted), "use_index": trusted}
 
     def whole():
         parts = [reduce(df.lazy()).collect() for df in _batches(store, schema, state["live"], cols, report, dedupe=dedupe,
@@ -702,6 +704,17 @@ def read_batches(kind: str, store: str | Store | None = None, *, columns: list[s
         return pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
 
     return _retrying(store, kind, report, state, whole)
+
+
+_distrusted: set[tuple] = set()  # (protocols, root, kind) whose footer index a batched read caught lying, in this process
+
+
+def _index_trusted(store: Store, kind: str) -> bool:
+    return (_protocols(store.fs), store.root, kind) not in _distrusted
+
+
+def _distrust_index(store: Store, kind: str) -> None:
+    _distrusted.add((_protocols(store.fs), store.root, kind))
 
 
 def _columns(schema: KindSchema, columns) -> list[str]:
@@ -725,6 +738,8 @@ def _retrying(store: Store, kind: str, report: ScanReport, state: dict, read: Ca
             fresh = ScanReport()
             use_index = not isinstance(exc, _IndexDistrusted) and state["use_index"]
             state["use_index"] = use_index
+            if not use_index:
+                _distrust_index(store, kind)
             state["live"] = _check(store, kind, fresh, warn=isinstance(exc, _IndexDistrusted), use_index=use_index, stacklevel=5)
             report.files, report.rows_in_files, report.superseded = fresh.files, fresh.rows_in_files, fresh.superseded
             report.skipped.update(fresh.skipped)

@@ -167,3 +167,37 @@ def test_batched_readers_under_concurrent_compaction_never_see_fewer_rows_nor_du
         t.join()
     assert errors == [] and seen
     assert read_batches("annotation", store_url, columns=["event_id"], dedupe=False).height == flushes * per
+
+
+def test_an_index_that_vouches_for_a_bad_file_is_caught_and_not_used_again(store_url):
+    """A segment saying a file's required column is null-free when it is not (a file replaced in place at the same size):
+    the batch shows the nulls, iter_batches says the listing changed, and the next iteration reads the files' own footers."""
+    import dataclasses
+
+    import mkb.events._index as idx
+    from mkb.events._reader import clear_caches, inspect_files
+
+    _flushes(store_url, 2, 3)
+    schema = schema_for("annotation")
+    rows = [dict(event_id=f"z-{i}", kind="annotation", schema_version=schema.version, ts=0, run_id="r", seq=i, writer="w", mkb_version="0",
+                 attempt_id="a", target_attempt_id=f"z{i}", label=None, reason="r", annotator="t") for i in range(20)]
+    table = rows_to_table(schema, [dict(r, label="x") for r in rows])
+    bad = table.set_column(table.schema.get_field_index("label"), pa.field("label", pa.string()), pa.array([None] * 20, pa.string()))
+    path = _put(store_url, "zz-replaced", _parquet(bad.replace_schema_metadata(table.schema.metadata)))
+    store = resolve_store(store_url)
+    info = inspect_files(store, [(path, store.fs.size(path))])[0]
+    idx.write(store, "annotation", [dataclasses.replace(info, null_counts=tuple((c, 0) for c, _ in info.null_counts))])
+    for read_it in ("iterate", "read_batches"):
+        clear_caches()  # a fresh process: the forged segment is trusted at first
+        report = ScanReport()
+        if read_it == "iterate":
+            with pytest.raises(ListingChanged, match="footer index is stale") as caught:
+                list(iter_batches("annotation", store_url, columns=["label"], batch_rows=3, report=report))
+            assert caught.value.distrust_index
+            with pytest.warns(UserWarning, match="holds 20 null"):
+                df = pl.concat(iter_batches("annotation", store_url, columns=["label"], batch_rows=3, report=report))
+        else:
+            with pytest.warns(UserWarning, match="holds 20 null"):
+                df = read_batches("annotation", store_url, columns=["label"], batch_rows=3, report=report)
+        assert df.height == 6 and df["label"].null_count() == 0
+        assert "required column 'label' holds 20 null(s)" in report.skipped[path]
