@@ -116,7 +116,9 @@ def problems_table(store: str) -> pl.DataFrame:
                            speedup_compile_vs_eager=pl.col("compile_speedup_over_eager"))
     cols = [*CHAR_COLS, "compile_us", "compile_mode", "speedup_compile_vs_eager",
             *[f"{k}_{x}" for k in MODE_KEYS.values() for x in ("status", "us", "compile_s", "error_class")]]
-    return out.select(cols).sort("problem", "size", "gpu")
+    # a problem can hold two rows of one size and GPU (torch.compile timed for another problem hash): the hash and
+    # machine break the tie, so the rows come in one order on every run
+    return out.sort("problem", "size", "gpu", "problem_hash", "machine", nulls_last=True).select(cols)
 
 
 

@@ -827,24 +827,31 @@ def contrast_table(pairs: pl.DataFrame, *, against: tuple[str, ...] = ("placebo"
     key = ["stratum", "model", "problem", "replicate", "target_dsl"]
     tr = pairs.filter(pl.col("arm_kind") == "transfer").select(*key, "direction", "source_dsl", S_tr="S", lift_tr="lift",
                                                               changed="served_changed")
-    rows = []
+    cell = ["stratum", "model", "contrast", "direction", "source_dsl", "target_dsl"]
+    # per (cell, problem) sums, from which every figure below is made; the pooled cell (direction "pooled") sums them
+    # over directions rather than copying the blocks. S and lift are multiples of 20, so the sums (and the means made
+    # from them) are exact whatever the order of the additions.
+    sums = {"SA": pl.col("S_tr").sum(), "SB": pl.col("S_ot").sum(), "n": pl.len(), "L": pl.col("lift_tr").sum(),
+            "ch": pl.col("changed").sum(), "rec": pl.col("changed").is_not_null().sum()}
+    parts = []
     for other in against:
         ot = pairs.filter(pl.col("arm_kind") == other).select(*key, S_ot="S")
-        j = tr.join(ot, on=key, how="inner").with_columns(contrast=pl.lit(f"transfer - {other}"))
+        j = tr.join(ot, on=key, how="inner")
         if j.height:
-            rows.append(j)
-            if pooled:
-                rows.append(j.with_columns(direction=pl.lit("pooled"), source_dsl=pl.lit("*"), target_dsl=pl.lit("*")))
-    if not rows:
+            parts.append(j.group_by(*[c for c in cell if c != "contrast"], "problem").agg(**sums)
+                         .with_columns(contrast=pl.lit(f"transfer - {other}")))
+    if not parts:
         return pl.DataFrame()
-    j = pl.concat(rows, how="vertical_relaxed")
-    cell = ["stratum", "model", "contrast", "direction", "source_dsl", "target_dsl"]
-    cells, problems, m = _matrices(j, cell, {"SA": pl.col("S_tr").sum(), "SB": pl.col("S_ot").sum(), "n": pl.len()})
+    agg = pl.concat(parts, how="vertical_relaxed")
+    if pooled:
+        agg = pl.concat([agg, agg.group_by("stratum", "model", "contrast", "problem").agg(pl.col(list(sums)).sum()).with_columns(
+            direction=pl.lit("pooled"), source_dsl=pl.lit("*"), target_dsl=pl.lit("*"))], how="diagonal_relaxed")
+    cells, problems, m = _dense(agg, cell, ["SA", "SB", "n"])
     boot = cluster_bootstrap_many(cells, problems, m, {"rel": Ratio("SA", sub="SB", den="SB"), "mean": Ratio("SA", sub="SB", den="n")},
                                   spec)
-    info = j.group_by(cell).agg(n_blocks=pl.len(), n_problems=pl.col("problem").n_unique(), S_transfer=pl.col("S_tr").mean(),
-                                S_other=pl.col("S_ot").mean(), lift_vs_solo=pl.col("lift_tr").mean(),
-                                served_changed=pl.col("changed").sum(), served_recorded=pl.col("changed").is_not_null().sum())
+    info = agg.group_by(cell).agg(n_blocks=pl.col("n").sum(), n_problems=pl.len(), S_transfer=pl.col("SA").sum() / pl.col("n").sum(),
+                                  S_other=pl.col("SB").sum() / pl.col("n").sum(), lift_vs_solo=pl.col("L").sum() / pl.col("n").sum(),
+                                  served_changed=pl.col("ch").sum(), served_recorded=pl.col("rec").sum())
     (rel, rlo, rhi), (ml, mlo, mhi) = boot["rel"], boot["mean"]
     out = cells.with_columns(diff=pl.Series(ml), diff_lo=pl.Series(mlo), diff_hi=pl.Series(mhi), rel_diff=pl.Series(rel),
                              rel_lo=pl.Series(rlo), rel_hi=pl.Series(rhi)).with_columns(pl.col(pl.Float64).fill_nan(None))

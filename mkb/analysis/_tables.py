@@ -6,12 +6,21 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from mkb.events import ScanReport, Store, resolve_store, scan
+from mkb.events import ScanReport, Store, read_batches, resolve_store, schema_for
+from mkb.events._reader import BATCH_ROWS
 from mkb.scoring import R_COLS, SOL_THRESHOLDS, THRESHOLDS
 
 SCORED_STATUSES = ("finished", "budget_exhausted")
 NOISE_ARM = "solo_noise"  # the solo-vs-solo pseudo-arm that measures the noise floor (see build_pairs)
 SENSITIVE_FLAGS = ("code_block", "problem_identity")  # skill hygiene flags the sensitivity row leaves out
+PAIR_IDS = ("attempt_id", "base_attempt", "source_attempt")  # a pair's attempts: the arm's, its solo's, its skill source's
+READ_BATCH_ROWS = BATCH_ROWS  # rows of a kind read (and reduced to what the tables keep) at a time
+
+# started's text columns of a few distinct values, held as categoricals (4 bytes a row, not a 16-byte view and the text)
+# from the read until the pairs are built, and text again in the tables
+_CODED = ("model", "family", "problem_hash", "target_dsl", "source_dsl", "arm_kind", "gpu", "experiment", "mkb_version",
+          "grader_version", "dsl_version", "doc_pack_version")
+_KINDS = ("attempt_started", "attempt_finished", "verdict", "annotation", "characterisation", "skill", "torch_compile", "plan")
 VERSION_KEYS = {  # what must not mix, and within what it must not mix
     "grader_version": (),
     "mkb_version": (),
@@ -110,9 +119,10 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     The verdict counted is the same under either score; a counted verdict that recorded no such score refuses the
     store (never read as 0).
 
-    `columns="lift"` builds the same pairs table and an attempts table of `LIFT_COLUMNS` only: the columns
-    nothing of it reads (token counts, errors, budgets, names) are not read from the store, and of a kernel
-    hash only whether it is there, which at experiment scale is most of the memory and a third of the time.
+    `columns="lift"` builds the same pairs table without its attempt ids (`PAIR_IDS`: what links a pair to its
+    attempts, which no lift, standing, power or report figure reads) and an attempts table of `LIFT_COLUMNS`
+    only: the columns nothing of it reads (token counts, errors, budgets, names) are not read from the store, and
+    of a kernel hash only whether it is there, which at experiment scale is most of the memory and a third of the time.
     """
     if columns not in ("all", "lift"):
         raise ValueError(f"columns={columns!r}: 'all' or 'lift'")
@@ -120,70 +130,92 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         raise ScoreError(f"unknown score {score!r}\nhint: one of {', '.join(SCORES)}")
     lean = columns == "lift"
     store = store if isinstance(store, Store) else resolve_store(store)
-    skipped: dict[str, str] = {}
-    scans = {}
-    for kind in ("attempt_started", "attempt_finished", "verdict", "annotation", "characterisation", "skill", "torch_compile", "plan"):
-        r = ScanReport()
-        # no event_id de-duplication here: every kind is reduced to one row per attempt (latest) below,
-        # which a duplicated event cannot change, and it saves a hash pass over every row
-        scans[kind] = scan(kind, store, report=r, dedupe=False)
-        skipped.update(r.skipped)
+    canon = {kind: schema_for(kind).polars() for kind in _KINDS}
+    reports = {kind: ScanReport() for kind in _KINDS}
+    # few-valued text as categoricals of this call's own categories (freed with the tables, not a process-wide map that
+    # only grows). The attempt ids stay text: casting 8M ids at 10M events cost more than the joins it would speed up
+    coded = pl.Categorical(pl.Categories.random())
+
+    def read(kind: str, cols: list[str], reduce) -> pl.DataFrame:
+        """What `reduce` keeps of every row of `kind`, built batch by batch (the rows of a kind are never all held at once).
+
+        No event_id de-duplication here: every kind is reduced to one row per attempt (latest) below, which a
+        duplicated event cannot change, and it saves a hash pass over every row.
+        """
+        return read_batches(kind, store, columns=cols, reduce=reduce, report=reports[kind], dedupe=False, batch_rows=READ_BATCH_ROWS)
+
     def col(kind: str, name: str) -> pl.Expr:
         """A column the lean tables do not carry reads as a typed null (never read from the store) and is dropped below."""
-        return pl.lit(None, scans[kind].collect_schema()[name]).alias(name) if lean else pl.col(name)
+        return pl.lit(None, canon[kind][name]).alias(name) if lean else pl.col(name)
 
     def present(kind: str, name: str) -> pl.Expr:
         """A kernel hash: the lean tables need only whether it is there."""
-        return pl.when(pl.col(name).is_not_null()).then(pl.lit("k")).alias(name) if lean else pl.col(name)
+        return pl.when(pl.col(name).is_not_null()).then(pl.lit("k", coded)).alias(name) if lean else pl.col(name)
 
-    started = scans["attempt_started"].select(
+    def inputs(exprs) -> list[str]:
+        return list(dict.fromkeys(n for e in exprs for n in (e.meta.root_names() if isinstance(e, pl.Expr) else [e])))
+
+    # skills whose hygiene checks raised a flag the sensitivity row leaves out: only the flagged ones are kept, and every
+    # attempt is marked by a left join to them (read first, so each batch of attempts is marked as it is read)
+    flag = pl.col("hygiene_flags").list.eval(pl.element().is_in(list(SENSITIVE_FLAGS))).list.any().fill_null(False)
+    skill_flags = read("skill", ["sha256", "hygiene_flags"],
+                       lambda lf: lf.select(skill_sha256="sha256", skill_flagged=flag).filter(pl.col("skill_flagged")))
+    skill_flags = skill_flags.group_by("skill_sha256").agg(pl.col("skill_flagged").any())
+    started_cols = [
         "attempt_id", "ts", "mkb_version", "experiment", "model", "problem",
         col("attempt_started", "problem_name"), "family", "problem_hash", "target_dsl", "source_dsl", "arm_kind", "replicate",
         "gpu", *(col("attempt_started", c) for c in ("budget_submissions", "budget_turns", "budget_output_tokens", "budget_wall_s")),
         "grader_version", "dsl_version", "doc_pack_version", "skill_sha256", "skill_source_attempt",
         col("attempt_started", "skill_empty"), col("attempt_started", "wrong_source_problem"),
-    ).filter(pl.col("attempt_id").is_not_null())
-    fin_cols = scans["attempt_finished"].collect_schema().names()
-    served = pl.col("served_model") if "served_model" in fin_cols else pl.lit(None, pl.Utf8)  # attempt_finished >= 1.2
-    fin = scans["attempt_finished"].select(
-        "attempt_id", "ts", "status",
-        *(col("attempt_finished", c) for c in ("submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd", "wall_s")),
-        present("attempt_finished", "final_kernel_sha256"), col("attempt_finished", "error"), served.alias("served_model"))
-    ver = scans["verdict"].filter(pl.col("scope").is_in(["attempt", "pair"])).select(
-        "attempt_id", "ts", "scope", "passed", col("verdict", "reason"),
-        # both scores' columns when the plan is to choose (it is read in the same pass), else the one asked for
-        *dict.fromkeys(c for sc in ((score,) if score else SCORES) for c in SCORES[sc]), present("verdict", "kernel_sha256"),
-        "candidate_median_us")
-    ann = scans["annotation"].select(pl.col("target_attempt_id").alias("attempt_id"), "ts", "label",
-                                     col("annotation", "reason").alias("annotation_reason"))
-    # skills whose hygiene checks raised a flag the sensitivity row leaves out
-    # only the flagged skills: the left join below marks their attempts and leaves every other one unflagged, without a
-    # group-by and join over every skill's 64-character hash
-    skill_flags = scans["skill"].select(skill_sha256="sha256", skill_flagged=pl.col("hygiene_flags").list.eval(
-        pl.element().is_in(list(SENSITIVE_FLAGS))).list.any().fill_null(False)).filter(pl.col("skill_flagged")) \
-        .group_by("skill_sha256").agg(pl.col("skill_flagged").any())
-    char = scans["characterisation"].filter((pl.col("size") == "full") & pl.col("ok").fill_null(False)).select(
-        "ts", "problem", "gpu", "flops", "bytes", "peak")
-    tc = scans["torch_compile"].filter(pl.col("size") == "full")
-    plans = scans["plan"].select("experiment", "ts", "score")  # the score each experiment's plan names
-    started, fin, ver, ann, char, skill_flags, tc, plans = pl.collect_all(
-        [started, fin, ver, ann, char, skill_flags, tc, plans], engine=ENGINE)
+    ]
+    flags = skill_flags.lazy()
+
+    def started_rows(lf: pl.LazyFrame) -> pl.LazyFrame:
+        lf = lf.select(started_cols).filter(pl.col("attempt_id").is_not_null())
+        lf = lf.join(flags, on="skill_sha256", how="left", maintain_order="left").with_columns(pl.col("skill_flagged").fill_null(False))
+        lf = lf.with_columns(pl.col(c).cast(coded) for c in _CODED)
+        return lf.drop("skill_sha256") if lean else lf  # the lean tables need only the flag
+
+    started = read("attempt_started", inputs(started_cols), started_rows)
+    plans = read("plan", ["experiment", "ts", "score"], None)  # the score each experiment's plan names
     score, score_from = (score, "--score") if score is not None else _plan_score(
         store, started["experiment"].unique().to_list(), plans)
     sp_col, s_col = SCORES[score]
-    ver = ver.select(pl.exclude(*(c for sc in SCORES for c in SCORES[sc])), speedup=sp_col, s=s_col)
+    served = pl.col("served_model") if "served_model" in canon["attempt_finished"] else pl.lit(None, pl.Utf8)  # attempt_finished >= 1.2
+    fin_cols = [
+        "attempt_id", "ts", "status",
+        *(col("attempt_finished", c) for c in ("submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd", "wall_s")),
+        present("attempt_finished", "final_kernel_sha256"), col("attempt_finished", "error"), served.alias("served_model")]
+    fin = read("attempt_finished", inputs(fin_cols), lambda lf: lf.select(fin_cols))
+    # the score's columns only (the plan's score is known by now), as `speedup` and `s`
+    ver_cols = ["attempt_id", "ts", pl.col("scope").cast(coded), "passed", col("verdict", "reason"),
+                present("verdict", "kernel_sha256"), "candidate_median_us", pl.col(sp_col).alias("speedup"), pl.col(s_col).alias("s")]
+    ver = read("verdict", inputs(ver_cols), lambda lf: lf.filter(pl.col("scope").is_in(["attempt", "pair"])).select(ver_cols))
+    ann_cols = [pl.col("target_attempt_id").alias("attempt_id"), "ts", "label", col("annotation", "reason").alias("annotation_reason")]
+    ann = read("annotation", inputs(ann_cols), lambda lf: lf.select(ann_cols))
+    char = read("characterisation", ["size", "ok", "ts", "problem", "gpu", "flops", "bytes", "peak"],
+                lambda lf: lf.filter((pl.col("size") == "full") & pl.col("ok").fill_null(False)).select(
+                    "ts", "problem", "gpu", "flops", "bytes", "peak"))
+    tc = read("torch_compile", None, lambda lf: lf.filter(pl.col("size") == "full"))
+    skipped: dict[str, str] = {}
+    for kind in _KINDS:
+        skipped.update(reports[kind].skipped)
     counts = {"attempt_started": started.height, "attempt_finished": fin.height, "verdict": ver.height, "annotation": ann.height}
     started = _latest(started, keep="first").drop("ts")
     started_gpus = started["gpu"].unique().to_list()
+    # one row per started attempt, as in `attempts` (the joins below add columns, never rows): the versions it mixes are
+    # known here, and the lean tables then carry the version columns through the joins only when strata need them
+    mix = _version_mix(started)
     started = started.lazy()
     fin = _latest(fin, keep="last").drop("ts").lazy()
     ann = _latest(ann, keep="last").drop("ts").lazy()
     # one row per (attempt, scope): the latest verdict of each scope
     v_pair = _latest(ver.filter(pl.col("scope") == "pair"), keep="last").drop("ts", "scope").lazy() \
         .rename(lambda c: c if c == "attempt_id" else f"pv_{c}")
+    # an attempt's own verdict is read only where it has no pair re-grade: only those rows are joined
     v_att = _latest(ver.filter(pl.col("scope") == "attempt"), keep="last").drop("ts", "scope").lazy() \
-        .rename(lambda c: c if c == "attempt_id" else f"av_{c}")
-    started = started.join(skill_flags.lazy(), on="skill_sha256", how="left").with_columns(pl.col("skill_flagged").fill_null(False))
+        .join(v_pair.select("attempt_id"), on="attempt_id", how="anti").rename(lambda c: c if c == "attempt_id" else f"av_{c}")
+    del ver  # the verdicts kept are in v_pair and v_att: let the rest go before the joins
     a = (started.join(fin, on="attempt_id", how="left").join(v_pair, on="attempt_id", how="left")
          .join(v_att, on="attempt_id", how="left").join(ann, on="attempt_id", how="left"))
     has_pv = pl.col("pv_passed").is_not_null()
@@ -220,9 +252,10 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     )
     a = a.drop([c for c in a.collect_schema().names() if c.startswith(("pv_", "av_"))] + ["v_passed", "v_speedup", "v_kernel", "v_candidate_us"])
     if lean:  # what the lift tables read, and what the version check and the strata need
-        a = a.select(*(c for c in LIFT_COLUMNS if c != "stratum"), *dict.fromkeys(k for k in VERSION_KEYS if k not in LIFT_COLUMNS),
+        a = a.select(*(c for c in LIFT_COLUMNS if c != "stratum"),
+                     *(dict.fromkeys(c for k, within in VERSION_KEYS.items() for c in (k, *within) if c not in LIFT_COLUMNS) if mix else ()),
                      "score_unrecorded")
-    attempts = a.collect(engine=ENGINE)
+    attempts = a.collect(engine=ENGINE)  # the categoricals stay until the pairs are built from them
     unrecorded = attempts.filter(pl.col("score_unrecorded") & pl.col("excluded").is_null()).height
     if unrecorded:
         counted = attempts.filter((pl.col("verdict_source") != "none") & pl.col("excluded").is_null()).height
@@ -233,19 +266,26 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     attempts = attempts.drop("score_unrecorded")
     # the frames read are in `attempts` now: let them go before the pairs are built (at experiment scale they are
     # gigabytes, and the peak would otherwise hold both)
-    del a, started, fin, ver, ann, v_pair, v_att, skill_flags, char, tc
-    mix = _version_mix(attempts)
+    del a, started, fin, ann, v_pair, v_att, skill_flags, char, tc
     if mix and not stratify:
         lines = "\n".join(f"  {k}: {', '.join(v[:6])}{' ...' if len(v) > 6 else ''}" for k, v in mix.items())
         raise MixedVersionsError(
             f"the dataset mixes versions:\n{lines}\n"
             "hint: re-run stale coordinates (`mkb-run run --rerun-stale`), point --store at one version, "
             "or pass --stratify to analyse each version stratum separately")
+    if mix:
+        attempts = _text(attempts)
     attempts = _add_stratum(attempts, stratify=bool(mix))
     if lean:
         attempts = attempts.select(LIFT_COLUMNS)
-    pairs = build_pairs(attempts)
+    pairs = build_pairs(attempts, ids=not lean)
+    attempts = _text(attempts)
     return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts, score=score, score_from=score_from)
+
+
+def _text(df):
+    """The categoricals of `df` as text again: what the tables hold."""
+    return df.with_columns(pl.col(pl.Categorical).cast(pl.String))
 
 
 def _plan_score(store: Store, experiments: list[str | None], plans: pl.DataFrame) -> tuple[str, str]:
@@ -311,8 +351,9 @@ def _add_sol(a: pl.LazyFrame, char: pl.DataFrame, tc: pl.DataFrame | None = None
     machine = pl.DataFrame({"gpu": list(models), "machine": [p.model if p is not None else g for g, p in models.items()]},
                            schema={"gpu": pl.Utf8, "machine": pl.Utf8})
     comp = machine.join(ct.filter(pl.col("size") == "full").select("machine", "problem_hash", "compile_us"), on="machine").drop("machine")
-    a = a.join(sol.lazy().with_columns(pl.col("problem").cast(a.collect_schema()["problem"])), on=["gpu", "problem"], how="left")
-    a = a.join(comp.lazy(), on=["gpu", "problem_hash"], how="left")
+    types = a.collect_schema()
+    a = a.join(sol.lazy().with_columns(pl.col(c).cast(types[c]) for c in ("gpu", "problem")), on=["gpu", "problem"], how="left")
+    a = a.join(comp.lazy().with_columns(pl.col(c).cast(types[c]) for c in ("gpu", "problem_hash")), on=["gpu", "problem_hash"], how="left")
     cand = pl.when(pl.col("v_candidate_us") > 0).then(pl.col("v_candidate_us"))
     frac = pl.when(pl.col("sol_us") > 0).then(pl.col("sol_us") / cand)
     hits = [(pl.col("passed") & ((frac >= f).fill_null(False) if f > 0 else pl.lit(True))).cast(pl.Int32) for f in SOL_THRESHOLDS]
@@ -328,7 +369,8 @@ def _add_sol(a: pl.LazyFrame, char: pl.DataFrame, tc: pl.DataFrame | None = None
 
 def _version_mix(a: pl.DataFrame) -> dict[str, list[str]]:
     # the distinct combinations hold every set of values the checks below collect: one pass over the attempts
-    a = a.select(list(dict.fromkeys(c for col, within in VERSION_KEYS.items() for c in (col, *within)))).unique()
+    a = a.select(list(dict.fromkeys(c for col, within in VERSION_KEYS.items() for c in (col, *within)))).unique() \
+        .with_columns(pl.col(pl.Categorical).cast(pl.String))
     out = {}
     for col, within in VERSION_KEYS.items():
         if within:
@@ -355,13 +397,14 @@ def _add_stratum(a: pl.DataFrame, *, stratify: bool) -> pl.DataFrame:
                                             "dsl_version", "doc_pack_version", "problem_gen")).drop("problem_gen")
 
 
-def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
+def build_pairs(attempts: pl.DataFrame, *, ids: bool = True) -> pl.DataFrame:
     """Each non-solo arm against the solo of its target DSL (same model, problem, replicate, stratum), with standing.
 
     Standing compares the source's solo S with the mean S of the target DSL's *other* solo
     replicates: neither the solo the lift subtracts nor the source itself enters that mean, so no
     regression to the mean is built in. `standing_naive` (source vs the subtracted solo) is kept
-    only to show the bias.
+    only to show the bias. Without `ids` the pairs leave out the attempt ids that link them to their attempts
+    (`PAIR_IDS`; a third of the table's memory at experiment scale).
     """
     # one lazy plan, collected once: polars shares the scans of `solos` and runs the independent joins in parallel
     inc = attempts.lazy().filter(pl.col("excluded").is_null())
@@ -395,7 +438,7 @@ def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
     nrep = solos.group_by(grp).agg(R=pl.col("replicate").max() + 1)
     nxt = solos.join(nrep, on=grp).filter(pl.col("R") >= 3).with_columns(prev=(pl.col("replicate") - 1) % pl.col("R"))
     noise = nxt.select(pl.col("model"), pl.col("problem"), pl.col("prev").alias("replicate"), "target_dsl", "stratum", "family",
-                       pl.lit(NOISE_ARM).alias("arm_kind"), "attempt_id", "S", "passed", "speedup", "S_sol", "S_compile",
+                       pl.lit(NOISE_ARM, attempts.schema["arm_kind"]).alias("arm_kind"), "attempt_id", "S", "passed", "speedup", "S_sol", "S_compile",
                        "skill_flagged", "served_model", "R")
     # the source DSL of a block: its transfer arm's (any DSL other than the target when there is none)
     tsrc = arms.filter(pl.col("arm_kind") == "transfer").group_by(key).agg(source_dsl=pl.col("source_dsl").drop_nulls().first())
@@ -435,4 +478,6 @@ def build_pairs(attempts: pl.DataFrame) -> pl.DataFrame:
                                lift_sol=pl.col("S_sol") - pl.col("S_sol_solo"),
                                # the served model changed between the block's solo and its skill arm (null: not recorded)
                                served_changed=pl.col("served_model") != pl.col("served_solo"))
-    return pairs.drop("src_model", "src_problem", "src_tgt", "src_kind", "src_rep", "sum_S", "n_solo", "source_excluded").collect(engine=ENGINE)
+    pairs = pairs.drop("src_model", "src_problem", "src_tgt", "src_kind", "src_rep", "sum_S", "n_solo", "source_excluded",
+                       *(() if ids else PAIR_IDS))
+    return _text(pairs).collect(engine=ENGINE)  # attempts may hold categoricals (load_tables): the pairs hold text

@@ -8,6 +8,10 @@ scans, lists again and starts over if a compaction deleted one meanwhile, and sk
 file whose data pages do not decode. Footers are fetched in one batched request per scan on object stores (fsspec
 `cat_ranges`), read in a thread pool on local disk, and cached by (path, size): event files are
 immutable, so a second scan of the same store reads only new files' footers.
+
+`iter_batches` and `read_batches` read the same files as frames of about `batch_rows` rows (a group of
+whole files each), only the columns asked for, so a caller that reduces each batch (an analysis keeping
+a few columns of a row, or a count) never holds every row of a kind at once.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import threading
 import warnings
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -535,7 +540,7 @@ def clear_caches() -> None:
     """Forget every footer, verdict and layout seen, as in a fresh process (benchmarks measure cold reads with it)."""
     with _cache_lock:
         _cache.clear()
-    for c in (_verdicts, _type_verdicts, _shapes, _bad_data):
+    for c in (_verdicts, _type_verdicts, _shapes, _bad_data, _distrusted):
         c.clear()
     _index.clear_cache()
 _CHUNK = 16_384  # files per native scan (one scan for most stores: each scan's slowest files hold up its end); errors are found by halving
@@ -573,6 +578,16 @@ class _Vanished(Exception):
         self.path = path
 
 
+class ListingChanged(StoreError):
+    """A file listed for this read vanished before it was read (a compaction merged it), or the footer index was
+    found stale: what `iter_batches` yielded so far must be discarded and the read started again (`read_batches` does)."""
+
+    def __init__(self, msg: str, *, path: str = "", distrust_index: bool = False) -> None:
+        super().__init__(msg)
+        self.path = path
+        self.distrust_index = distrust_index
+
+
 def scan(kind: str, store: str | Store | None = None, *, report: ScanReport | None = None, dedupe: bool = True):
     """A lazy frame of every `kind` event in the store, on the canonical schema.
 
@@ -599,31 +614,19 @@ def scan(kind: str, store: str | Store | None = None, *, report: ScanReport | No
     report = report if report is not None else ScanReport()
     live = _check(store, kind, report)
     canon = schema.polars()
-    state = {"live": live}
+    state = {"live": live, "use_index": True}
 
     def source(with_columns, predicate, n_rows, batch_size):
         cols = list(with_columns) if with_columns else list(schema.names)
-        need = list(dict.fromkeys(cols + (["event_id"] if dedupe else []) + (predicate.meta.root_names() if predicate is not None else [])))
-        for attempt in range(_RETRIES):
-            try:
-                df = _collect(store, schema, state["live"], need, report, dedupe=dedupe)
-                if _index_lied(schema, state["live"], df):
-                    _forget_index(store, state["live"])
-                    raise _IndexDistrusted()
-                break
-            except (_Vanished, _IndexDistrusted) as exc:
-                gone = getattr(exc, "path", "")
-                fresh = ScanReport()
-                use_index = not isinstance(exc, _IndexDistrusted) and state.get("use_index", True)
-                state["use_index"] = use_index
-                state["live"] = _check(store, kind, fresh, warn=isinstance(exc, _IndexDistrusted), use_index=use_index, stacklevel=4)
-                report.files, report.rows_in_files, report.superseded = fresh.files, fresh.rows_in_files, fresh.superseded
-                report.skipped.update(fresh.skipped)
-        else:
-            raise StoreError(
-                f"{gone} vanished while it was read, {_RETRIES} times (a compaction with --grace-s 0 is deleting files under this reader)\n"
-                "hint: read again, or compact with a grace period longer than a read takes"
-            )
+        need = list(dict.fromkeys(cols + (predicate.meta.root_names() if predicate is not None else [])))  # _batches reads event_id where it de-duplicates
+
+        def whole():
+            parts = list(_batches(store, schema, state["live"], need, report, dedupe=dedupe, batch_rows=None))
+            if not parts:
+                return pl.DataFrame(schema={c: canon[c] for c in need})
+            return pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
+
+        df = _retrying(store, kind, report, state, whole)
         if predicate is not None:
             df = df.filter(predicate)
         if df.columns != cols:  # a select on a frame of a chunk per file costs ~1 s per 10,000 files: only when it changes something
@@ -637,26 +640,179 @@ def scan(kind: str, store: str | Store | None = None, *, report: ScanReport | No
     return register_io_source(source, schema=canon, explain_name="mkb.events", explain_detail=f"{kind} in {store.url}")
 
 
-def _collect(store: Store, schema: KindSchema, live: list[FileInfo], cols: list[str], report: ScanReport, *, dedupe: bool):
-    """Read `cols` of every live file; only files whose event_id ranges overlap are de-duplicated row by row. Raises _Vanished."""
+BATCH_ROWS = 262_144  # rows per batch of iter_batches / read_batches: whole files are grouped up to about this many rows
+
+
+def iter_batches(kind: str, store: str | Store | None = None, *, columns: list[str] | tuple[str, ...] | None = None,
+                 batch_rows: int = BATCH_ROWS, report: ScanReport | None = None, dedupe: bool = True) -> Iterator:
+    """Every `kind` event as polars frames of about `batch_rows` rows (whole files grouped; a file larger than that is
+    one batch), holding only `columns` (default: every canonical column), on the canonical types.
+
+    The files, their footer checks, upcasting and the skipping and naming of hostile files are those of `scan`
+    (a file whose data pages do not decode is named when its batch is read). With `dedupe`, files whose event_id
+    ranges overlap are read as one batch and de-duplicated (no id can repeat across batches), every other file as is.
+
+    A generator cannot take back what it yielded: if a compaction deletes a listed file before it is read (or the
+    footer index turns out stale), this raises ListingChanged, and the caller discards what it got and iterates
+    again. `read_batches` does that for a caller that reduces each batch.
+    """
+    store = resolve_store(store)
+    store.require_exists()
+    schema = schema_for(kind)
+    report = report if report is not None else ScanReport()
+    cols = _columns(schema, columns)
+    live = _check(store, kind, report, use_index=_index_trusted(store, kind))
+    try:
+        yield from _batches(store, schema, live, cols, report, dedupe=dedupe, batch_rows=batch_rows)
+    except _Vanished as exc:
+        raise ListingChanged(f"{exc.path} vanished while it was read (a compaction merged it)\nhint: iterate again",
+                             path=exc.path) from None
+    except _IndexDistrusted:
+        _distrust_index(store, kind)  # the next iteration reads the files' own footers
+        raise ListingChanged("the footer index is stale (a file was replaced in place)\nhint: iterate again",
+                             distrust_index=True) from None
+
+
+def read_batches(kind: str, store: str | Store | None = None, *, columns: list[str] | tuple[str, ...] | None = None,
+                 reduce: Callable | None = None, batch_rows: int = BATCH_ROWS, report: ScanReport | None = None,
+                 dedupe: bool = True):
+    """The frames of `iter_batches`, each passed through `reduce` (a function of a LazyFrame returning a LazyFrame) and
+    concatenated in file order: what a caller keeps of a kind is built batch by batch, never from every row at once.
+
+    Like `scan`, a file a compaction deleted before it was read makes the read list the store again and start over
+    (discarding what was reduced so far), so the result holds every row once, never a partial set. `reduce` must be a
+    function of the rows alone (a filter, a projection, a per-row expression, a join to a small table): it is run
+    on each batch, and on an empty frame of the canonical schema when the kind holds no rows.
+    """
     import polars as pl
 
+    store = resolve_store(store)
+    store.require_exists()
+    schema = schema_for(kind)
+    report = report if report is not None else ScanReport()
+    cols = _columns(schema, columns)
+    reduce = reduce if reduce is not None else (lambda lf: lf)
+    trusted = _index_trusted(store, kind)
+    state = {"live": _check(store, kind, report, use_index=trusted), "use_index": trusted}
+
+    def whole():
+        parts = [reduce(df.lazy()).collect() for df in _batches(store, schema, state["live"], cols, report, dedupe=dedupe,
+                                                                batch_rows=batch_rows)]
+        if not parts:
+            canon = schema.polars()
+            return reduce(pl.LazyFrame(schema={c: canon[c] for c in cols})).collect()
+        return pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
+
+    return _retrying(store, kind, report, state, whole)
+
+
+_distrusted: set[tuple] = set()  # (protocols, root, kind) whose footer index a batched read caught lying, in this process
+
+
+def _index_trusted(store: Store, kind: str) -> bool:
+    return (_protocols(store.fs), store.root, kind) not in _distrusted
+
+
+def _distrust_index(store: Store, kind: str) -> None:
+    _distrusted.add((_protocols(store.fs), store.root, kind))
+
+
+def _columns(schema: KindSchema, columns) -> list[str]:
+    if columns is None:
+        return list(schema.names)
+    cols = list(dict.fromkeys(columns))
+    unknown = [c for c in cols if c not in set(schema.names)]
+    if unknown:
+        raise SchemaError(f"{schema.kind} has no column {unknown[0]!r}\nhint: its columns: {', '.join(schema.names)}")
+    return cols
+
+
+def _retrying(store: Store, kind: str, report: ScanReport, state: dict, read: Callable):
+    """`read()` from `state["live"]`; when a listed file vanished or the footer index lied, list again and start over."""
+    gone = ""
+    for _attempt in range(_RETRIES):
+        try:
+            return read()
+        except (_Vanished, _IndexDistrusted) as exc:
+            gone = getattr(exc, "path", "")
+            fresh = ScanReport()
+            use_index = not isinstance(exc, _IndexDistrusted) and state["use_index"]
+            state["use_index"] = use_index
+            if not use_index:
+                _distrust_index(store, kind)
+            state["live"] = _check(store, kind, fresh, warn=isinstance(exc, _IndexDistrusted), use_index=use_index, stacklevel=5)
+            report.files, report.rows_in_files, report.superseded = fresh.files, fresh.rows_in_files, fresh.superseded
+            report.skipped.update(fresh.skipped)
+    raise StoreError(
+        f"{gone} vanished while it was read, {_RETRIES} times (a compaction with --grace-s 0 is deleting files under this reader)\n"
+        "hint: read again, or compact with a grace period longer than a read takes"
+    )
+
+
+def _batches(store: Store, schema: KindSchema, live: list[FileInfo], cols: list[str], report: ScanReport, *, dedupe: bool,
+             batch_rows: int | None) -> Iterator:
+    """Frames of `cols` of every live file, in file order: files that need no row-level de-duplication first (native scans
+    of chunks of files, then upcast files one by one), then the files whose event_id ranges overlap, de-duplicated.
+
+    `batch_rows=None` (scan: one frame is wanted) reads chunks of _CHUNK files and de-duplicates every overlapping file
+    together; otherwise chunks end at about `batch_rows` rows and each overlap group is its own batch.
+    Raises _Vanished (a listed file is gone) and _IndexDistrusted (rows of index-held files break the schema).
+    """
+    import polars as pl
+
+    read_cols = list(dict.fromkeys(cols + ["event_id"]))  # of files de-duplicated row by row
     if dedupe:
         groups = overlap_groups(live)
         alone = {g[0].path for g in groups if len(g) == 1}
+        shared_groups = [g for g in groups if len(g) > 1]
     else:
-        alone = {i.path for i in live}
-    parts, shared = [], []
-    for sel, out in ((lambda i: i.path in alone, parts), (lambda i: i.path not in alone, shared)):
-        current = [i for i in live if sel(i) and not needs_upcast(schema, i)]
-        for k in range(0, len(current), _CHUNK):
-            out.extend(_read_chunk(store, schema, current[k:k + _CHUNK], cols, report))
-        out.extend(p for i in live if sel(i) and needs_upcast(schema, i) if (p := _read_upcast(store, schema, i, cols, report)) is not None)
-    if shared:
-        parts.append(_dedupe(pl.concat(shared, how="vertical").lazy()).collect())
-    if not parts:
-        return pl.DataFrame(schema={c: schema.polars()[c] for c in cols})
-    return pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
+        alone, shared_groups = {i.path for i in live}, []
+
+    def checked(infos: list[FileInfo], dfs: list):
+        for df in dfs:
+            if _index_lied(schema, infos, df):
+                _forget_index(store, infos)
+                raise _IndexDistrusted()
+            yield df
+
+    current = [i for i in live if i.path in alone and not needs_upcast(schema, i)]
+    for chunk in _chunks(current, batch_rows):
+        yield from checked(chunk, _read_chunk(store, schema, chunk, cols, report))
+    for info in live:
+        if info.path in alone and needs_upcast(schema, info):
+            df = _read_upcast(store, schema, info, cols, report)
+            if df is not None:
+                yield df
+    if not shared_groups:
+        return
+    if batch_rows is None:
+        shared_groups = [[i for g in shared_groups for i in g]]
+    order = {i.path: k for k, i in enumerate(live)}
+    for group in shared_groups:
+        group = sorted(group, key=lambda i: order[i.path])  # file order, as read without de-duplication
+        parts = []
+        now = [i for i in group if not needs_upcast(schema, i)]
+        for chunk in _chunks(now, None):
+            parts.extend(checked(chunk, _read_chunk(store, schema, chunk, read_cols, report)))
+        parts.extend(p for i in group if needs_upcast(schema, i)
+                     if (p := _read_upcast(store, schema, i, read_cols, report)) is not None)
+        if parts:
+            df = _dedupe(pl.concat(parts, how="vertical").lazy()).collect()
+            yield df.select(cols) if df.columns != cols else df
+
+
+def _chunks(infos: list[FileInfo], batch_rows: int | None) -> Iterator[list[FileInfo]]:
+    """Consecutive runs of files for one native scan each: at most _CHUNK files, and about `batch_rows` rows when given."""
+    chunk: list[FileInfo] = []
+    rows = 0
+    for info in infos:
+        if chunk and (len(chunk) >= _CHUNK or (batch_rows is not None and rows + info.rows > batch_rows)):
+            yield chunk
+            chunk, rows = [], 0
+        chunk.append(info)
+        rows += info.rows
+    if chunk:
+        yield chunk
 
 
 def _exists(store: Store, path: str) -> bool:
