@@ -196,7 +196,8 @@ class EventWriter:
         self._cuts: deque[tuple[dict[str, list[_Segment]], int]] = deque()  # (buffers, events) cut, not yet converted
         self._pending: list[tuple[str, str, bytes, int]] = []  # (kind, target, bytes, rows) converted but not yet published
         self._shapes: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, ...], dict]] = {}  # (kind, keys) -> (keys, {types: int columns}); see _shape
-        self._last_shape: tuple | None = None  # (kind, keys, value types, int columns) of the last fast-path emit
+        self._last_shape: tuple | None = None  # (kind, keys, [value types], int columns) of the last fast-path emit
+        self._seq_next, self._seq_blocks = self._env._next, self._env._blocks  # the envelope's seq counters (mutated in place, never replaced)
         self._ids: Iterator[str] = iter(())  # the rest of this writer's block of event ids (see _refill_ids)
         self._ids_until = 0  # ts (microseconds) from which the block is stale
         self._id_block = 1
@@ -338,12 +339,12 @@ class EventWriter:
         the payload dict without being matched against named parameters one by one.
         """
         keys = tuple(payload)
-        types = tuple(map(type, payload.values()))
+        types = list(map(type, payload.values()))  # (a list: list(map()) is cheaper than tuple(map()), which builds a list first)
         last = self._last_shape
         if last is None or last[2] != types or last[1] != keys or last[0] != kind:
-            last = self._shape(kind, keys, types)
+            last = self._shape(kind, keys, tuple(types))
             if last is not None:
-                self._last_shape = last
+                last = self._last_shape = (kind, last[1], types, last[3])
         if last is not None:
             for name in last[3]:
                 if not _INT64_MIN <= payload[name] <= _INT64_MAX:
@@ -357,18 +358,16 @@ class EventWriter:
                     event_id = next(self._ids, None)  # _next_id, inline
                     if event_id is None or ts >= self._ids_until:
                         event_id = self._refill_ids(event_id is None)
-                    env = self._env
-                    if env._blocks:
-                        seq = env.take(attempt_id)
+                    if self._seq_blocks:
+                        seq = self._env.take(attempt_id)
                     else:  # Envelope.take without a block adopted, inline: a call per event costs as much as the rest of this block
-                        seq = env._next.get(attempt_id, 0)
-                        env._next[attempt_id] = seq + 1
+                        counters = self._seq_next
+                        seq = counters.get(attempt_id, 0)
+                        counters[attempt_id] = seq + 1
                     seg = self._tail.get(kind)
-                    # one extend, so the flat segment never holds part of an event
+                    # one extend, so the flat segment never holds part of an event; a new segment sets _oldest
                     (seg[1] if seg is not None and seg[0] is last[1] else self._segment(kind, last[1])).extend((event_id, ts, seq, *payload.values()))
                     self._n_buffered = n = self._n_buffered + 1
-                    if self._oldest is None:
-                        self._oldest = time.monotonic()
                 finally:
                     lock.release()
                 if n >= self.flush_every:
@@ -435,6 +434,8 @@ class EventWriter:
         """A new last segment of `kind` for entries of `keys` (None: row dicts); the caller holds `_lock`."""
         seg = self._tail[kind] = (keys, [])
         self._buffers.setdefault(kind, []).append(seg)
+        if self._oldest is None:  # the first event since the last cut: every kind's tail starts empty after one
+            self._oldest = time.monotonic()
         return seg[1]
 
     def _cut(self) -> None:
