@@ -200,7 +200,7 @@ class EventWriter:
         self._seq_next, self._seq_blocks = self._env._next, self._env._blocks  # the envelope's seq counters (mutated in place, never replaced)
         self._ids: Iterator[str] = iter(())  # the rest of this writer's block of event ids (see _refill_ids)
         self._ids_until = 0  # ts (microseconds) from which the block is stale
-        self._id_block = 1
+        self._id_block = 1  # the current block's length
         self.files_written: list[str] = []
         self.flush_errors: list[str] = []  # background flushes that failed (the events stay buffered and are retried)
         _open_writers.add(self)
@@ -306,10 +306,12 @@ class EventWriter:
         taken in emit order under the writer's lock, so a writer's ids increase in the order its events
         are buffered. A block is dropped once the clock has left its millisecond, so an event's id
         carries the millisecond it was emitted in. The block size follows the rate: it doubles when a
-        block was used up within its millisecond and halves when the clock left one with ids unused.
+        block was used up within its millisecond and halves when the clock left one with ids unused
+        (sizing it to the last millisecond's count instead dropped more: a block starts mid-millisecond).
         """
-        k = self._id_block = min(self._id_block * 2, _ID_BLOCK_MAX) if used_up else max(self._id_block // 2, 1)
+        k = min(self._id_block * 2, _ID_BLOCK_MAX) if used_up else max(self._id_block // 2, 1)
         ms, ids = uuid7_block(k)
+        self._id_block = len(ids)  # fewer than k when the millisecond's counters ran out
         self._ids_until = (ms + 1) * 1000  # ts is in microseconds
         it = self._ids = iter(ids)
         return next(it)
