@@ -23,8 +23,10 @@ work slows both sides of a round alike, and the median drops the rounds that a b
   parses every footer and leaves a footer index segment in the store (`_index/`); it is timed once
   and printed on its own row; the cold rounds after it are fresh-process reads of an indexed store.
 - compaction: `compact_kind` of N events in many small files (a fresh copy each round, with the footer
-  index the reads left; grace 0, so the sources are deleted too) against polars reading them and
-  writing one file (`scan_parquet(files).sink_parquet`).
+  index the reads left, synced to disk before the clock starts: otherwise compaction's first fsync
+  would write the copy's data back, work plain never pays for its originals; grace 0, so the sources
+  are deleted too) against polars reading them and writing one file (`scan_parquet(files).sink_parquet`,
+  no fsync).
 """
 
 from __future__ import annotations
@@ -268,6 +270,7 @@ def main() -> None:
                 def mkb_compact():
                     copy = str(base / f"compact-{next(k)}")
                     shutil.copytree(root, copy)
+                    os.sync()  # untimed: the copy's files are durable, as the originals plain reads are (each was fsynced when written)
                     clear_caches()
                     t, res = timed(compact_kind, "verdict", copy, grace_s=0)
                     assert res.rows == args.events
