@@ -133,6 +133,7 @@ def write_table(store: str | Store | None, kind: str, table: pa.Table, *, name: 
 
 
 _open_writers: "weakref.WeakSet[EventWriter]" = weakref.WeakSet()
+_busy: "set[EventWriter]" = set()  # writers with batches handed to their publisher and not yet published
 _all_writers: "weakref.WeakSet[EventWriter]" = weakref.WeakSet()
 
 
@@ -144,7 +145,6 @@ def _drop_id_blocks() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_drop_id_blocks)
-_busy: "set[EventWriter]" = set()  # writers with batches handed to their publisher and not yet published
 
 
 @atexit.register
@@ -411,18 +411,19 @@ class EventWriter:
         ids = []
         with self._lock:  # seq, ids and buffer change together, so a batch stays contiguous
             take, next_id = self._env.take, self._next_id
-            for item in built:
+            # every seq first: a seq block that runs out (SeqExhausted) raises before any row is buffered
+            seqs = [take(item["attempt_id"] if type(item) is dict else item[1].get("attempt_id")) for item in built]
+            for item, seq in zip(built, seqs):
                 event_id = next_id(ts)
                 if type(item) is dict:
-                    item["seq"] = take(item["attempt_id"])
+                    item["seq"] = seq
                     item["event_id"] = event_id
                     seg = self._tail.get(kind)
                     (seg[1] if seg is not None and seg[0] is None else self._segment(kind, None)).append(item)
                 else:
                     keys, payload = item
                     seg = self._tail.get(kind)
-                    (seg[1] if seg is not None and seg[0] is keys else self._segment(kind, keys)).extend(
-                        (event_id, ts, take(payload.get("attempt_id")), *payload.values()))
+                    (seg[1] if seg is not None and seg[0] is keys else self._segment(kind, keys)).extend((event_id, ts, seq, *payload.values()))
                 ids.append(event_id)
             self._n_buffered += len(built)
             if self._oldest is None:

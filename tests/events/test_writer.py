@@ -403,3 +403,25 @@ def test_a_forked_child_does_not_reuse_its_parent_s_block_of_ids(tmp_path, monke
     w._buffers.clear()  # nothing of this writer is to be written
     w._n_buffered = 0
     w.close()
+
+
+def test_emit_many_whose_seq_block_runs_out_buffers_none_of_the_batch(tmp_path):
+    """All or nothing: a batch that would overrun the adopted seq block raises before any of its rows is buffered."""
+    import pytest
+
+    from mkb.events._envelope import SeqExhausted
+
+    url = str(tmp_path / "ds")
+    agent = EventWriter(url)
+    block = agent.reserve_seq("A", 3)
+    grader = EventWriter(url, flush_every=10**6)
+    grader.adopt_seq(block)
+    row = dict(target_attempt_id="t", label="clean", annotator="a")
+    grader.emit("annotation", attempt_id="A", reason="0", **row)
+    grader.emit("annotation", attempt_id="B", reason="other attempt", **row)
+    with pytest.raises(SeqExhausted):
+        grader.emit_many("annotation", [dict(row, attempt_id="A", reason=str(i)) for i in (1, 2, 3)])
+    assert grader.pending_events == 2
+    grader.close()
+    agent.close()
+    assert sorted(read("annotation", url)["reason"].to_list()) == ["0", "other attempt"]
