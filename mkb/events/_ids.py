@@ -70,7 +70,8 @@ def uuid7_block(n: int) -> tuple[int, list[str]]:
 
     For a writer that needs an id per event: one lock, one clock read and one random draw for the
     block, and the strings laid out column by column in a bytearray (strided slice assignment)
-    instead of one f-string each, so an id costs ~0.2 us instead of ~0.7. The ids take the next
+    instead of one f-string each, so an id of a block of 256 costs ~0.15 us against ~0.9 us a
+    `uuid7()` call (blocks under 16 are formatted id by id). The ids take the next
     counters of this process's generator, so they sort after every id handed out before and before
     every id handed out after; a block ends where the millisecond's 4,096 counters do, so it may be
     shorter than `n`. Callers that hand them out later should drop the rest once the clock has
