@@ -13,7 +13,7 @@ work slows both sides of a round alike, and the median drops the rounds that a b
   writer differs by design, not by skipping work: it takes event ids from blocks (`uuid7_block`,
   ~0.2 us an id against ~0.9 us for a `uuid7()` call per row), buffers a checked payload's values in
   one flat list and converts them column by column (plain's `from_pylist` of dicts costs more), writes
-  event_id/ts/seq without a dictionary page, and encodes, fsyncs and publishes a full batch in a
+  event_id and ts without a dictionary page, and encodes, fsyncs and publishes a full batch in a
   publisher thread while the caller goes on emitting, so it can use a second core where plain's loop
   uses one: the CPU seconds of both (all threads) are printed beside the rates.
 - read: `mkb.events.read` (footer checks, schema conformance, de-duplication) against
