@@ -73,9 +73,12 @@ class Envelope:
                 SchemaError = ValueError  # noqa: N806
             raise SchemaError(f"envelope columns {sorted(AUTO.intersection(payload))} are filled in by the writer\nhint: do not pass them")
 
-    def row(self, kind: str, version: str, attempt_id: str | None, payload: dict[str, Any], ts: Any) -> dict[str, Any]:
-        """A row with every envelope column but `seq` (numbered with `number` once the row is accepted)."""
-        return {**payload, "event_id": _uuid7(), "kind": kind, "schema_version": version, "ts": ts, "run_id": self.run_id,
+    def row(self, kind: str, version: str, attempt_id: str | None, payload: dict[str, Any], ts: Any, *, event_id: str | None = None) -> dict[str, Any]:
+        """A row with every envelope column but `seq` (numbered with `number` once the row is accepted).
+
+        `event_id`: a writer that draws ids when it buffers a row (EventWriter, from its blocks) passes a placeholder.
+        """
+        return {**payload, "event_id": _uuid7() if event_id is None else event_id, "kind": kind, "schema_version": version, "ts": ts, "run_id": self.run_id,
                 "attempt_id": attempt_id, "seq": 0, "writer": self.writer, "mkb_version": mkb.__version__}
 
     def constants(self, kind: str, version: str) -> dict[str, Any]:

@@ -6,18 +6,19 @@ Imports only pyarrow and fsspec (no polars): the GPU host that grades kernels wr
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mkb.events._commit import commit
 from mkb.events._envelope import DEFAULT_BLOCK, Envelope, SeqBlock
-from mkb.events._ids import uuid7
+from mkb.events._ids import uuid7, uuid7_block
 from mkb.events._schema import META_KIND, KindSchema, SchemaError, schema_for
 from mkb.events._store import Store, resolve_store
 from mkb.events._validate import _INT64_MAX, _INT64_MIN, _SHAPE_TYPES, check_row
@@ -46,54 +47,68 @@ def rows_to_table(schema: KindSchema, rows: list[dict[str, Any]]) -> pa.Table:
 
 
 ROW_GROUP_SIZE = 1 << 20
+_ID_BLOCK_MAX = 1024
 COMPRESSION = "zstd"
 
 
 # Buffered events of one kind are a list of segments (keys, entries) in emit order. A payload of a shape already
-# checked (the per-event path of emit) is buffered as the flat tuple (event_id, ts, seq, *payload values) in a
-# segment whose keys are the shape's keys (one tuple shared by the shape); a row checked in full is a dict in a
-# segment with keys None. One object per event (the garbage collector walks what is held: two objects per event
-# cost emit a quarter more), no dict per event, and at flush a segment converts in one pass of pyarrow's C++
-# struct conversion, cheaper than the dict rows a plain loop hands to from_pylist.
+# checked (the per-event path of emit) is buffered in a segment whose keys are the shape's keys (one tuple shared by
+# the shape) as a flat run of values in one list: event_id, ts, seq, then the payload's values, 3 + len(keys) per
+# event. No object outlives an emit (a tuple or dict per event kept the garbage collector walking ~0.2 us an event),
+# and at flush each column is one strided slice of the list converted by pyarrow, cheaper than the dict rows a plain
+# loop hands to from_pylist. A row checked in full is a dict in a segment with keys None.
 _Segment = tuple["tuple[str, ...] | None", list]
+_ENTRY = ("event_id", "ts", "seq")  # what a flat entry holds before the payload's values
+
+
+def _segment_events(seg: _Segment) -> int:
+    keys, entries = seg
+    return len(entries) if keys is None else len(entries) // (len(_ENTRY) + len(keys))
 
 
 def _segments_to_table(schema: KindSchema, segments: list[_Segment], env: Envelope) -> pa.Table:
     """Buffered segments (see _Segment) as one table of the canonical schema, in the order they were buffered."""
     const = env.constants(schema.kind, schema.version)
-    tables = [rows_to_table(schema, rows) if keys is None else _tuples_to_table(schema, keys, rows, const) for keys, rows in segments]
+    tables = [rows_to_table(schema, rows) if keys is None else _flat_to_table(schema, keys, rows, const) for keys, rows in segments]
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
-_structs: dict[tuple, pa.StructType] = {}
+def _flat_to_table(schema: KindSchema, keys: tuple[str, ...], flat: list, const: dict[str, Any]) -> pa.Table:
+    """A flat segment's columns, each one strided slice; the envelope's constant columns are one value repeated.
 
-
-def _tuples_to_table(schema: KindSchema, keys: tuple[str, ...], entries: list[tuple], const: dict[str, Any]) -> pa.Table:
-    """Entries of one payload shape through one struct conversion; the envelope's constant columns are one value repeated."""
+    `ts` is the writer's integer microseconds, which pyarrow takes as the timestamp's value.
+    """
     arrow = schema.arrow()
-    st = _structs.get((schema, keys))
-    if st is None:
-        if len(_structs) > 1_000:
-            _structs.clear()
-        st = _structs[(schema, keys)] = pa.struct([pa.field("event_id", pa.string()), pa.field("ts", pa.int64()), pa.field("seq", pa.int64())]
-                                                  + [arrow.field(k) for k in keys])
-    n = len(entries)
-    by_name = dict(zip(("event_id", "ts", "seq") + keys, pa.array(entries, type=st).flatten()))
+    width = len(_ENTRY) + len(keys)
+    n = len(flat) // width
+    at = {name: j for j, name in enumerate(_ENTRY + keys)}
     cols = []
     for field in arrow:
-        name = field.name
-        col = by_name.get(name)
-        if col is None:
-            col = pa.repeat(pa.scalar(const[name], field.type), n) if name in const else pa.nulls(n, field.type)
-        elif name == "ts":
-            col = col.cast(field.type)
-        cols.append(col)
+        j = at.get(field.name)
+        if j is not None:
+            cols.append(pa.array(flat[j::width], type=field.type))
+        elif field.name in const:
+            cols.append(pa.repeat(pa.scalar(const[field.name], field.type), n))
+        else:
+            cols.append(pa.nulls(n, field.type))
     return pa.Table.from_arrays(cols, schema=arrow)
+
+
+# Envelope columns that differ on (nearly) every row: a dictionary page of them is pure overhead (a file of 10k events
+# written with one cost ~15% more CPU and ~20% more bytes), so they are written plain; every other column keeps its
+# dictionary (seq too: small per-attempt counters repeat across attempts, and its dictionary made files smaller).
+_UNIQUE_COLUMNS = frozenset({"event_id", "ts"})
+
+
+def _dictionary_paths(schema: pa.Schema) -> list[str]:
+    """The Parquet column paths to dictionary-encode: every leaf but the unique envelope columns' (~10 us a file; not
+    cached, since a compacted file's schema carries its sources' names in its metadata)."""
+    return [f"{f.name}.list.element" if pa.types.is_list(f.type) else f.name for f in schema if f.name not in _UNIQUE_COLUMNS]
 
 
 def table_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression=COMPRESSION, row_group_size=ROW_GROUP_SIZE)
+    pq.write_table(table, sink, compression=COMPRESSION, row_group_size=ROW_GROUP_SIZE, use_dictionary=_dictionary_paths(table.schema))
     return sink.getvalue().to_pybytes()
 
 
@@ -114,6 +129,17 @@ def write_table(store: str | Store | None, kind: str, table: pa.Table, *, name: 
 
 _open_writers: "weakref.WeakSet[EventWriter]" = weakref.WeakSet()
 _busy: "set[EventWriter]" = set()  # writers with batches handed to their publisher and not yet published
+_all_writers: "weakref.WeakSet[EventWriter]" = weakref.WeakSet()
+
+
+def _drop_id_blocks() -> None:
+    # a forked child must not hand out the rest of its parent's blocks of ids: both processes would write them
+    for w in list(_all_writers):
+        w._ids = iter(())
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_id_blocks)
 
 
 @atexit.register
@@ -164,11 +190,16 @@ class EventWriter:
         self._flush_lock = threading.Lock()  # one batch is converted and published at a time, in the order it was cut
         self._cuts: deque[tuple[dict[str, list[_Segment]], int]] = deque()  # (buffers, events) cut, not yet converted
         self._pending: list[tuple[str, str, bytes, int]] = []  # (kind, target, bytes, rows) converted but not yet published
-        self._shapes: dict[tuple[str, tuple[str, ...]], tuple[KindSchema, tuple[str, ...], dict]] = {}  # see _fast_keys
-        self._last_shape: tuple | None = None  # (schema, keys, value types, int columns) of the last fast-path emit
+        self._shapes: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, ...], dict]] = {}  # (kind, keys) -> (keys, {types: int columns}); see _shape
+        self._last_shape: tuple | None = None  # (kind, keys, [value types], int columns) of the last fast-path emit
+        self._seq_next, self._seq_blocks = self._env._next, self._env._blocks  # the envelope's seq counters (mutated in place, never replaced)
+        self._ids: Iterator[str] = iter(())  # the rest of this writer's block of event ids (see _refill_ids)
+        self._ids_until = 0  # ts (microseconds) from which the block is stale
+        self._id_block = 1  # the current block's length
         self.files_written: list[str] = []
         self.flush_errors: list[str] = []  # background flushes that failed (the events stay buffered and are retried)
         _open_writers.add(self)
+        _all_writers.add(self)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._publisher: threading.Thread | None = None
@@ -218,46 +249,76 @@ class EventWriter:
         """Number this writer's events of `block.attempt_id` from a block the attempt's own writer reserved."""
         self._env.adopt(block)
 
-    def _fast_keys(self, schema: KindSchema, payload: dict[str, Any]) -> tuple[str, ...] | None:
-        """`payload`'s keys (one tuple shared by the shape, so buffered events hold one object) when a payload of these keys
-        and exact value types passed check_row in this writer before and its ints are in range; else None.
+    def _shape(self, kind: str, keys: tuple[str, ...], types: tuple[type, ...]) -> tuple | None:
+        """(kind, keys, types, int columns) when a payload of these keys and exact value types passed check_row in this writer before; else None.
 
         For str, bool, float, int and None the verdict of check_row depends only on the column and the
-        value's type (an int also on its range, checked here); anything else (dicts for JSON, lists,
-        datetimes, numpy scalars) always takes the full check.
+        value's type (an int also on its range, which the caller checks); anything else (dicts for
+        JSON, lists, datetimes, numpy scalars) always takes the full check. `keys` in the result is the
+        one tuple the shape's buffered segments share.
         """
-        hit = self._shapes.get((schema.kind, tuple(payload)))
-        if hit is None or hit[0] is not schema:
+        hit = self._shapes.get((kind, keys))
+        if hit is None:
             return None
-        ints = hit[2].get(tuple(map(type, payload.values())))
-        if ints is None:
+        ints = hit[1].get(types)
+        return None if ints is None else (kind, hit[0], types, ints)
+
+    def _fast_keys(self, kind: str, payload: dict[str, Any]) -> tuple[str, ...] | None:
+        """The shape's shared keys when `payload` may skip the full check (see _shape) and its ints are in range; else None."""
+        shape = self._shape(kind, tuple(payload), tuple(map(type, payload.values())))
+        if shape is None:
             return None
-        for name in ints:
+        for name in shape[3]:
             if not _INT64_MIN <= payload[name] <= _INT64_MAX:
                 return None
-        return hit[1]
+        return shape[1]
 
-    def _remember(self, schema: KindSchema, payload: dict[str, Any]) -> None:
-        """Record that `payload` passed check_row, when its verdict is decided by its keys and value types (see _fast_keys)."""
+    def _remember(self, kind: str, payload: dict[str, Any]) -> None:
+        """Record that `payload` passed check_row, when its verdict is decided by its keys and value types (see _shape)."""
         types = tuple(map(type, payload.values()))
         if not _SHAPE_TYPES.issuperset(types):
             return
-        key = (schema.kind, tuple(payload))
+        key = (kind, tuple(payload))
         hit = self._shapes.get(key)
-        if hit is None or hit[0] is not schema:
+        if hit is None:
             if len(self._shapes) > 1_000:  # a caller varying keys without end must not grow this
                 self._shapes.clear()
-            hit = self._shapes[key] = (schema, key[1], {})
-        if len(hit[2]) < 256:
-            hit[2][types] = tuple(n for n, t in zip(key[1], types) if t is int)
+            hit = self._shapes[key] = (key[1], {})
+        if len(hit[1]) < 256:
+            hit[1][types] = tuple(n for n, t in zip(key[1], types) if t is int)
 
-    def _buffer(self, kind: str, rows: list[dict[str, Any]]) -> None:
-        with self._lock:  # the envelope's lock: seq and buffer change together, so a batch stays contiguous
-            take = self._env.take
-            for row in rows:
-                row["seq"] = take(row["attempt_id"])
-            self._segment(kind, None).extend(rows)
-            self._n_buffered += len(rows)
+    def _next_id(self, ts: int) -> str:
+        """The next event_id of this writer's block of uuid7s (see _refill_ids); the caller holds `_lock`."""
+        event_id = next(self._ids, None)
+        if event_id is None or ts >= self._ids_until:
+            event_id = self._refill_ids(event_id is None)
+        return event_id
+
+    def _refill_ids(self, used_up: bool) -> str:
+        """A fresh block of ids, returning its first; the caller holds `_lock`.
+
+        Ids come from blocks (uuid7_block: one f-string per id costs ~0.9 us, an id of a block ~0.2),
+        taken in emit order under the writer's lock, so a writer's ids increase in the order its events
+        are buffered. A block is dropped once the clock has left its millisecond, so an event's id
+        carries the millisecond it was emitted in. The block size follows the rate: it doubles when a
+        block was used up within its millisecond and halves when the clock left one with ids unused
+        (sizing it to the last millisecond's count instead dropped more: a block starts mid-millisecond).
+        """
+        k = min(self._id_block * 2, _ID_BLOCK_MAX) if used_up else max(self._id_block // 2, 1)
+        ms, ids = uuid7_block(k)
+        self._id_block = len(ids)  # fewer than k when the millisecond's counters ran out
+        self._ids_until = (ms + 1) * 1000  # ts is in microseconds
+        it = self._ids = iter(ids)
+        return next(it)
+
+    def _buffer(self, kind: str, row: dict[str, Any]) -> None:
+        """Buffer one row checked in full, numbering its seq and event_id."""
+        with self._lock:  # the envelope's lock: seq, ids and buffer change together, so a batch stays contiguous
+            row["seq"] = self._env.take(row["attempt_id"])
+            row["event_id"] = self._next_id(row["ts"])
+            seg = self._tail.get(kind)
+            (seg[1] if seg is not None and seg[0] is None else self._segment(kind, None)).append(row)
+            self._n_buffered += 1
             if self._oldest is None:
                 self._oldest = time.monotonic()
             full = self._n_buffered >= self.flush_every
@@ -269,52 +330,54 @@ class EventWriter:
 
         The per-event path does little more than a plain loop building the same dict would: a
         payload of the shape (keys and value types) this writer saw last, or of one it saw before,
-        is checked only for its int ranges (see _fast_keys) and buffered as its values with the
-        envelope columns that vary per event; flush converts them in one pass (see _Segment).
-        `kind` is positional-only, so the caller's keywords become the payload dict without being
-        matched against named parameters one by one.
+        is checked only for its int ranges (see _shape) and appended as its values, with the
+        envelope columns that vary per event, to its shape's flat segment (see _Segment); flush
+        converts them column by column. `kind` is positional-only, so the caller's keywords become
+        the payload dict without being matched against named parameters one by one.
         """
-        schema = schema_for(kind)
         keys = tuple(payload)
-        types = tuple(map(type, payload.values()))
+        types = list(map(type, payload.values()))  # (a list: list(map()) is cheaper than tuple(map()), which builds a list first)
         last = self._last_shape
-        if last is None or last[0] is not schema or last[2] != types or last[1] != keys:
-            last = self._shapes.get((kind, keys))
+        if last is None or last[2] != types or last[1] != keys or last[0] != kind:
+            last = self._shape(kind, keys, tuple(types))
             if last is not None:
-                ints = last[2].get(types)
-                last = None if ints is None or last[0] is not schema else (schema, last[1], types, ints)
-                self._last_shape = last
+                last = self._last_shape = (kind, last[1], types, last[3])
         if last is not None:
             for name in last[3]:
                 if not _INT64_MIN <= payload[name] <= _INT64_MAX:
                     break
             else:
-                event_id = uuid7()
                 ts = time.time_ns() // 1000
                 attempt_id = payload.get("attempt_id")
-                env = self._env
-                with self._lock:
-                    if env._blocks:
-                        seq = env.take(attempt_id)
+                lock = self._lock
+                lock.acquire()  # (not `with`: its two method lookups cost as much as the lock itself)
+                try:
+                    event_id = next(self._ids, None)  # _next_id, inline
+                    if event_id is None or ts >= self._ids_until:
+                        event_id = self._refill_ids(event_id is None)
+                    if self._seq_blocks:
+                        seq = self._env.take(attempt_id)
                     else:  # Envelope.take without a block adopted, inline: a call per event costs as much as the rest of this block
-                        seq = env._next.get(attempt_id, 0)
-                        env._next[attempt_id] = seq + 1
+                        counters = self._seq_next
+                        seq = counters.get(attempt_id, 0)
+                        counters[attempt_id] = seq + 1
                     seg = self._tail.get(kind)
-                    (seg[1] if seg is not None and seg[0] is last[1] else self._segment(kind, last[1])).append(
-                        (event_id, ts, seq, *payload.values()))
+                    # one extend, so the flat segment never holds part of an event; a new segment sets _oldest
+                    (seg[1] if seg is not None and seg[0] is last[1] else self._segment(kind, last[1])).extend((event_id, ts, seq, *payload.values()))
                     self._n_buffered = n = self._n_buffered + 1
-                    if self._oldest is None:
-                        self._oldest = time.monotonic()
+                finally:
+                    lock.release()
                 if n >= self.flush_every:
                     self._flush_full()
                 return event_id
+        schema = schema_for(kind)
         user = dict(payload)  # the caller's key order stays as given: it is what the next emit's shape is compared with
         attempt_id = user.pop("attempt_id", None)
         self._env.check_payload(user)  # attempt_id is not an envelope column the writer fills
-        row = self._env.row(kind, schema.version, attempt_id, user, time.time_ns() // 1000)
+        row = self._env.row(kind, schema.version, attempt_id, user, time.time_ns() // 1000, event_id="")  # its id is drawn when it is buffered
         check_row(schema, row, where="event", user=payload)  # attempt_id type-checked with the caller's values; may serialise a JSON column into row
-        self._remember(schema, payload)
-        self._buffer(kind, [row])
+        self._remember(kind, payload)
+        self._buffer(kind, row)
         return row["event_id"]
 
     def emit_many(self, kind: str, rows: Iterable[dict[str, Any]]) -> list[str]:
@@ -327,42 +390,50 @@ class EventWriter:
         built: list = []
         fast = self._fast_keys
         for i, payload in enumerate(rows):
-            keys = fast(schema, payload)
+            keys = fast(kind, payload)
             if keys is not None:
-                built.append((keys, payload, uuid7(), payload.get("attempt_id")))
+                built.append((keys, payload))
                 continue
             user = dict(payload)
             attempt_id = user.pop("attempt_id", None)
             self._env.check_payload(user)
-            row = self._env.row(kind, schema.version, attempt_id, user, ts)
+            row = self._env.row(kind, schema.version, attempt_id, user, ts, event_id="")
             if attempt_id is not None:
                 user["attempt_id"] = attempt_id
             check_row(schema, row, where=f"row {i}", user=user)
-            self._remember(schema, payload)
+            self._remember(kind, payload)
             built.append(row)
-        with self._lock:  # seq and buffer change together, so a batch stays contiguous
-            take = self._env.take
-            for item in built:
+        ids = []
+        with self._lock:  # seq, ids and buffer change together, so a batch stays contiguous
+            take, next_id = self._env.take, self._next_id
+            # every seq first: a seq block that runs out (SeqExhausted) raises before any row is buffered
+            seqs = [take(item["attempt_id"] if type(item) is dict else item[1].get("attempt_id")) for item in built]
+            for item, seq in zip(built, seqs):
+                event_id = next_id(ts)
                 if type(item) is dict:
-                    item["seq"] = take(item["attempt_id"])
+                    item["seq"] = seq
+                    item["event_id"] = event_id
                     seg = self._tail.get(kind)
                     (seg[1] if seg is not None and seg[0] is None else self._segment(kind, None)).append(item)
                 else:
-                    keys, payload, event_id, attempt_id = item
+                    keys, payload = item
                     seg = self._tail.get(kind)
-                    (seg[1] if seg is not None and seg[0] is keys else self._segment(kind, keys)).append((event_id, ts, take(attempt_id), *payload.values()))
+                    (seg[1] if seg is not None and seg[0] is keys else self._segment(kind, keys)).extend((event_id, ts, seq, *payload.values()))
+                ids.append(event_id)
             self._n_buffered += len(built)
             if self._oldest is None:
                 self._oldest = time.monotonic()
             full = self._n_buffered >= self.flush_every
         if full:
             self._flush_full()
-        return [e["event_id"] if type(e) is dict else e[2] for e in built]
+        return ids
 
     def _segment(self, kind: str, keys: tuple[str, ...] | None) -> list:
         """A new last segment of `kind` for entries of `keys` (None: row dicts); the caller holds `_lock`."""
         seg = self._tail[kind] = (keys, [])
         self._buffers.setdefault(kind, []).append(seg)
+        if self._oldest is None:  # the first event since the last cut: every kind's tail starts empty after one
+            self._oldest = time.monotonic()
         return seg[1]
 
     def _cut(self) -> None:
@@ -406,7 +477,7 @@ class EventWriter:
             cut = []
             for kind, segments in buffers.items():  # raises with the batch still first in line: nothing of it is lost or reordered
                 data = table_bytes(_segments_to_table(schema_for(kind), segments, self._env))
-                cut.append((kind, f"{self.store.kind_dir(kind)}/{uuid7()}.parquet", data, sum(len(rows) for _, rows in segments)))
+                cut.append((kind, f"{self.store.kind_dir(kind)}/{uuid7()}.parquet", data, sum(map(_segment_events, segments))))
             with self._lock:
                 self._cuts.popleft()
                 self._pending += cut

@@ -276,3 +276,152 @@ def test_a_full_batch_of_a_writer_dropped_without_close_is_still_published(tmp_p
     gc.collect()
     assert _wait(lambda: (tmp_path / "ds" / "kind=annotation").is_dir() and len(list((tmp_path / "ds" / "kind=annotation").iterdir())) == 1)
     assert sorted(read("annotation", url)["reason"].cast(int).to_list()) == list(range(30))
+
+
+def test_uuid7_blocks_are_valid_ids_that_sort_between_the_ids_handed_out_before_and_after():
+    import uuid
+
+    from mkb.events._ids import uuid7_block
+
+    before = [uuid7() for _ in range(3)]
+    ms, small = uuid7_block(5)  # formatted id by id
+    _, big = uuid7_block(300)  # formatted column-wise
+    after = [uuid7() for _ in range(3)]
+    ids = before + small + big + after
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    for i in ids:
+        u = uuid.UUID(i)
+        assert str(u) == i and u.version == 7 and u.variant == uuid.RFC_4122
+    assert len(small) == 5 and int(small[0][:8] + small[0][9:13], 16) == ms
+    # the 62 random bits are random: no two ids of a block share their tail, and every variant digit occurs
+    assert len({i[19:] for i in big}) == 300 and {i[19] for i in big} == set("89ab")
+
+
+def test_a_uuid7_block_ends_where_its_millisecond_s_counters_do(monkeypatch):
+    import time
+
+    import mkb.events._ids as ids_mod
+
+    for name in ("_last_ms", "_counter", "_prefix"):  # restored afterwards: later tests' ids must not carry this test's clock
+        monkeypatch.setattr(ids_mod, name, getattr(ids_mod, name))
+    frozen = time.time_ns() + 10_000_000
+    monkeypatch.setattr(ids_mod.time, "time_ns", lambda: frozen)  # the clock stands still: every id takes the next counter
+    first = ids_mod.uuid7()
+    counter = int(first[15:18], 16)
+    ms, block = ids_mod.uuid7_block(10_000)
+    assert ms == frozen // 1_000_000 and len(block) == 0xFFF - counter  # only the counters left in this millisecond
+    ms2, rest = ids_mod.uuid7_block(20)  # the next block borrows the next millisecond, as uuid7() does
+    assert ms2 == ms + 1 and rest[0][15:18] == "000" and len(rest) == 20
+    later = ids_mod.uuid7()
+    assert [first] + block + rest + [later] == sorted({first, *block, *rest, later})
+    assert int(later[:8] + later[9:13], 16) == ms + 1 and later[15:18] == "014"
+
+
+def test_a_writer_s_event_ids_follow_emit_order_and_carry_the_millisecond_they_were_emitted_in(tmp_path, monkeypatch):
+    """Ids come from blocks; a block the clock has left is dropped, so an id is never older than its event."""
+    import time
+
+    import mkb.events._ids as ids_mod
+
+    for name in ("_last_ms", "_counter", "_prefix"):  # restored afterwards: later tests' ids must not carry this test's clock
+        monkeypatch.setattr(ids_mod, name, getattr(ids_mod, name))
+    now = [time.time_ns() + 10_000_000]
+    monkeypatch.setattr(time, "time_ns", lambda: now[0])  # the clock the writer and the id generator read
+    url = str(tmp_path / "ds")
+    row = dict(target_attempt_id="t", label="clean", annotator="x")
+    ids, ms = [], []
+    with EventWriter(url, flush_every=10**6) as w:
+        for i in range(300):
+            if i % 7 == 0:
+                now[0] += 1_000_000 * (1 + i % 3)  # the clock moves on by 1-3 ms
+            ids.append(w.emit("annotation", attempt_id="a", reason=str(i), **row))
+            ms.append(now[0] // 1_000_000)
+        ids += w.emit_many("annotation", [dict(row, attempt_id="a", reason=str(300 + i)) for i in range(50)])
+        ms += [now[0] // 1_000_000] * 50
+        now[0] += 5_000_000
+        ids.append(w.emit("annotation", attempt_id="a", reason="350", annotator="x", label="clean", target_attempt_id="t"))  # a new shape: the full check
+        ms.append(now[0] // 1_000_000)
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert [int(i[:8] + i[9:13], 16) for i in ids] == ms
+    df = read("annotation", url)
+    assert df["event_id"].to_list() == ids and df["reason"].cast(int).to_list() == list(range(351))
+
+
+def test_event_files_dictionary_encode_every_column_but_event_id_and_ts(tmp_path):
+    """event_id and ts differ on (nearly) every row: written plain; the rest (list columns too) keep their dictionary."""
+    import pyarrow.parquet as pq
+
+    from mkb.events import schema_for
+    from events_helpers import example_rows
+
+    kind = next(k for k in ("attempt_started", "integrity", "plan") if any(c.type.startswith("list[") for c in schema_for(k).columns))
+    url = str(tmp_path / "ds")
+    with EventWriter(url) as w:
+        w.emit_many(kind, example_rows(kind, 50))
+
+    def dictionary_encoded(source) -> set[str]:
+        md = pq.ParquetFile(source).metadata.row_group(0)
+        return {md.column(i).path_in_schema for i in range(md.num_columns) if any("DICTIONARY" in e for e in md.column(i).encodings)}
+
+    table = pq.read_table(w.files_written[0])
+    pq.write_table(table, tmp_path / "default.parquet")  # pyarrow's default: every column it can (not bools)
+    default = dictionary_encoded(tmp_path / "default.parquet")
+    assert {"event_id", "ts", "seq"} <= default and any(".list." in p for p in default)
+    assert dictionary_encoded(w.files_written[0]) == default - {"event_id", "ts"}
+
+
+def test_a_forked_child_does_not_reuse_its_parent_s_block_of_ids(tmp_path, monkeypatch):
+    import os
+    import time
+
+    import pytest
+
+    import mkb.events._ids as ids_mod
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    for name in ("_last_ms", "_counter", "_prefix"):
+        monkeypatch.setattr(ids_mod, name, getattr(ids_mod, name))
+    frozen = time.time_ns() + 10_000_000
+    monkeypatch.setattr(time, "time_ns", lambda: frozen)  # the block stays fresh: only the fork may retire it
+    w = EventWriter(str(tmp_path / "ds"), flush_every=10**6)
+    row = dict(target_attempt_id="t", label="clean", reason="r", annotator="x")
+    w.emit("annotation", attempt_id="a", **row)  # the writer now holds a block of ids
+    r, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report the id its next event gets, and leave without running the parent's exit handlers
+        try:
+            os.write(wr, w.emit("annotation", attempt_id="a", **row).encode())
+        finally:
+            os._exit(0)
+    os.close(wr)
+    os.waitpid(pid, 0)
+    child_id = os.read(r, 100).decode()
+    os.close(r)
+    parent_id = w.emit("annotation", attempt_id="a", **row)
+    assert len(child_id) == 36 and child_id != parent_id
+    w._buffers.clear()  # nothing of this writer is to be written
+    w._n_buffered = 0
+    w.close()
+
+
+def test_emit_many_whose_seq_block_runs_out_buffers_none_of_the_batch(tmp_path):
+    """All or nothing: a batch that would overrun the adopted seq block raises before any of its rows is buffered."""
+    import pytest
+
+    from mkb.events._envelope import SeqExhausted
+
+    url = str(tmp_path / "ds")
+    agent = EventWriter(url)
+    block = agent.reserve_seq("A", 3)
+    grader = EventWriter(url, flush_every=10**6)
+    grader.adopt_seq(block)
+    row = dict(target_attempt_id="t", label="clean", annotator="a")
+    grader.emit("annotation", attempt_id="A", reason="0", **row)
+    grader.emit("annotation", attempt_id="B", reason="other attempt", **row)
+    with pytest.raises(SeqExhausted):
+        grader.emit_many("annotation", [dict(row, attempt_id="A", reason=str(i)) for i in (1, 2, 3)])
+    assert grader.pending_events == 2
+    grader.close()
+    agent.close()
+    assert sorted(read("annotation", url)["reason"].to_list()) == ["0", "other attempt"]
