@@ -8,37 +8,13 @@ import pytest
 from mkb.analysis import BootstrapSpec, contrast_table, lift_table, load_tables
 from mkb.analysis._stats import Ratio, _cluster_weights, _percentiles, cluster_bootstrap_many
 from mkb.analysis._tables import NOISE_ARM
+from bootstrap_oracle import reference_cluster_bootstrap
 
 pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")  # the reference's undefined cell
 
 
 def _same(a, b):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # NaN == NaN here, otherwise exact
-
-
-def _float64_reference(sums, stats, spec):
-    """Every resample of every statistic in float64 (from float64 products), then np.quantile: the plain definition."""
-    present = sums["n"] > 0
-    C = present.shape[0]
-    out = {name: (np.full(C, np.nan), np.full(C, np.nan)) for name in stats}
-    groups: dict[bytes, list[int]] = {}
-    for c in range(C):
-        groups.setdefault(present[c].tobytes(), []).append(c)
-    rng = np.random.default_rng(spec.seed)
-    a = (1 - spec.level) / 2
-    for key in sorted(groups):
-        cs = groups[key]
-        cols = np.flatnonzero(present[cs[0]])
-        if len(cols) < 2:
-            continue
-        w = _cluster_weights(len(cols), spec, rng)
-        res = {k: w @ v[np.ix_(cs, cols)].T for k, v in sums.items()}  # [resamples, cells]
-        for name, st in stats.items():
-            boot = st(**res)
-            with np.errstate(invalid="ignore"):
-                q = np.nanquantile(boot, [a, 1 - a], axis=0) if np.isnan(boot).any() else np.quantile(boot, [a, 1 - a], axis=0)
-            out[name][0][cs], out[name][1][cs] = q[0], q[1]
-    return out
 
 
 def _near_ties(seed: int, cells: int = 12, problems: int = 30):
@@ -64,10 +40,11 @@ def test_ratio_percentiles_selected_in_float32_equal_the_float64_definition(seed
              "mixed": Ratio("A", sub="S", den="n"), "again": Ratio("S", den="n2")}
     spec = BootstrapSpec(seed=40 + seed, resamples=10_000)  # long rows: the tail-bracketed, float32 path
     got = cluster_bootstrap_many(list(range(sums["n"].shape[0])), np.arange(sums["n"].shape[1]), sums, stats, spec)
-    want = _float64_reference(sums, stats, spec)
-    for name in stats:
-        _same(got[name][1], want[name][0])
-        _same(got[name][2], want[name][1])
+    cells, problems = list(range(sums["n"].shape[0])), np.arange(sums["n"].shape[1])
+    for name, stat in stats.items():  # the plain definition: every resample in float64, then np.quantile
+        _, lo, hi = reference_cluster_bootstrap(cells, problems, sums, stat, spec)
+        _same(got[name][1], lo)
+        _same(got[name][2], hi)
     assert np.isnan(got["rel"][1][8]) and not np.isnan(got["rel"][1][7])
     _same(got["again"][1], got["mean"][1])
 
