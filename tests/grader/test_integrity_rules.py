@@ -305,14 +305,8 @@ def test_every_stage_reads_back_typed():
     assert TimingFigures.from_figures(sent).speedup == 2.0
 
 
-def test_the_gpu_script_finds_every_baseline_and_reads_the_margins():
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gpu_grader_run.py"
-    spec = importlib.util.spec_from_file_location("gpu_grader_run", path)
-    g = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(g)
+def test_the_gpu_script_finds_every_baseline_and_reads_the_margins(repo_script):
+    g = repo_script("scripts/gpu_grader_run.py")
     from mkb.problems import baselines
 
     found = baselines()  # the script grades what discovery finds (no list by hand)

@@ -1,23 +1,16 @@
 """benchmarks/full_size_memory.py --audit: the live-bytes count it scales to the full size is right on the CPU."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "full_size_memory.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("full_size_memory", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+@pytest.fixture
+def fsm(repo_script):
+    return repo_script("benchmarks/full_size_memory.py")
 
 
-def test_live_bytes_counts_each_storage_once_while_it_lives():
-    fsm = _load()
+def test_live_bytes_counts_each_storage_once_while_it_lives(fsm):
     with fsm.LiveBytes() as live:
         a = torch.zeros(1000, dtype=torch.float32)  # 4000 B
         b = a * 2  # 4000 B
@@ -34,8 +27,7 @@ def test_live_bytes_counts_each_storage_once_while_it_lives():
     assert live.current == 0 and live.peak == 28000
 
 
-def test_the_audit_peak_is_measured_at_the_probe_size_and_the_probe_is_removed():
-    fsm = _load()
+def test_the_audit_peak_is_measured_at_the_probe_size_and_the_probe_is_removed(fsm):
     peak, probe_set, full_set, rep = fsm.audit_peak(50, fsm.AUDIT_PROBES[50])
     assert rep.ok, rep.failures()
     # at least the first set, the expectation (outputs and their fp64 anchors) and the fp64 anchor's inputs
@@ -45,14 +37,12 @@ def test_the_audit_peak_is_measured_at_the_probe_size_and_the_probe_is_removed()
     assert "probe" not in get_problem(50).module.SIZES
 
 
-def test_audit_peak_refuses_a_problem_without_sizes():
-    fsm = _load()
+def test_audit_peak_refuses_a_problem_without_sizes(fsm):
     with pytest.raises(SystemExit, match="SIZES"):
         fsm.audit_peak(1, (1, 2))
 
 
-def test_a_data_dependent_reference_gets_its_output_sizes_from_the_audit_probe():
-    fsm = _load()
+def test_a_data_dependent_reference_gets_its_output_sizes_from_the_audit_probe(fsm):
     from mkb.problems import get_problem
 
     p = get_problem(50)
