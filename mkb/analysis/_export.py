@@ -116,8 +116,8 @@ def problems_table(store: str) -> pl.DataFrame:
                            speedup_compile_vs_eager=pl.col("compile_speedup_over_eager"))
     cols = [*CHAR_COLS, "compile_us", "compile_mode", "speedup_compile_vs_eager",
             *[f"{k}_{x}" for k in MODE_KEYS.values() for x in ("status", "us", "compile_s", "error_class")]]
-    # a problem can hold two rows of one size and GPU (torch.compile timed for another problem hash): the hash and
-    # machine break the tie, so the rows come in one order on every run
+    # a problem can still hold two rows of one size and GPU name (a torch.compile row whose machine key is the driver's
+    # name, not the model the characterisation's is mapped to): the hash and machine break the tie, one order every run
     return out.sort("problem", "size", "gpu", "problem_hash", "machine", nulls_last=True).select(cols)
 
 
