@@ -54,7 +54,34 @@ def _row(v) -> dict:
         "trusted_phases_s": comp.figures.get("trusted_phases_s") if comp else None,
         "run_phases_s": tim.figures.get("run_phases_s") if tim else None,
         "hold_wait_s": (tim.figures.get("quiet_wait_s") if tim else None),
+        "phases_s": v.phases_s,
     }
+
+
+def phase_table(rows: list[dict]) -> list[dict]:
+    """Median seconds per named phase over `rows` (a phase a grading did not have counts 0 there), largest first.
+
+    The phases of one grading sum to its wall_s and those outside kernel.* to its overhead_s (mkb.grader._phases),
+    so the medians say where the overhead goes; the sums of the per-grading values are given beside them.
+    """
+    rows = [r for r in rows if r.get("phases_s")]
+    names = list(dict.fromkeys(k for r in rows for k in r["phases_s"]))
+    out = []
+    for k in names:
+        xs = [r["phases_s"].get(k, 0.0) for r in rows]
+        out.append({"phase": k, "median_s": statistics.median(xs), "mean_s": statistics.fmean(xs), "max_s": max(xs)})
+    return sorted(out, key=lambda d: -d["mean_s"])
+
+
+def format_phases(table: list[dict], *, top: int = 40) -> str:
+    lines = [f"    {'phase':40s} {'median s':>9s} {'mean s':>9s} {'max s':>9s}"]
+    for d in table[:top]:
+        if d["max_s"] < 0.0005:
+            continue
+        lines.append(f"    {d['phase']:40s} {d['median_s']:9.4f} {d['mean_s']:9.4f} {d['max_s']:9.4f}")
+    ovh = sum(d["mean_s"] for d in table if not d["phase"].startswith("kernel."))
+    lines.append(f"    {'(mean overhead = sum of the non-kernel means)':40s} {'':9s} {ovh:9.4f}")
+    return "\n".join(lines)
 
 
 def memory_bound_baselines(dsls: tuple[str, ...] | None = None) -> list:
@@ -102,7 +129,10 @@ def overhead(*, problem: int = 28, dsls: tuple[str, ...] | None = None, repeats:
                 "overhead_s_median": statistics.median(ovh) if ovh else None, "overhead_s_max": max(ovh) if ovh else None,
                 "candidate_median_us": statistics.median([m for m in med if m is not None]) if any(med) else None,
                 "candidate_spread": _spread(med), "all_passed": all(r["passed"] for r in rows),
+                "phases": phase_table(rows),
             }
+            log(f"[bench] overhead by phase, problem {problem} {dsl} ({len(rows)} counted gradings):\n"
+                + format_phases(out["dsls"][dsl]["phases"]))
     return out
 
 
@@ -139,7 +169,11 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
     res = {"problems": sorted({b.problem for b in base}), "kernels": [_rel(b.path) for b in base],
            "rounds": rounds, "gradings": len(rows), "elapsed_s": elapsed, "gradings_per_gpu_hour": per_hour,
            "overhead_s_median": statistics.median(ovh) if ovh else None, "all_passed": all(r["passed"] for r in rows),
-           "busy_s": q.busy_s, "depth": depth, "low_water": low_water, "runs": rows}
+           "busy_s": q.busy_s, "depth": depth, "low_water": low_water, "runs": rows,
+           "wall_s_median": statistics.median([r["wall_s"] for r in rows]) if rows else None,
+           "worker_wait_s_median": statistics.median([r["worker_wait_s"] or 0.0 for r in rows]) if rows else None,
+           "phases": phase_table(rows)}
+    log("[bench] throughput: overhead by phase (every grading):\n" + format_phases(res["phases"]))
     log(f"[bench] throughput: {len(rows)} gradings of {len(base)} memory-bound baselines in {elapsed:.1f} s: "
         f"{per_hour:.0f} gradings per GPU-hour; overhead median {res['overhead_s_median']}")
     return res
@@ -184,10 +218,20 @@ def summary(res: dict) -> str:
         lines.append(f"FIGURE overhead per evaluation, warm queue, problem {o['problem']} {dsl}: "
                      f"median {d['overhead_s_median']:.3f} s (max {d['overhead_s_max']:.3f}; target < 0.5 s); "
                      f"candidate median {d['candidate_median_us']} us, spread {100 * (d['candidate_spread'] or 0):.2f}%")
+        top = [p for p in d.get("phases", []) if not p["phase"].startswith("kernel.")][:6]
+        if top:
+            lines.append(f"FIGURE overhead, problem {o['problem']} {dsl}, largest phases (median s): "
+                         + ", ".join(f"{p['phase']} {p['median_s']:.3f}" for p in top))
     t = res.get("throughput")
     if t:
         lines.append(f"FIGURE gradings per GPU-hour, memory-bound baselines {t['problems']}: {t['gradings_per_gpu_hour']:.0f} "
-                     f"({t['gradings']} gradings in {t['elapsed_s']:.1f} s; target >= 1500); all passed: {t['all_passed']}")
+                     f"({t['gradings']} gradings in {t['elapsed_s']:.1f} s; target >= 1500); all passed: {t['all_passed']}; "
+                     f"overhead median {t['overhead_s_median']:.3f} s, wall median {t['wall_s_median']:.3f} s, "
+                     f"worker wait median {t['worker_wait_s_median']:.3f} s")
+        top = [d for d in t.get("phases", []) if not d["phase"].startswith("kernel.")][:6]
+        if top:
+            lines.append("FIGURE throughput overhead, largest phases (mean s): "
+                         + ", ".join(f"{d['phase']} {d['mean_s']:.3f}" for d in top))
     return "\n".join(lines)
 
 
