@@ -12,13 +12,23 @@ memory-bound baselines; spread (max - min) / median of the candidate median < 2%
   problem folders) submitted `--rounds` times at once from two producer threads; gradings per
   GPU-hour = gradings / (first submit to last verdict), the spares warm when the clock starts.
 
+Both sections print the overhead by phase (grader 2.4: each verdict's `phases_s` names every second of its
+wall time, mkb.grader._phases): median, mean and max seconds per phase, largest first.
+
     python benchmarks/grader_bench.py --sections overhead,throughput --json out.json
+    # the recorded H200 run (<= 200 s): a budget, the store packed as events.tar.gz under $OUT
+    python benchmarks/grader_bench.py --problem 72 --repeats 4 --rounds 2 --depth 4 --low-water 2 \
+        --budget-s 160 --out $OUT --name h200-grader-bench-2-4 2>&1 | tee $OUT/grader_bench.log
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import os
+import tarfile
+import tempfile
 import statistics
 import sys
 import threading
@@ -51,6 +61,7 @@ def _row(v) -> dict:
         "candidate_median_us": v.candidate_median_us, "eager_median_us": v.eager_median_us,
         "cv": tim.figures.get("cv") if tim else None, "speedup": v.speedup,
         "eager_cached": tim.figures.get("eager_cached") if tim else None,
+        "reference_cached": tim.figures.get("reference_cached") if tim else None,
         "trusted_phases_s": comp.figures.get("trusted_phases_s") if comp else None,
         "run_phases_s": tim.figures.get("run_phases_s") if tim else None,
         "hold_wait_s": (tim.figures.get("quiet_wait_s") if tim else None),
@@ -101,8 +112,10 @@ def memory_bound_baselines(dsls: tuple[str, ...] | None = None) -> list:
 
 
 def overhead(*, problem: int = 28, dsls: tuple[str, ...] | None = None, repeats: int = 5, config=None, writer=None,
-             store: str | None = None, device: str = "cuda:0", log=print) -> dict:
-    """One job at a time through a warm queue; the pool holds a spare for every grading (none imports while one times)."""
+             store: str | None = None, device: str = "cuda:0", log=print, deadline: float | None = None) -> dict:
+    """One job at a time through a warm queue; the pool holds a spare for every grading (none imports while one times).
+
+    Past `deadline` (time.monotonic()) no further grading starts."""
     from mkb.grader import GradeJob, GraderConfig, GradingQueue
     from mkb.problems import baselines
 
@@ -114,12 +127,15 @@ def overhead(*, problem: int = 28, dsls: tuple[str, ...] | None = None, repeats:
         for dsl, path in found.items():
             rows = []
             for r in range(repeats + 1):  # the first grading measures the eager baseline and is not counted
+                if deadline is not None and time.monotonic() > deadline:
+                    log(f"[bench] {dsl}: budget spent, {repeats + 1 - r} gradings not started")
+                    break
                 q.pool.wait_warm(cfg.start_limit_s)
                 v = q.submit(GradeJob(problem, dsl, path, experiment="bench-overhead")).result()
                 row = _row(v)
                 log(f"[bench] {dsl} #{r}{' (eager, not counted)' if r == 0 else ''}: passed={v.passed} reason={v.reason} "
                     f"wall={v.wall_s:.2f}s overhead={v.overhead_s:.2f}s compile={row['compile_s']} median={v.candidate_median_us} "
-                    f"eager_cached={row['eager_cached']}\n        trusted={row['trusted_phases_s']}\n        run={row['run_phases_s']}")
+                    f"eager_cached={row['eager_cached']}")
                 if r:
                     rows.append(row)
             ovh = [r["overhead_s"] for r in rows if r["overhead_s"] is not None]
@@ -137,8 +153,13 @@ def overhead(*, problem: int = 28, dsls: tuple[str, ...] | None = None, repeats:
 
 
 def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=None, writer=None, store: str | None = None,
-               device: str = "cuda:0", depth: int = 4, low_water: int = 1, log=print) -> dict:
-    """All memory-bound baselines x `rounds`, pushed at once by two producers; gradings per GPU-hour."""
+               device: str = "cuda:0", depth: int = 4, low_water: int = 1, log=print, deadline: float | None = None) -> dict:
+    """All memory-bound baselines x `rounds`, pushed at once by two producers; gradings per GPU-hour.
+
+    Past `deadline` (time.monotonic()) the gradings not yet started are cancelled; the figures count the finished
+    ones over the time to the last of them. Beside the measured rate, `steady_gradings_per_gpu_hour` is 3600 over
+    the mean wall of the gradings that found the eager and reference timings cached (a long-running queue's case:
+    a session times each problem's eager baseline once)."""
     from mkb.grader import GradeJob, GraderConfig, GradingQueue
 
     base = memory_bound_baselines(dsls)
@@ -161,9 +182,18 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
             p.start()
         for p in producers:
             p.join()
-        verdicts = [f.result() for f in futs]
-        elapsed = time.monotonic() - t0
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        _, not_done = concurrent.futures.wait(futs, timeout=left)
+        cancelled = sum(f.cancel() for f in not_done)  # all at once; the one running finishes (never cut short)
+        verdicts, t_last = [], t0
+        for f in concurrent.futures.as_completed([f for f in futs if not f.cancelled()]):
+            verdicts.append(f.result())
+            t_last = time.monotonic()
+        elapsed = t_last - t0
+    if cancelled:
+        log(f"[bench] throughput: budget spent, {cancelled} gradings cancelled before they started")
     rows = [_row(v) for v in verdicts]
+    steady = [r["wall_s"] for r in rows if r["eager_cached"] and r["reference_cached"]]
     ovh = [r["overhead_s"] for r in rows if r["overhead_s"] is not None]
     per_hour = 3600.0 * len(rows) / elapsed if elapsed > 0 else None
     res = {"problems": sorted({b.problem for b in base}), "kernels": [_rel(b.path) for b in base],
@@ -172,10 +202,12 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
            "busy_s": q.busy_s, "depth": depth, "low_water": low_water, "runs": rows,
            "wall_s_median": statistics.median([r["wall_s"] for r in rows]) if rows else None,
            "worker_wait_s_median": statistics.median([r["worker_wait_s"] or 0.0 for r in rows]) if rows else None,
-           "phases": phase_table(rows)}
+           "phases": phase_table(rows), "cancelled": cancelled,
+           "steady_gradings": len(steady),
+           "steady_gradings_per_gpu_hour": 3600.0 / statistics.fmean(steady) if steady else None}
     log("[bench] throughput: overhead by phase (every grading):\n" + format_phases(res["phases"]))
     log(f"[bench] throughput: {len(rows)} gradings of {len(base)} memory-bound baselines in {elapsed:.1f} s: "
-        f"{per_hour:.0f} gradings per GPU-hour; overhead median {res['overhead_s_median']}")
+        f"{_f(per_hour, '.0f')} gradings per GPU-hour; overhead median {_f(res['overhead_s_median'], '.3f')} s")
     return res
 
 
@@ -192,22 +224,44 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--store", default=None)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no grading after this many seconds (the one running finishes); figures count what finished")
+    ap.add_argument("--out", default=None, help="a folder for grader_bench.json and events.tar.gz (the store, folder --name)")
+    ap.add_argument("--name", default="h200-grader-bench-2-4", help="the dataset folder name inside events.tar.gz")
     a = ap.parse_args(argv)
     from mkb.grader import GraderConfig
 
+    deadline = time.monotonic() + a.budget_s if a.budget_s else None
+    store, out = a.store, Path(a.out) if a.out else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        store = store or str(Path(tempfile.mkdtemp(prefix="mkb-grader-bench-")) / a.name)
     cfg = GraderConfig(n_timed=a.n_timed)
     dsls = tuple(a.dsl) if a.dsl else None
-    res: dict = {}
+    res: dict = {"budget_s": a.budget_s}
     sections = a.sections.split(",")
+    t0 = time.monotonic()
     if "overhead" in sections:
-        res["overhead"] = [overhead(problem=p, dsls=dsls, repeats=a.repeats, config=cfg, store=a.store, device=a.device)
-                           for p in a.problem]
-    if "throughput" in sections:
-        res["throughput"] = throughput(rounds=a.rounds, dsls=dsls, config=cfg, store=a.store, device=a.device,
-                                       depth=a.depth, low_water=a.low_water)
+        res["overhead"] = [overhead(problem=p, dsls=dsls, repeats=a.repeats, config=cfg, store=store, device=a.device,
+                                    deadline=deadline) for p in a.problem]
+    if "throughput" in sections and (deadline is None or time.monotonic() < deadline):
+        res["throughput"] = throughput(rounds=a.rounds, dsls=dsls, config=cfg, store=store, device=a.device,
+                                       depth=a.depth, low_water=a.low_water, deadline=deadline)
+    res["elapsed_s"] = time.monotonic() - t0
     print(summary(res))
+    print(f"[bench] done in {res['elapsed_s']:.0f} s")
+    text = json.dumps(res, indent=1, default=str)
     if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+        Path(a.json).write_text(text)
+    if out is not None:
+        (out / "grader_bench.json").write_text(text)
+        if store and os.path.isdir(store):
+            with tarfile.open(out / "events.tar.gz", "w:gz") as tar:
+                tar.add(store, arcname=a.name)
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
 
 
 def summary(res: dict) -> str:
@@ -216,7 +270,7 @@ def summary(res: dict) -> str:
     runs = res.get("overhead") or []
     for o, dsl, d in [(o, dsl, d) for o in (runs if isinstance(runs, list) else [runs]) for dsl, d in o.get("dsls", {}).items()]:
         lines.append(f"FIGURE overhead per evaluation, warm queue, problem {o['problem']} {dsl}: "
-                     f"median {d['overhead_s_median']:.3f} s (max {d['overhead_s_max']:.3f}; target < 0.5 s); "
+                     f"median {_f(d['overhead_s_median'], '.3f')} s (max {_f(d['overhead_s_max'], '.3f')}; target < 0.5 s); "
                      f"candidate median {d['candidate_median_us']} us, spread {100 * (d['candidate_spread'] or 0):.2f}%")
         top = [p for p in d.get("phases", []) if not p["phase"].startswith("kernel.")][:6]
         if top:
@@ -224,10 +278,13 @@ def summary(res: dict) -> str:
                          + ", ".join(f"{p['phase']} {p['median_s']:.3f}" for p in top))
     t = res.get("throughput")
     if t:
-        lines.append(f"FIGURE gradings per GPU-hour, memory-bound baselines {t['problems']}: {t['gradings_per_gpu_hour']:.0f} "
-                     f"({t['gradings']} gradings in {t['elapsed_s']:.1f} s; target >= 1500); all passed: {t['all_passed']}; "
-                     f"overhead median {t['overhead_s_median']:.3f} s, wall median {t['wall_s_median']:.3f} s, "
-                     f"worker wait median {t['worker_wait_s_median']:.3f} s")
+        lines.append(f"FIGURE gradings per GPU-hour, memory-bound baselines {t['problems']}: {_f(t['gradings_per_gpu_hour'], '.0f')} "
+                     f"({t['gradings']} gradings in {t['elapsed_s']:.1f} s, {t['cancelled']} cancelled by the budget; "
+                     f"target >= 1500); all passed: {t['all_passed']}; overhead median {_f(t['overhead_s_median'], '.3f')} s, "
+                     f"wall median {_f(t['wall_s_median'], '.3f')} s, worker wait median {_f(t['worker_wait_s_median'], '.3f')} s")
+        if t.get("steady_gradings_per_gpu_hour"):
+            lines.append(f"FIGURE gradings per GPU-hour with the eager and reference timings cached (3600 / mean wall of "
+                         f"{t['steady_gradings']} such gradings): {t['steady_gradings_per_gpu_hour']:.0f}")
         top = [d for d in t.get("phases", []) if not d["phase"].startswith("kernel.")][:6]
         if top:
             lines.append("FIGURE throughput overhead, largest phases (mean s): "

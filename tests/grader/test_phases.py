@@ -130,3 +130,51 @@ def test_a_worker_that_dies_sends_no_timeline_and_its_drive_loop_stays_one_phase
     assert "parent.worker_job" in v.phases_s and not any(k.startswith("worker.") for k in v.phases_s)
     assert "parent.pool_close" in v.phases_s  # grade() without a pool spawns one worker and closes it
     assert _verdict_details(store)[v.evaluation_id]["phases_s"] == pytest.approx(v.phases_s)
+
+
+# ---------------- the benchmark's sections on the CPU (the GPU run's code path, with the fake DSL) ----------------
+
+def _bench():
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "grader_bench.py"
+    spec = importlib.util.spec_from_file_location("grader_bench", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_grader_bench_sections_print_overhead_by_phase_and_respect_the_budget(tmp_path, fake_dsl, cpu_config, store,
+                                                                                monkeypatch):
+    import time
+    from types import SimpleNamespace
+
+    import mkb.problems
+
+    bench = _bench()
+    good = tmp_path / "good.py"
+    good.write_text(TORCH_BASELINE_28)
+    base = [SimpleNamespace(problem=28, dsl=fake_dsl, path=good)]
+    monkeypatch.setattr(mkb.problems, "baselines", lambda problems=None, dsls=None: base)
+    monkeypatch.setattr(bench, "memory_bound_baselines", lambda dsls=None: base)
+    lines: list[str] = []
+    o = bench.overhead(problem=28, repeats=2, config=cpu_config, store=store, device="cpu", log=lines.append)
+    d = o["dsls"][fake_dsl]
+    assert len(d["runs"]) == 2 and d["all_passed"]
+    phases = {p["phase"]: p for p in d["phases"]}
+    assert "worker.trusted.draws_and_recheck_sets" in phases and "kernel.compile" in phases
+    mean_ovh = sum(p["mean_s"] for p in d["phases"] if not p["phase"].startswith("kernel."))
+    assert mean_ovh == pytest.approx(sum(r["overhead_s"] for r in d["runs"]) / 2, abs=1e-3)
+    assert any("overhead by phase" in x and "worker.trusted.draws_and_recheck_sets" in x for x in lines)
+    # throughput with a budget already spent once the first grading is running: the rest are cancelled, none cut short
+    t = bench.throughput(rounds=4, config=cpu_config, store=store, device="cpu", depth=2, low_water=1,
+                         log=lines.append, deadline=time.monotonic())
+    assert t["cancelled"] >= 1 and t["gradings"] + t["cancelled"] == 4 and t["all_passed"]
+    full = bench.throughput(rounds=2, config=cpu_config, store=store, device="cpu", depth=2, low_water=1, log=lines.append)
+    assert full["gradings"] == 2 and full["cancelled"] == 0 and full["all_passed"] and full["gradings_per_gpu_hour"] > 0
+    assert full["steady_gradings"] == 1  # the second found the session's eager and reference timings
+    assert any("throughput: overhead by phase" in x for x in lines)
+    assert "n/a" in bench.summary({"throughput": t}) or t["gradings"]  # nothing finished: printed, not a crash
+    text = bench.summary({"overhead": [o], "throughput": full})
+    assert "FIGURE overhead per evaluation" in text and "largest phases" in text and "eager and reference timings cached" in text
