@@ -178,3 +178,20 @@ def test_grader_bench_sections_print_overhead_by_phase_and_respect_the_budget(tm
     assert "n/a" in bench.summary({"throughput": t}) or t["gradings"]  # nothing finished: printed, not a crash
     text = bench.summary({"overhead": [o], "throughput": full})
     assert "FIGURE overhead per evaluation" in text and "largest phases" in text and "eager and reference timings cached" in text
+
+
+def test_grader_bench_attributes_a_committed_pre_2_4_store():
+    from pathlib import Path
+
+    bench = _bench()
+    store = Path(__file__).resolve().parents[2] / "events" / "h200-checks-ab-2"
+    if not store.is_dir():
+        pytest.skip("the committed H200 dataset is not in this checkout")
+    c = bench.committed(str(store), log=lambda *_: None)
+    assert c["passed"] == 64 and 0 < c["warm"] < 64
+    names = {p["phase"] for p in c["phases"]}
+    assert {"worker.trusted.draws_and_recheck_sets", "worker.run.timing_loop", "kernel.compile", "rest"} <= names
+    mean_ovh = sum(p["mean_s"] for p in c["phases"] if not p["phase"].startswith("kernel."))
+    mean_kernel = sum(p["mean_s"] for p in c["phases"] if p["phase"].startswith("kernel."))
+    assert mean_ovh > 0 and mean_kernel > 0
+    assert "FIGURE committed" in bench.summary({"committed": [c]})
