@@ -124,6 +124,7 @@ def overhead(*, problem: int = 28, dsls: tuple[str, ...] | None = None, repeats:
     out: dict = {"problem": problem, "repeats": repeats, "config": cfg.as_dict(), "dsls": {}}
     with GradingQueue(device=device, store=store, writer=writer, config=cfg, dsls=tuple(found),
                       depth=repeats + 1, low_water=0) as q:
+        q.pool.refill_on_take = False  # every grading has its spare already: none spawns (imports) while another is graded
         for dsl, path in found.items():
             rows = []
             for r in range(repeats + 1):  # the first grading measures the eager baseline and is not counted
@@ -280,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="start no grading after this many seconds (the one running finishes); figures count what finished")
     ap.add_argument("--out", default=None, help="a folder for grader_bench.json and events.tar.gz (the store, folder --name)")
     ap.add_argument("--name", default="h200-grader-bench-2-4", help="the dataset folder name inside events.tar.gz")
+    ap.add_argument("--smoke", action="store_true", help="GraderConfig.quick at smoke size (a CPU check of this script; never a figure)")
     a = ap.parse_args(argv)
     from mkb.grader import GraderConfig
 
@@ -288,7 +290,8 @@ def main(argv: list[str] | None = None) -> None:
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         store = store or str(Path(tempfile.mkdtemp(prefix="mkb-grader-bench-")) / a.name)
-    cfg = GraderConfig(n_timed=a.n_timed)
+    cfg = GraderConfig(n_timed=a.n_timed) if not a.smoke else GraderConfig.quick(
+        device=a.device.split(":")[0], size="smoke", start_limit_s=120.0, wall_limit_s=60.0, compile_limit_s=30.0)
     dsls = tuple(a.dsl) if a.dsl else None
     res: dict = {"budget_s": a.budget_s}
     sections = a.sections.split(",")

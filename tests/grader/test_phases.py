@@ -195,3 +195,28 @@ def test_grader_bench_attributes_a_committed_pre_2_4_store():
     mean_kernel = sum(p["mean_s"] for p in c["phases"] if p["phase"].startswith("kernel."))
     assert mean_ovh > 0 and mean_kernel > 0
     assert "FIGURE committed" in bench.summary({"committed": [c]})
+
+
+def test_grader_bench_main_writes_the_json_and_the_packed_store(tmp_path, fake_dsl, monkeypatch, capsys):
+    import json
+    import tarfile
+    from types import SimpleNamespace
+
+    import mkb.problems
+
+    bench = _bench()
+    good = tmp_path / "good.py"
+    good.write_text(TORCH_BASELINE_28)
+    base = [SimpleNamespace(problem=28, dsl=fake_dsl, path=good)]
+    monkeypatch.setattr(mkb.problems, "baselines", lambda problems=None, dsls=None: base)
+    monkeypatch.setattr(bench, "memory_bound_baselines", lambda dsls=None: base)
+    out = tmp_path / "out"
+    bench.main(["--smoke", "--device", "cpu", "--problem", "28", "--repeats", "1", "--rounds", "1", "--depth", "2",
+                "--low-water", "1", "--budget-s", "600", "--out", str(out), "--name", "bench-test"])
+    printed = capsys.readouterr().out
+    assert "FIGURE overhead per evaluation" in printed and "FIGURE gradings per GPU-hour" in printed
+    res = json.loads((out / "grader_bench.json").read_text())
+    assert res["overhead"][0]["dsls"][fake_dsl]["all_passed"] and res["throughput"]["gradings"] == 1
+    with tarfile.open(out / "events.tar.gz") as tar:
+        names = tar.getnames()
+    assert any(n.startswith("bench-test/kind=verdict/") and n.endswith(".parquet") for n in names)
