@@ -44,8 +44,10 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
     book: dict[str, Any] = {"worker_pid": worker.pid}
     t_wait = time.monotonic()
     if not worker.wait_ready(cfg.start_limit_s):
+        clock.mark("worker_wait")
         worker.kill()
         worker.cleanup()
+        clock.mark("teardown")
         return [], Reason.INFRA_ERROR, f"worker did not start: {worker.ready_error}", book
     book["worker_wait_s"] = time.monotonic() - t_wait
     clock.mark("worker_wait")

@@ -220,3 +220,25 @@ def test_grader_bench_main_writes_the_json_and_the_packed_store(tmp_path, fake_d
     with tarfile.open(out / "events.tar.gz") as tar:
         names = tar.getnames()
     assert any(n.startswith("bench-test/kind=verdict/") and n.endswith(".parquet") for n in names)
+
+
+def test_a_worker_that_never_starts_is_attributed_to_the_wait(tmp_path, monkeypatch, cpu_config, store):
+    import os
+
+    from mkb.dsl import _registry
+    from mkb.grader._backends import backend_from_target
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.setitem(_registry.BACKENDS, "broken", "fake_dsl:FakeBackendBrokenToolchain")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    backend_from_target.cache_clear()
+    try:
+        good = tmp_path / "good.py"
+        good.write_text(TORCH_BASELINE_28)
+        v = grade(28, "broken", good, store=store, config=cpu_config)
+    finally:
+        backend_from_target.cache_clear()
+    assert not v.passed and v.reason == "infra_error", v.message
+    _sums_to(v.phases_s, v.wall_s)
+    assert v.phases_s["parent.worker_wait"] > 0.5 * (v.wall_s - v.phases_s["parent.pool_take"])
+    assert "parent.worker_job" not in v.phases_s and not any(k.startswith("worker.") for k in v.phases_s)
