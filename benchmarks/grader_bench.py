@@ -12,13 +12,23 @@ memory-bound baselines; spread (max - min) / median of the candidate median < 2%
   problem folders) submitted `--rounds` times at once from two producer threads; gradings per
   GPU-hour = gradings / (first submit to last verdict), the spares warm when the clock starts.
 
+Both sections print the overhead by phase (grader 2.4: each verdict's `phases_s` names every second of its
+wall time, mkb.grader._phases): median, mean and max seconds per phase, largest first.
+
     python benchmarks/grader_bench.py --sections overhead,throughput --json out.json
+    # the recorded H200 run (<= 200 s): a budget, the store packed as events.tar.gz under $OUT
+    python benchmarks/grader_bench.py --problem 72 --repeats 4 --rounds 2 --depth 4 --low-water 2 \
+        --budget-s 160 --out $OUT --name h200-grader-bench-2-4 2>&1 | tee $OUT/grader_bench.log
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import os
+import tarfile
+import tempfile
 import statistics
 import sys
 import threading
@@ -51,10 +61,38 @@ def _row(v) -> dict:
         "candidate_median_us": v.candidate_median_us, "eager_median_us": v.eager_median_us,
         "cv": tim.figures.get("cv") if tim else None, "speedup": v.speedup,
         "eager_cached": tim.figures.get("eager_cached") if tim else None,
+        "reference_cached": tim.figures.get("reference_cached") if tim else None,
         "trusted_phases_s": comp.figures.get("trusted_phases_s") if comp else None,
         "run_phases_s": tim.figures.get("run_phases_s") if tim else None,
         "hold_wait_s": (tim.figures.get("quiet_wait_s") if tim else None),
+        "phases_s": v.phases_s,
     }
+
+
+def phase_table(rows: list[dict]) -> list[dict]:
+    """Median seconds per named phase over `rows` (a phase a grading did not have counts 0 there), largest first.
+
+    The phases of one grading sum to its wall_s and those outside kernel.* to its overhead_s (mkb.grader._phases),
+    so the medians say where the overhead goes; the sums of the per-grading values are given beside them.
+    """
+    rows = [r for r in rows if r.get("phases_s")]
+    names = list(dict.fromkeys(k for r in rows for k in r["phases_s"]))
+    out = []
+    for k in names:
+        xs = [r["phases_s"].get(k, 0.0) for r in rows]
+        out.append({"phase": k, "median_s": statistics.median(xs), "mean_s": statistics.fmean(xs), "max_s": max(xs)})
+    return sorted(out, key=lambda d: -d["mean_s"])
+
+
+def format_phases(table: list[dict], *, top: int = 40) -> str:
+    lines = [f"    {'phase':40s} {'median s':>9s} {'mean s':>9s} {'max s':>9s}"]
+    for d in table[:top]:
+        if d["max_s"] < 0.0005:
+            continue
+        lines.append(f"    {d['phase']:40s} {d['median_s']:9.4f} {d['mean_s']:9.4f} {d['max_s']:9.4f}")
+    ovh = sum(d["mean_s"] for d in table if not d["phase"].startswith("kernel."))
+    lines.append(f"    {'(mean overhead = sum of the non-kernel means)':40s} {'':9s} {ovh:9.4f}")
+    return "\n".join(lines)
 
 
 def memory_bound_baselines(dsls: tuple[str, ...] | None = None) -> list:
@@ -74,8 +112,10 @@ def memory_bound_baselines(dsls: tuple[str, ...] | None = None) -> list:
 
 
 def overhead(*, problem: int = 28, dsls: tuple[str, ...] | None = None, repeats: int = 5, config=None, writer=None,
-             store: str | None = None, device: str = "cuda:0", log=print) -> dict:
-    """One job at a time through a warm queue; the pool holds a spare for every grading (none imports while one times)."""
+             store: str | None = None, device: str = "cuda:0", log=print, deadline: float | None = None) -> dict:
+    """One job at a time through a warm queue; the pool holds a spare for every grading (none imports while one times).
+
+    Past `deadline` (time.monotonic()) no further grading starts."""
     from mkb.grader import GradeJob, GraderConfig, GradingQueue
     from mkb.problems import baselines
 
@@ -84,15 +124,19 @@ def overhead(*, problem: int = 28, dsls: tuple[str, ...] | None = None, repeats:
     out: dict = {"problem": problem, "repeats": repeats, "config": cfg.as_dict(), "dsls": {}}
     with GradingQueue(device=device, store=store, writer=writer, config=cfg, dsls=tuple(found),
                       depth=repeats + 1, low_water=0) as q:
+        q.pool.refill_on_take = False  # every grading has its spare already: none spawns (imports) while another is graded
         for dsl, path in found.items():
             rows = []
             for r in range(repeats + 1):  # the first grading measures the eager baseline and is not counted
+                if deadline is not None and time.monotonic() > deadline:
+                    log(f"[bench] {dsl}: budget spent, {repeats + 1 - r} gradings not started")
+                    break
                 q.pool.wait_warm(cfg.start_limit_s)
                 v = q.submit(GradeJob(problem, dsl, path, experiment="bench-overhead")).result()
                 row = _row(v)
                 log(f"[bench] {dsl} #{r}{' (eager, not counted)' if r == 0 else ''}: passed={v.passed} reason={v.reason} "
                     f"wall={v.wall_s:.2f}s overhead={v.overhead_s:.2f}s compile={row['compile_s']} median={v.candidate_median_us} "
-                    f"eager_cached={row['eager_cached']}\n        trusted={row['trusted_phases_s']}\n        run={row['run_phases_s']}")
+                    f"eager_cached={row['eager_cached']}")
                 if r:
                     rows.append(row)
             ovh = [r["overhead_s"] for r in rows if r["overhead_s"] is not None]
@@ -102,13 +146,21 @@ def overhead(*, problem: int = 28, dsls: tuple[str, ...] | None = None, repeats:
                 "overhead_s_median": statistics.median(ovh) if ovh else None, "overhead_s_max": max(ovh) if ovh else None,
                 "candidate_median_us": statistics.median([m for m in med if m is not None]) if any(med) else None,
                 "candidate_spread": _spread(med), "all_passed": all(r["passed"] for r in rows),
+                "phases": phase_table(rows),
             }
+            log(f"[bench] overhead by phase, problem {problem} {dsl} ({len(rows)} counted gradings):\n"
+                + format_phases(out["dsls"][dsl]["phases"]))
     return out
 
 
 def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=None, writer=None, store: str | None = None,
-               device: str = "cuda:0", depth: int = 4, low_water: int = 1, log=print) -> dict:
-    """All memory-bound baselines x `rounds`, pushed at once by two producers; gradings per GPU-hour."""
+               device: str = "cuda:0", depth: int = 4, low_water: int = 1, log=print, deadline: float | None = None) -> dict:
+    """All memory-bound baselines x `rounds`, pushed at once by two producers; gradings per GPU-hour.
+
+    Past `deadline` (time.monotonic()) the gradings not yet started are cancelled; the figures count the finished
+    ones over the time to the last of them. Beside the measured rate, `steady_gradings_per_gpu_hour` is 3600 over
+    the mean wall of the gradings that found the eager and reference timings cached (a long-running queue's case:
+    a session times each problem's eager baseline once)."""
     from mkb.grader import GradeJob, GraderConfig, GradingQueue
 
     base = memory_bound_baselines(dsls)
@@ -131,23 +183,90 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
             p.start()
         for p in producers:
             p.join()
-        verdicts = [f.result() for f in futs]
-        elapsed = time.monotonic() - t0
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        _, not_done = concurrent.futures.wait(futs, timeout=left)
+        cancelled = sum(f.cancel() for f in not_done)  # all at once; the one running finishes (never cut short)
+        verdicts, t_last = [], t0
+        for f in concurrent.futures.as_completed([f for f in futs if not f.cancelled()]):
+            verdicts.append(f.result())
+            t_last = time.monotonic()
+        elapsed = t_last - t0
+    if cancelled:
+        log(f"[bench] throughput: budget spent, {cancelled} gradings cancelled before they started")
     rows = [_row(v) for v in verdicts]
+    steady = [r["wall_s"] for r in rows if r["eager_cached"] and r["reference_cached"]]
     ovh = [r["overhead_s"] for r in rows if r["overhead_s"] is not None]
     per_hour = 3600.0 * len(rows) / elapsed if elapsed > 0 else None
     res = {"problems": sorted({b.problem for b in base}), "kernels": [_rel(b.path) for b in base],
            "rounds": rounds, "gradings": len(rows), "elapsed_s": elapsed, "gradings_per_gpu_hour": per_hour,
            "overhead_s_median": statistics.median(ovh) if ovh else None, "all_passed": all(r["passed"] for r in rows),
-           "busy_s": q.busy_s, "depth": depth, "low_water": low_water, "runs": rows}
+           "busy_s": q.busy_s, "depth": depth, "low_water": low_water, "runs": rows,
+           "wall_s_median": statistics.median([r["wall_s"] for r in rows]) if rows else None,
+           "worker_wait_s_median": statistics.median([r["worker_wait_s"] or 0.0 for r in rows]) if rows else None,
+           "phases": phase_table(rows), "cancelled": cancelled,
+           "steady_gradings": len(steady),
+           "steady_gradings_per_gpu_hour": 3600.0 / statistics.fmean(steady) if steady else None}
+    log("[bench] throughput: overhead by phase (every grading):\n" + format_phases(res["phases"]))
     log(f"[bench] throughput: {len(rows)} gradings of {len(base)} memory-bound baselines in {elapsed:.1f} s: "
-        f"{per_hour:.0f} gradings per GPU-hour; overhead median {res['overhead_s_median']}")
+        f"{_f(per_hour, '.0f')} gradings per GPU-hour; overhead median {_f(res['overhead_s_median'], '.3f')} s")
+    return res
+
+
+def committed(store: str, *, log=print) -> dict:
+    """Overhead by phase from a store graded before grader 2.4 (no `phases_s`): what its events already attribute.
+
+    Such a verdict's wall splits into its worker wait (verdict details), the trusted phase (`trusted_s` with its
+    `trusted_phases_s`, compile event), the run's phases (`run_phases_s`, timing event: compile through the final
+    draw) with the candidate's compile_s and timed_s taken out, and `rest` (the parent's steps, the problem load
+    before the trusted clock started, the integrity stage, IPC, teardown). Passed verdicts only (a failed one has
+    no timing event).
+    """
+    import glob
+
+    import pyarrow.parquet as pq
+
+    def rows(kind: str) -> dict[str, dict]:
+        out = {}
+        for f in sorted(glob.glob(f"{store}/kind={kind}/*.parquet")):
+            for r in pq.read_table(f).to_pylist():
+                out[r["evaluation_id"]] = r
+        return out
+
+    verdicts, comps, tims = rows("verdict"), rows("compile"), rows("timing")
+    out_rows = []
+    for eid, v in verdicts.items():
+        if not v["passed"] or eid not in comps or eid not in tims:
+            continue
+        d, cd, td = (json.loads(x or "{}") for x in (v["details"], comps[eid]["details"], tims[eid]["details"]))
+        if "phases_s" in d or not td.get("run_phases_s"):
+            continue
+        ph = {"parent.worker_wait": d.get("worker_wait_s") or 0.0}
+        ph.update({f"worker.trusted.{k}": x for k, x in (cd.get("trusted_phases_s") or {}).items()})
+        ph.update({f"worker.run.{k}": x for k, x in td["run_phases_s"].items()})
+        compile_s, timed_s = comps[eid]["compile_s"] or 0.0, td.get("timed_s") or 0.0
+        ph["worker.run.compile"] = ph.get("worker.run.compile", 0.0) - compile_s
+        ph["worker.run.timing_loop"] = ph.get("worker.run.timing_loop", 0.0) - timed_s
+        ph["kernel.compile"], ph["kernel.timed"] = compile_s, timed_s
+        ph["rest"] = d["wall_s"] - sum(ph.values())
+        out_rows.append({"problem": v["problem"], "dsl": v["dsl"], "wall_s": d["wall_s"], "overhead_s": d["overhead_s"],
+                         "worker_wait_s": d.get("worker_wait_s"), "eager_cached": td.get("eager_cached"),
+                         "reference_cached": td.get("reference_cached"), "phases_s": ph})
+    warm = [r for r in out_rows if r["eager_cached"] and r["reference_cached"] and (r["worker_wait_s"] or 0.0) < 0.05]
+    res = {"store": store, "passed": len(out_rows), "warm": len(warm),
+           "overhead_s_median": statistics.median([r["overhead_s"] for r in out_rows]) if out_rows else None,
+           "warm_overhead_s_median": statistics.median([r["overhead_s"] for r in warm]) if warm else None,
+           "phases": phase_table(out_rows), "warm_phases": phase_table(warm)}
+    log(f"[bench] {store}: {len(out_rows)} passed verdicts, overhead median {_f(res['overhead_s_median'], '.3f')} s; "
+        f"{len(warm)} with eager and reference cached and a worker ready (wait < 50 ms): overhead median "
+        f"{_f(res['warm_overhead_s_median'], '.3f')} s, by phase:\n" + format_phases(res["warm_phases"]))
     return res
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sections", default="overhead,throughput")
+    ap.add_argument("--sections", default="overhead,throughput",
+                    help="overhead, throughput (GPU); committed (CPU: phases of the stores named by --committed)")
+    ap.add_argument("--committed", nargs="*", default=[], help="stores graded before grader 2.4, for --sections committed")
     ap.add_argument("--problem", type=int, nargs="+", default=[28], help="one or more problems for the overhead section")
     ap.add_argument("--dsl", action="append", default=None, help="only these DSLs (default: every registered one)")
     ap.add_argument("--repeats", type=int, default=5)
@@ -158,22 +277,48 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--store", default=None)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no grading after this many seconds (the one running finishes); figures count what finished")
+    ap.add_argument("--out", default=None, help="a folder for grader_bench.json and events.tar.gz (the store, folder --name)")
+    ap.add_argument("--name", default="h200-grader-bench-2-4", help="the dataset folder name inside events.tar.gz")
+    ap.add_argument("--smoke", action="store_true", help="GraderConfig.quick at smoke size (a CPU check of this script; never a figure)")
     a = ap.parse_args(argv)
     from mkb.grader import GraderConfig
 
-    cfg = GraderConfig(n_timed=a.n_timed)
+    deadline = time.monotonic() + a.budget_s if a.budget_s else None
+    store, out = a.store, Path(a.out) if a.out else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        store = store or str(Path(tempfile.mkdtemp(prefix="mkb-grader-bench-")) / a.name)
+    cfg = GraderConfig(n_timed=a.n_timed) if not a.smoke else GraderConfig.quick(
+        device=a.device.split(":")[0], size="smoke", start_limit_s=120.0, wall_limit_s=60.0, compile_limit_s=30.0)
     dsls = tuple(a.dsl) if a.dsl else None
-    res: dict = {}
+    res: dict = {"budget_s": a.budget_s}
     sections = a.sections.split(",")
+    t0 = time.monotonic()
+    if "committed" in sections:
+        res["committed"] = [committed(s) for s in a.committed]
     if "overhead" in sections:
-        res["overhead"] = [overhead(problem=p, dsls=dsls, repeats=a.repeats, config=cfg, store=a.store, device=a.device)
-                           for p in a.problem]
-    if "throughput" in sections:
-        res["throughput"] = throughput(rounds=a.rounds, dsls=dsls, config=cfg, store=a.store, device=a.device,
-                                       depth=a.depth, low_water=a.low_water)
+        res["overhead"] = [overhead(problem=p, dsls=dsls, repeats=a.repeats, config=cfg, store=store, device=a.device,
+                                    deadline=deadline) for p in a.problem]
+    if "throughput" in sections and (deadline is None or time.monotonic() < deadline):
+        res["throughput"] = throughput(rounds=a.rounds, dsls=dsls, config=cfg, store=store, device=a.device,
+                                       depth=a.depth, low_water=a.low_water, deadline=deadline)
+    res["elapsed_s"] = time.monotonic() - t0
     print(summary(res))
+    print(f"[bench] done in {res['elapsed_s']:.0f} s")
+    text = json.dumps(res, indent=1, default=str)
     if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+        Path(a.json).write_text(text)
+    if out is not None:
+        (out / "grader_bench.json").write_text(text)
+        if store and os.path.isdir(store):
+            with tarfile.open(out / "events.tar.gz", "w:gz") as tar:
+                tar.add(store, arcname=a.name)
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
 
 
 def summary(res: dict) -> str:
@@ -182,12 +327,31 @@ def summary(res: dict) -> str:
     runs = res.get("overhead") or []
     for o, dsl, d in [(o, dsl, d) for o in (runs if isinstance(runs, list) else [runs]) for dsl, d in o.get("dsls", {}).items()]:
         lines.append(f"FIGURE overhead per evaluation, warm queue, problem {o['problem']} {dsl}: "
-                     f"median {d['overhead_s_median']:.3f} s (max {d['overhead_s_max']:.3f}; target < 0.5 s); "
+                     f"median {_f(d['overhead_s_median'], '.3f')} s (max {_f(d['overhead_s_max'], '.3f')}; target < 0.5 s); "
                      f"candidate median {d['candidate_median_us']} us, spread {100 * (d['candidate_spread'] or 0):.2f}%")
+        top = [p for p in d.get("phases", []) if not p["phase"].startswith("kernel.")][:6]
+        if top:
+            lines.append(f"FIGURE overhead, problem {o['problem']} {dsl}, largest phases (median s): "
+                         + ", ".join(f"{p['phase']} {p['median_s']:.3f}" for p in top))
+    for c in res.get("committed") or []:
+        top = sorted((d for d in c["warm_phases"] if not d["phase"].startswith("kernel.")), key=lambda d: -d["median_s"])[:6]
+        lines.append(f"FIGURE committed {c['store']}: overhead median {_f(c['overhead_s_median'], '.3f')} s over "
+                     f"{c['passed']} passed; {_f(c['warm_overhead_s_median'], '.3f')} s over the {c['warm']} with eager "
+                     f"and reference cached and a worker ready; largest phases (median s): "
+                     + ", ".join(f"{d['phase']} {d['median_s']:.3f}" for d in top))
     t = res.get("throughput")
     if t:
-        lines.append(f"FIGURE gradings per GPU-hour, memory-bound baselines {t['problems']}: {t['gradings_per_gpu_hour']:.0f} "
-                     f"({t['gradings']} gradings in {t['elapsed_s']:.1f} s; target >= 1500); all passed: {t['all_passed']}")
+        lines.append(f"FIGURE gradings per GPU-hour, memory-bound baselines {t['problems']}: {_f(t['gradings_per_gpu_hour'], '.0f')} "
+                     f"({t['gradings']} gradings in {t['elapsed_s']:.1f} s, {t['cancelled']} cancelled by the budget; "
+                     f"target >= 1500); all passed: {t['all_passed']}; overhead median {_f(t['overhead_s_median'], '.3f')} s, "
+                     f"wall median {_f(t['wall_s_median'], '.3f')} s, worker wait median {_f(t['worker_wait_s_median'], '.3f')} s")
+        if t.get("steady_gradings_per_gpu_hour"):
+            lines.append(f"FIGURE gradings per GPU-hour with the eager and reference timings cached (3600 / mean wall of "
+                         f"{t['steady_gradings']} such gradings): {t['steady_gradings_per_gpu_hour']:.0f}")
+        top = [d for d in t.get("phases", []) if not d["phase"].startswith("kernel.")][:6]
+        if top:
+            lines.append("FIGURE throughput overhead, largest phases (mean s): "
+                         + ", ".join(f"{d['phase']} {d['mean_s']:.3f}" for d in top))
     return "\n".join(lines)
 
 

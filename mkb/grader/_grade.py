@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from mkb.grader._config import GraderConfig
+from mkb.grader._phases import PhaseClock, attribute, clean_timeline
 from mkb.grader._pool import WARM_WAIT_S, Worker, WorkerPool
 from mkb.grader._reasons import STAGES, Reason, static_reason
 from mkb.grader._session import TrustedCache, problem_identity, trusted_key
 from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict, exit_failure, missing_stages_reason, timeout_failure
 from mkb.problems import problem_number
 
-GRADER_VERSION = "2.3"  # 2.3: sampled expectations where the whole ones do not fit the device (34, 38, 50 at full size; nothing changes for problems that fit); 2.2: the side-work check also takes the empty calls' tails after the loop; 2.1: device-time window (host dispatch hidden by a GPU sleep, reported beside it), spinning tails; 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
+GRADER_VERSION = "2.4"  # 2.4: every second of wall_s in a named phase (the verdict's details.phases_s), cuBLAS and the timing window's kernels first used in the warm start; 2.3: sampled expectations where the whole ones do not fit the device (34, 38, 50 at full size; nothing changes for problems that fit); 2.2: the side-work check also takes the empty calls' tails after the loop; 2.1: device-time window (host dispatch hidden by a GPU sleep, reported beside it), spinning tails; 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
 
 
 def _jsonable(v: Any) -> str | None:
@@ -30,21 +31,26 @@ def _jsonable(v: Any) -> str | None:
 
 def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedCache | None = None,
                 problem_hash: str = "unknown", pinned: dict | None = None,
-                fresh_eager: bool = False) -> tuple[list[StageResult], str | None, str, dict]:
+                fresh_eager: bool = False, clock: PhaseClock | None = None) -> tuple[list[StageResult], str | None, str, dict]:
     """Drive one job; returns (stages, failure reason not tied to a stage, log, bookkeeping).
 
     `pinned` trusted figures (a pair re-grade's one eager timing) win over the cache; `fresh_eager`
     measures eager even when the cache has it (the first grading of such a batch). What the worker
-    measured before the candidate existed comes back in `book["trusted_fresh"]`.
+    measured before the candidate existed comes back in `book["trusted_fresh"]`. `clock` gets the parent's
+    phases (worker_wait, trusted_lookup, worker_job, teardown; mkb.grader._phases).
     """
+    clock = clock or PhaseClock()
     nonce = secrets.token_hex(16)
     book: dict[str, Any] = {"worker_pid": worker.pid}
     t_wait = time.monotonic()
     if not worker.wait_ready(cfg.start_limit_s):
+        clock.mark("worker_wait")
         worker.kill()
         worker.cleanup()
+        clock.mark("teardown")
         return [], Reason.INFRA_ERROR, f"worker did not start: {worker.ready_error}", book
     book["worker_wait_s"] = time.monotonic() - t_wait
+    clock.mark("worker_wait")
     book["worker_start_s"] = worker.ready.get("start_s")
     book["gpu"] = worker.ready.get("gpu")
     book["worker_quiet_wait_s"] = worker.ready.get("quiet_wait_s")
@@ -60,16 +66,17 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
     if hit:
         job = {**job, "trusted": hit}
     book["trusted_cached"] = sorted(hit)
+    clock.mark("trusted_lookup")
     try:
-        return _drive(worker, job, cfg, cache, keys, nonce, book)
+        return _drive(worker, job, cfg, cache, keys, nonce, book, clock)
     finally:
         worker.quiet.release(worker, pid=worker.pid)  # a hold never outlives its grading (crash, timeout, forged message)
 
 
 def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | None, keys: dict, nonce: str,
-           book: dict) -> tuple[list[StageResult], str | None, str, dict]:
+           book: dict, clock: PhaseClock) -> tuple[list[StageResult], str | None, str, dict]:
     worker.send_job({**job, "type": "job", "nonce": nonce})
-    t_job = time.monotonic()
+    t_job = time.monotonic()  # `worker_job` (the clock's span from here back to `trusted_lookup`) includes the send
     wall_deadline = t_job + cfg.wall_limit_s
     deadline = wall_deadline
     phase = "setup"
@@ -118,12 +125,19 @@ def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | N
                 deadline = wall_deadline
         elif kind == "stage":
             stages.append(StageResult(msg["stage"], bool(msg["ok"]), msg.get("reason"), msg.get("figures") or {}, msg.get("log") or ""))
+        elif kind == "timeline":
+            # the worker's own phases (attribution only, never a verdict input); the first well-formed one counts
+            if "worker_timeline" not in book:
+                line = clean_timeline(msg.get("phases_s"))
+                if line is not None:
+                    book["worker_timeline"] = line
         elif kind == "harness_error":
             failure = Reason.RUNTIME_ERROR if phase in ("compile", "run") else Reason.INFRA_ERROR
             notes.append("harness error:\n" + msg.get("log", ""))
         elif kind == "done":
             done = True
             break
+    clock.mark("worker_job")
     if worker.reader.bad_lines and failure is None:
         failure = Reason.INTEGRITY_RESULT_CHANNEL
         notes.append(f"unparseable lines on the result channel: {worker.reader.bad_lines[:3]}")
@@ -138,6 +152,7 @@ def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | N
     if not done:
         log = worker.log_text()
     worker.cleanup()
+    clock.mark("teardown")
     if notes:
         log = "\n".join(notes) + "\n--- worker output ---\n" + log
     return stages, failure, log, book
@@ -180,6 +195,7 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
 
     cfg = config or GraderConfig()
     t_req = time.monotonic()
+    clock = PhaseClock(t_req)
     kernel_path = Path(kernel_path).resolve()
     try:
         source = kernel_path.read_text()
@@ -189,13 +205,16 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
     number = problem_number(problem)
     evaluation_id = uuid7()
     backend = backend_from_target(backend_target(dsl), dsl)
+    clock.mark("read_kernel")
 
     stages: list[StageResult] = []
     failure: str | None = None
     log = ""
     book: dict[str, Any] = {}
     phash = problem_identity(number)  # on the verdict: a figure is read only against the problem it was graded on
+    clock.mark("problem_identity")
     findings = tuple(backend.static_rules(source))
+    clock.mark("static_rules")
     if findings:
         msg = "\n".join(f"kernel.py:{f.line or 0}: [{f.rule}] {f.message}" for f in findings)
         stages.append(StageResult("compile", False, static_reason(findings[0].rule), {"static_rules": [f.rule for f in findings]}, msg))
@@ -204,17 +223,19 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
         pool = pool or WorkerPool((dsl,), device=cfg.device, prestart=False, refill_on_take=False)
         try:
             worker = pool.take(dsl)
+            clock.mark("pool_take")
             job = {"problem": number if not isinstance(problem, Path) and str(problem).isdigit() else str(problem),
                    "dsl": dsl, "backend": backend_target(dsl), "kernel_path": str(kernel_path), "secret": secrets.randbits(62), "config": cfg.as_dict()}
             stages, failure, log, book = _run_worker(worker, job, cfg, cache=None if own_pool else pool.trusted,
                                                      problem_hash=phash, pinned=pinned,
-                                                     fresh_eager=fresh_eager)
+                                                     fresh_eager=fresh_eager, clock=clock)
         finally:
             if own_pool:
                 pool.close()
+                clock.mark("pool_close")
 
     verdict = _verdict(evaluation_id, number, dsl, sha, stages, failure, log, book, t_req, queue_wait_s,
-                       problem_hash=None if phash == "unknown" else phash)
+                       problem_hash=None if phash == "unknown" else phash, clock=clock)
     _emit(writer, verdict, attempt_id=attempt_id, scope=scope, failure_log=log, pair_id=pair_id,
           config_overrides=cfg.overrides())
     return verdict, dict(book.get("trusted_fresh") or {})
@@ -222,7 +243,7 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
 
 def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[StageResult], failure: str | None,
              log: str, book: dict, t_req: float, queue_wait_s: float | None = None, *,
-             problem_hash: str | None = None) -> Verdict:
+             problem_hash: str | None = None, clock: PhaseClock | None = None) -> Verdict:
     by = {s.stage: s for s in stages}
     reason = None
     for name in STAGES:
@@ -246,9 +267,14 @@ def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[S
     passed = reason is None
     speedup = tf.speedup if tf else None
     gpu = (tf.gpu if tf else None) or book.get("gpu") or "unknown"
-    wall = time.monotonic() - t_req
     comp = by.get("compile")
-    kernel_s = (comp.figures.get("compile_s") or 0.0 if comp else 0.0) + (t_fig.get("timed_s") or 0.0)
+    compile_s = (comp.figures.get("compile_s") or 0.0) if comp else 0.0
+    kernel_s = compile_s + (t_fig.get("timed_s") or 0.0)
+    if clock is not None:
+        clock.mark("verdict")
+    wall = time.monotonic() - t_req
+    phases = attribute(wall_s=wall, parent=clock.s, worker=book.get("worker_timeline"), compile_s=compile_s,
+                       timed_s=t_fig.get("timed_s")) if clock is not None else None
     return Verdict(
         evaluation_id=evaluation_id, problem=number, dsl=dsl, kernel_sha256=sha, passed=passed, reason=reason,
         speedup=speedup if passed else None, eager_median_us=eager, candidate_median_us=cand, gpu=gpu,
@@ -257,6 +283,7 @@ def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[S
         gpu_model=tf.gpu_model if tf else None, gpu_arch=tf.gpu_arch if tf else None,
         timed_calls=tf.n_timed if tf else None, reference_median_us=tf.reference_median_us if tf else None,
         speedup_upstream=(tf.speedup_upstream if tf and passed else None), problem_hash=problem_hash,
+        phases_s=phases,
     )
 
 
@@ -294,7 +321,7 @@ def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failur
         reference_median_us=v.reference_median_us, speedup_upstream=v.speedup_upstream, s_upstream=v.s_upstream,
         queue_wait_s=v.queue_wait_s, pair_id=pair_id, problem_hash=v.problem_hash,
         details=_jsonable({"wall_s": v.wall_s, "overhead_s": v.overhead_s, "worker_wait_s": v.worker_wait_s,
-                           "grader_version": GRADER_VERSION, "config_overrides": config_overrides or {},
+                           "phases_s": v.phases_s, "grader_version": GRADER_VERSION, "config_overrides": config_overrides or {},
                            **_expectations(v)}),
     )
 

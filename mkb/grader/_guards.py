@@ -3,7 +3,6 @@ environment, threads, current stream), taken before kernel.py is imported and co
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 import threading
@@ -48,6 +47,26 @@ def _spaces() -> dict[str, Any]:
     return out
 
 
+_MISSING = object()
+_TYPE_DICT = type.__dict__["__dict__"]  # a class's own namespace, whatever its metaclass defines as `__dict__`
+
+
+def static_table(klass: type) -> dict[str, Any]:
+    """name -> what `inspect.getattr_static(klass, name)` finds, for every name at once (grader 2.4: one pass over
+    the MRO's namespaces instead of one MRO walk per name; ~700 names on torch.Tensor, nine snapshots a grading).
+
+    The class's own MRO wins, the metaclass's MRO fills in names the class lacks, and each class's real namespace
+    is read, as attribute lookup reads it; tests/grader/test_guard_table.py checks the table against
+    getattr_static on every watched class and through metaclasses and shadowing.
+    """
+    table: dict[str, Any] = {}
+    for entry in reversed(type.__dict__["__mro__"].__get__(type(klass))):
+        table.update(_TYPE_DICT.__get__(entry))
+    for entry in reversed(type.__dict__["__mro__"].__get__(klass)):
+        table.update(_TYPE_DICT.__get__(entry))
+    return table
+
+
 @dataclass(frozen=True)
 class Identities:
     """id() of every watched callable, keyed 'space.name' (vars(), so lazy module __getattr__ never fires)."""
@@ -61,12 +80,10 @@ class Identities:
             if isinstance(obj, type):
                 # classes: what attribute lookup finds through the MRO, unbound (so Tensor.mean set on
                 # torch.Tensor, shadowing TensorBase.mean, counts as a change)
+                table = static_table(obj)
                 for name in dir(obj):
-                    try:
-                        v = inspect.getattr_static(obj, name)
-                    except AttributeError:
-                        continue
-                    if _watchable(v):
+                    v = table.get(name, _MISSING)
+                    if v is not _MISSING and _watchable(v):
                         ids[f"{space}.{name}"] = id(v)
             else:
                 for name, v in list(vars(obj).items()):

@@ -87,6 +87,24 @@ def warm_start(device: str) -> None:
                    "check that torch can compile a jiterator kernel here (torch.cuda.jiterator; NVRTC in the CUDA "
                    "runtime torch ships)", sm_hold)
         _WARM["hold_compile_s"] = _perf() - t0
+        t0 = _perf()
+        _warm_step("the first use of cuBLAS and of the timing window's kernels",
+                   "check that torch can run a bf16 matmul on this GPU (cuBLAS in the CUDA runtime torch ships)",
+                   _first_use)
+        _WARM["first_use_s"] = _perf() - t0
+
+
+def _first_use() -> None:
+    """What every grading's clock warm-up and timing windows would otherwise pay on their first call in this
+    process (grader 2.4): the cuBLAS handle and workspace, the lazily loaded GEMM, clamp, L2-flush and event
+    kernels. Job-independent and before any candidate exists, like the rest of the warm start; the clock
+    warm-up and the windows themselves still run in full before each timing loop."""
+    a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    (a @ a).clamp_(-1, 1)
+    flush = _flusher(_Device("cuda"))
+    for _ in range(3):
+        _stream_window(lambda: None, flush=flush)
+    _cuda_sync()
 
 
 class _Phases:
@@ -94,7 +112,7 @@ class _Phases:
 
     def __init__(self) -> None:
         self.s: dict[str, float] = {}
-        self._t = _perf()
+        self.t0 = self._t = _perf()
 
     def mark(self, name: str) -> None:
         now = _perf()
@@ -239,30 +257,57 @@ class _Quiet:
 def evaluate(job: dict, send: Callable[[dict], None], wait_go: Callable[[], Any] | None = None) -> None:
     """Run one evaluation and `send` one message per stage reached; never raises for candidate faults.
 
-    `wait_go` blocks until the parent lets a GPU-sensitive phase start (None: start at once).
+    `wait_go` blocks until the parent lets a GPU-sensitive phase start (None: start at once). The last
+    message is the worker's `timeline` (mkb.grader._phases): every second from the job's arrival, by step.
     """
     quiet = _Quiet(send, wait_go)
+    line = _Phases()
+    box: dict[str, _Evaluation] = {}
     try:
-        _evaluate(job, send, quiet)
+        _evaluate(job, send, quiet, line, box)
     finally:
         quiet.release()
+        line.mark("report")
+        send({"type": "timeline", "phases_s": _timeline(line, box.get("ev")), "span_s": round(_perf() - line.t0, 6)})
 
 
-def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet) -> None:
-    ev = _Evaluation(job, send, quiet)
-    if not ev.device_is_supported():
+def _timeline(line: _Phases, ev: "_Evaluation | None") -> dict[str, float]:
+    """The worker's steps with the trusted plan's and the run's sub-steps spliced in; each step's remainder is `<step>.other`."""
+    subs = {"trusted": getattr(ev, "trusted_ph", None), "run": getattr(ev, "ph", None)}
+    out: dict[str, float] = {}
+    for k, v in line.s.items():
+        sub = subs.get(k)
+        if sub is None:
+            out[k] = v
+            continue
+        for sk, sv in sub.s.items():
+            out[f"{k}.{sk}"] = sv
+        out[f"{k}.other"] = round(max(0.0, v - sum(sub.s.values())), 6)
+    return out
+
+
+def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet, line: _Phases, box: dict) -> None:
+    ev = box["ev"] = _Evaluation(job, send, quiet)
+    supported = ev.device_is_supported()
+    line.mark("setup")
+    if not supported:
         return
     try:
         ev.trusted()
     except Exception as exc:  # the harness or the problem failed: not the candidate's fault
+        line.mark("trusted")
         ev.stage("compile", False, "infra_error", _fmt_exc(exc))
         return
+    line.mark("trusted")
     try:
         ev.compile()
         ev.verify()
         ev.time()
+        line.mark("run")
         ev.integrity()
+        line.mark("integrity")
     except Fail as f:
+        line.mark("integrity" if "timing" in ev.reached else "run")
         if f.stage == "integrity" and "compile" not in ev.reached:
             ev.stage("compile", True, None, "", **ev.compile_figures().as_dict())
         ev.stage(f.stage, False, f.reason, f.message)
@@ -398,6 +443,8 @@ class _Evaluation:
     # ---------------- trusted phase: nothing of the candidate exists yet ----------------
     def trusted(self) -> None:
         cfg, dev, job, quiet = self.cfg, self.dev, self.job, self.quiet
+        t_trusted = _perf()
+        ph = self.trusted_ph = _Phases()
         self.mod = mod = load_problem(job["problem"])
         self.meta = mod.META
         from mkb.grader._backends import backend_from_target
@@ -405,8 +452,7 @@ class _Evaluation:
         self.backend = backend_from_target(job.get("backend"), job["dsl"])
         self.make = make = lambda seed: tuple(mod.make_inputs(seed, device=dev.torch_device, size=cfg.size))  # noqa: E731
         eager_fn = getattr(mod, "eager", None) or mod.reference
-        t_trusted = _perf()
-        ph = _Phases()
+        ph.mark("load_problem")
         # nvidia-smi takes a while on some hosts: read the GPU state beside the trusted phase, joined before the snapshot
         gpu_box: dict[str, Any] = {}
         gpu_reader = None
@@ -421,11 +467,13 @@ class _Evaluation:
         # session cache when the parent has them for this exact (problem, GPU, versions, policy) key
         self.flush = _flusher(dev)
         self.budget = _input_budget(dev)
+        ph.mark("flusher_and_budget")
         cached = job.get("trusted") or {}
         eager_fig, floor_fig, ref_fig = cached.get("eager"), cached.get("floor"), cached.get("reference")
         self.fresh: dict[str, Any] = {}
         if eager_fig is None or floor_fig is None or ref_fig is None:
             quiet.hold("trusted_timing")
+            ph.mark("quiet_wait")
         if eager_fig is None:
             eager_n = cfg.eager_timed or plan.n_timed
             e_stream = InputStream(lambda i: make(self.fresh_seed()), n_calls=plan.n_warm + eager_n, max_bytes=self.budget)
@@ -476,7 +524,8 @@ class _Evaluation:
     def compile_figures(self) -> CompileFigures:
         return CompileFigures(compile_s=self.compile_s, kernel_patterns=list(self.patterns) if self.patterns is not None else None,
                               trusted_s=self.trusted_s, trusted_phases_s=self.trusted_phases_s,
-                              profiler_init_at_warm_start_s=_WARM.get("profiler_init_s"), quiet_wait_s=dict(self.quiet.waited_s))
+                              profiler_init_at_warm_start_s=_WARM.get("profiler_init_s"),
+                              first_use_at_warm_start_s=_WARM.get("first_use_s"), quiet_wait_s=dict(self.quiet.waited_s))
 
     # ---------------- compile: import + first call (the JIT build) ----------------
     def compile(self) -> None:

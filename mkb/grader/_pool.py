@@ -397,6 +397,7 @@ class WorkerPool:
         self.dsls = tuple(dsls)
         # eager timings and launch floors measured by this pool's workers (or shared with another pool of the session)
         self.trusted = trusted if trusted is not None else TrustedCache()
+        import mkb.measure  # noqa: F401 - the trusted cache's keys need it (torch): imported here, not on the first grading's clock
         if prestart:
             for d in self.dsls:
                 self.refill(d)

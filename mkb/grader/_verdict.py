@@ -51,6 +51,7 @@ class CompileFigures(_Figures):
     trusted_s: float | None = None
     trusted_phases_s: dict[str, float] | None = None
     profiler_init_at_warm_start_s: float | None = None
+    first_use_at_warm_start_s: float | None = None  # grader 2.4: cuBLAS and the window's kernels, moved off the job's clock
     quiet_wait_s: dict[str, float] | None = None
 
 
@@ -172,6 +173,9 @@ class Verdict:
     reference_median_us: float | None = None  # the problem's reference timed as upstream MetaKernelBench times it
     speedup_upstream: float | None = None  # reference_median_us / candidate_median_us (upstream's baseline)
     problem_hash: str | None = None  # mkb.problems.problem_hash of the problem graded (None: not a catalog problem)
+    # grader 2.4: every second of wall_s by named phase, summing to wall_s; the phases outside `kernel.*` sum to
+    # overhead_s (mkb.grader._phases). None for a verdict built without the parent's clock.
+    phases_s: dict[str, float] | None = field(default=None, hash=False, compare=False)
 
     @property
     def r_at(self) -> dict[float, bool]:
