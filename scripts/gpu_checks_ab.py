@@ -23,8 +23,9 @@ the v3 run's within-arm spread (`events/h200-checks-ab-2`): `--problems` keeps t
 millisecond kernels, repeated within 0.01-0.24% under v3 and are graded by the red-team re-run), `--against` prints
 each baseline's A1-vs-A2 and B1-vs-B2 beside the earlier run's:
 
-    timeout 290 python3 scripts/gpu_checks_ab.py --out $OUT --name h200-checks-ab-quiet --problems 1,23,25,28,49,72 \
-        --budget-s 200 --against events/h200-checks-ab-2/logs/summary.json 2>&1 | tee $OUT/log
+    python3 scripts/gpu_sm_hold_check.py --out $OUT 2>&1 | tee $OUT/sm_hold.log     # the hold itself, ~10 s
+    timeout 280 python3 scripts/gpu_checks_ab.py --out $OUT --name h200-checks-ab-quiet --problems 1,23,25,28,49,72 \
+        --budget-s 210 --against events/h200-checks-ab-2/logs/summary.json 2>&1 | tee $OUT/log
 
 `--report NEW.json --against OLD.json` prints that comparison again from two summaries, without a GPU.
 """
