@@ -5,7 +5,8 @@ Each timed call is `synchronize; flush L2; hold every SM ~1 ms; start; fn(*input
 and any gap between them (a host sync inside the call, a launch the host made late), but not the host's
 dispatch of the first launches, which overlaps the flush and the hold (`SmHold`, `HOLD_US`): the start
 event runs only once the host has enqueued the call, so the window holds the device's work alone.
-The hold fills every thread slot of every SM with spinning threads, and the host dispatches the call only
+The hold fills every thread slot of every SM with threads that spin on the SM's clock and touch no memory
+(policy v4: a hold that wrote 8.6 MB slowed the kernel after it; see `SmHold`), and the host dispatches the call only
 once the flush has ended and the hold is resident: work the call puts on another stream cannot run ahead
 of the window in an idle GPU (a single-thread sleep would leave it 131 free SMs for a millisecond).
 Why (measured on the H200, benchmarks/timing_repro.py, 2026-12-01): with only the flush (~100 us) in
