@@ -126,6 +126,7 @@ _elapsed = torch.cuda.Event.elapsed_time
 _ev_sync = torch.cuda.Event.synchronize
 _Event_query = torch.cuda.Event.query
 _device_ctx = torch.cuda.device
+_current_device = torch.cuda.current_device
 
 
 def hold_launch(sms: int, threads_per_sm: int, max_threads_per_block: int = 1024, warp: int = 32) -> tuple[int, int]:
@@ -193,6 +194,13 @@ class SmHold:
         self.cycles = hold_cycles(self.us, self.mhz)
 
     def __call__(self) -> None:
+        if _current_device() == self.device.index:
+            self._launch()
+        else:  # the kernel was loaded into this device's context, which must be current when it launches
+            with _device_ctx(self.device.index):
+                self._launch()
+
+    def _launch(self) -> None:
         self._kernel(grid=(self.grid, 1, 1), block=(self.block, 1, 1), args=[self.cycles],
                      stream=_current_stream(self.device))
 

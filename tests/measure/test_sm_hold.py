@@ -94,7 +94,17 @@ def fake_cuda(monkeypatch):
         return _FakeKernel(log)
 
     monkeypatch.setattr(torch.cuda, "_compile_kernel", compile_kernel, raising=False)
-    monkeypatch.setattr(T, "_device_ctx", lambda index: __import__("contextlib").nullcontext())
+    current = [0]
+
+    @__import__("contextlib").contextmanager
+    def device_ctx(index):
+        log.append(("device", index))
+        saved, current[0] = current[0], index
+        yield
+        current[0] = saved
+
+    monkeypatch.setattr(T, "_device_ctx", device_ctx)
+    monkeypatch.setattr(T, "_current_device", lambda: current[0])
     monkeypatch.setattr(T, "_current_stream", lambda d=None: ("stream", str(d)))
     monkeypatch.setattr(T, "_sync", lambda d=None: log.append(("sync", str(d))))
     monkeypatch.setattr(D, "SmClock", lambda d=None: SimpleNamespace(max_mhz=1980.0))
@@ -107,7 +117,8 @@ def test_the_hold_is_compiled_once_launched_once_before_any_window_and_then_spin
     assert sm_hold("cuda:0") is hold and sm_hold() is hold  # one per device and process
     compiles = [e for e in fake_cuda if e[0] == "compile"]
     assert compiles == [("compile", T._HOLD_SRC, T._HOLD_KERNEL)]
-    assert fake_cuda[1][0] == "launch" and fake_cuda[2] == ("sync", "cuda:0")  # first launch + wait, in the build
+    assert [e[0] for e in fake_cuda] == ["device", "compile", "device", "launch", "sync"]  # compiled and first
+    assert fake_cuda[-1] == ("sync", "cuda:0")  # launched under the device's context, in the build, then waited for
     assert (hold.grid, hold.block, hold.threads) == (264, 1024, 132 * 2048)
     assert hold.us == HOLD_US and hold.cycles == 1_980_000 and not hasattr(hold, "per_thread")
     del fake_cuda[:]
@@ -118,6 +129,18 @@ def test_the_hold_is_compiled_once_launched_once_before_any_window_and_then_spin
     hold()
     assert fake_cuda[-1][3] == [1_980_000]
     assert all(isinstance(a, int) for e in fake_cuda for a in e[3])  # no buffer: the only argument is the count
+
+
+def test_a_hold_launched_while_another_device_is_current_launches_under_its_own(fake_cuda, monkeypatch):
+    hold = sm_hold("cuda:1")
+    assert hold.device == torch.device("cuda", 1) and sm_hold("cuda:0") is not hold
+    del fake_cuda[:]
+    hold()  # device 0 is current
+    assert fake_cuda == [("device", 1), ("launch", (264, 1, 1), (1024, 1, 1), [1_980_000], ("stream", "cuda:1"))]
+    monkeypatch.setattr(T, "_current_device", lambda: 1)
+    del fake_cuda[:]
+    hold()  # its own device is current: no context switch on the path before the window
+    assert [e[0] for e in fake_cuda] == ["launch"]
 
 
 def test_without_nvrtc_kernels_the_hold_is_not_built_and_says_so(fake_cuda, monkeypatch):
