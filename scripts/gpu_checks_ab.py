@@ -28,6 +28,11 @@ each baseline's A1-vs-A2 and B1-vs-B2 beside the earlier run's:
         --budget-s 210 --against events/h200-checks-ab-2/logs/summary.json 2>&1 | tee $OUT/log
 
 `--report NEW.json --against OLD.json` prints that comparison again from two summaries, without a GPU.
+What to check: `SM HOLD ok` (264 x 1024 on an H200, nothing allocated, side-stream work held back); every grading
+passed with 100 calls; the verdicts' timing events name policy `.../sm-quiet-hold-1ms/.../v4`; 25 cute near
+20.6 us and 28 cute near 81.9 us (the quiet rows of `events/h200-timing-levels`), not 21.1-21.6 and 82.3-83.4; and
+the `SPREAD` lines: the short kernels' within-arm spreads (25, 28: 0.45-2.33% under v3) smaller, the pooled median
+and the count within 0.5% no worse than v3's. 01 is expected to keep its per-process level (0.5-0.6%).
 """
 
 from __future__ import annotations
