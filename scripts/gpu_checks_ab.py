@@ -17,6 +17,22 @@ one pass) found B slower for every short kernel, which one A and one B per kerne
 
 $OUT gets: log, summary.json (every verdict's figures, the per-baseline comparison), events.tar.gz (the store).
 About 3 s per grading: 32 gradings for 16 baselines per pass, two passes: about 3.5 minutes (--budget-s 240).
+
+Timing policy v4 (grader 2.4, the quiet SM hold) is validated by the same ABBA on the short baselines, read against
+the v3 run's within-arm spread (`events/h200-checks-ab-2`): `--problems` keeps the run under 300 s (29 and 53, the
+millisecond kernels, repeated within 0.01-0.24% under v3 and are graded by the red-team re-run), `--against` prints
+each baseline's A1-vs-A2 and B1-vs-B2 beside the earlier run's:
+
+    python3 scripts/gpu_sm_hold_check.py --out $OUT 2>&1 | tee $OUT/sm_hold.log     # the hold itself, ~10 s
+    timeout 280 python3 scripts/gpu_checks_ab.py --out $OUT --name h200-checks-ab-quiet --problems 1,23,25,28,49,72 \
+        --budget-s 210 --against events/h200-checks-ab-2/logs/summary.json 2>&1 | tee $OUT/log
+
+`--report NEW.json --against OLD.json` prints that comparison again from two summaries, without a GPU.
+What to check: `SM HOLD ok` (264 x 1024 on an H200, nothing allocated, side-stream work held back); every grading
+passed with 100 calls; the verdicts' timing events name policy `.../sm-quiet-hold-1ms/.../v4`; 25 cute near
+20.6 us and 28 cute near 81.9 us (the quiet rows of `events/h200-timing-levels`), not 21.1-21.6 and 82.3-83.4; and
+the `SPREAD` lines: the short kernels' within-arm spreads (25, 28: 0.45-2.33% under v3) smaller, the pooled median
+and the count within 0.5% no worse than v3's. 01 is expected to keep its per-process level (0.5-0.6%).
 """
 
 from __future__ import annotations
@@ -69,13 +85,54 @@ def compare(rows: dict[str, dict[str, dict]]) -> list[dict]:
     return out
 
 
+def _within_spreads(cmp: list[dict]) -> dict[str, list[float]]:
+    """Per baseline key, the spreads between two gradings of one configuration (A1-vs-A2, B1-vs-B2) it has."""
+    return {r["key"]: [x for x in (r.get("a1_vs_a2"), r.get("b1_vs_b2")) if x is not None] for r in cmp}
+
+
+def against(new: list[dict], old: list[dict]) -> dict:
+    """The within-arm spread (the grader's repeatability: two gradings of one kernel and configuration) of this run
+    beside an earlier one's, per baseline both runs have, and pooled: the median spread and how many are within 0.5%.
+    A timing-policy change that removes a per-process level (v3 -> v4) shows as smaller spreads on the short kernels."""
+    n, o = _within_spreads(new), _within_spreads(old)
+    rows = [{"key": k, "new": n[k], "old": o[k]} for k in n if k in o and n[k] and o[k]]
+
+    def pooled(side: str) -> dict:
+        xs = sorted(x for r in rows for x in r[side])
+        med = (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else None
+        return {"pairs": len(xs), "median": med, "max": xs[-1] if xs else None,
+                "within_0_5pct": sum(x <= MEDIAN_TOL for x in xs)}
+
+    return {"rows": rows, "new": pooled("new"), "old": pooled("old")}
+
+
+def _print_against(res: dict) -> None:
+    pct = lambda xs: " ".join(f"{x * 100:5.2f}%" for x in xs)  # noqa: E731
+    for r in res["rows"]:
+        log(f"SPREAD {r['key']:10s} new {pct(r['new']):15s} old {pct(r['old'])}")
+    for side in ("new", "old"):
+        p = res[side]
+        med = f"{p['median'] * 100:.2f}%" if p["median"] is not None else "-"
+        log(f"SPREAD {side}: {p['pairs']} pairs, median {med}, {p['within_0_5pct']} within 0.5%")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mkb-gpu-out"))
     ap.add_argument("--name", default="h200-checks-ab")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--budget-s", type=float, default=240.0, help="start no new baseline after this many seconds")
+    ap.add_argument("--problems", default="", help="comma-separated problem numbers to grade (default: every baseline)")
+    ap.add_argument("--against", default="", help="an earlier run's summary.json: print the within-arm spreads beside it")
+    ap.add_argument("--report", default="", help="with --against: compare this summary.json instead of running (no GPU)")
     a = ap.parse_args(argv)
+    if a.report:
+        if not a.against:
+            ap.error("--report needs --against (the earlier run's summary.json)")
+        res = against(json.loads(Path(a.report).read_text())["compare"], json.loads(Path(a.against).read_text())["compare"])
+        _print_against(res)
+        return 0
+    old_cmp = json.loads(Path(a.against).read_text())["compare"] if a.against else None  # read before any GPU work
     t0 = time.monotonic()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -94,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     log("versions", json.dumps(summary["versions"]))
     writer = EventWriter(str(store), flush_every=500)
     found = baselines()
+    if a.problems:
+        keep = {int(x) for x in a.problems.split(",") if x.strip()}
+        found = [b for b in found if b.problem in keep]
     log(f"{len(found)} baselines: {[f'{b.problem}/{b.dsl}' for b in found]}")
     with WorkerPool(device=a.device, depth=2) as pool:
         for tags in (("A1", "B1"), ("B2", "A2")):
@@ -130,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         "b1_vs_b2_within_0_5pct": sum(r["b1_vs_b2"] is not None and r["b1_vs_b2"] <= MEDIAN_TOL for r in cmp),
         "full_calls": sum(r["full_calls"] for r in cmp), "errors": len(summary["errors"]), "skipped": summary["skipped"]}
     log("RESULT " + json.dumps(summary["result"]))
+    if old_cmp is not None:
+        summary["against"] = {"path": a.against, **against(cmp, old_cmp)}
+        _print_against(summary["against"])
     summary["elapsed_s"] = time.monotonic() - t0
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     with tarfile.open(out / "events.tar.gz", "w:gz") as tar:

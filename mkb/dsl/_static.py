@@ -54,6 +54,7 @@ _SHARED_PREFIXES: tuple[tuple[str, str], ...] = (
     ("triton", "triton"),
     ("torch.utils.cpp_extension", "raw_cuda"),
     ("torch.cuda.jiterator", "raw_cuda"),
+    ("torch.cuda._compile_kernel", "raw_cuda"),  # NVRTC from torch (the grader's own SM hold is built this way)
     ("torch.ops.load_library", "raw_cuda"),
     ("torch.classes.load_library", "raw_cuda"),
     ("cupy", "raw_cuda"),

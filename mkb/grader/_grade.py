@@ -22,7 +22,7 @@ from mkb.grader._session import TrustedCache, problem_identity, trusted_key
 from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict, exit_failure, missing_stages_reason, timeout_failure
 from mkb.problems import problem_number
 
-GRADER_VERSION = "2.4"  # 2.4: every second of wall_s in a named phase (the verdict's details.phases_s), cuBLAS and the timing window's kernels first used in the warm start; 2.3: sampled expectations where the whole ones do not fit the device (34, 38, 50 at full size; nothing changes for problems that fit); 2.2: the side-work check also takes the empty calls' tails after the loop; 2.1: device-time window (host dispatch hidden by a GPU sleep, reported beside it), spinning tails; 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
+GRADER_VERSION = "2.4"  # 2.4: every second of wall_s in a named phase (the verdict's details.phases_s), cuBLAS and the timing window's kernels first used in the warm start, and timing policy v4: the SM hold is a raw NVRTC kernel spinning every thread slot on clock64() with no memory traffic (the jiterator hold's 8.6 MB write slowed and moved short kernels); 2.3: sampled expectations where the whole ones do not fit the device (34, 38, 50 at full size; nothing changes for problems that fit); 2.2: the side-work check also takes the empty calls' tails after the loop; 2.1: device-time window (host dispatch hidden by a GPU sleep, reported beside it), spinning tails; 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
 
 
 def _jsonable(v: Any) -> str | None:

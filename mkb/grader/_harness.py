@@ -72,7 +72,7 @@ def _warm_step(what: str, hint: str, fn: Callable[[], Any]) -> Any:
 def warm_start(device: str) -> None:
     """Work that does not depend on the job, done while the worker waits for one: the profiler's (CUPTI)
     first-use initialisation, the harness stream's id as the profiler names it, and the timing window's
-    SM hold (compiled by NVRTC on first use). A failure names its step (`WarmStartError`): it is the
+    SM hold (a raw NVRTC kernel, compiled and launched once). A failure names its step (`WarmStartError`): it is the
     host's, never a candidate's, and the operator needs to know which piece of the toolchain broke."""
     if device == "cuda" and "streams" not in _WARM:
         t0 = _perf()
@@ -83,9 +83,9 @@ def warm_start(device: str) -> None:
         _WARM["sm_clock"] = _warm_step("reading the SM clock (NVML)", "check that pynvml can open the GPU",
                                        SmClock)
         t0 = _perf()
-        _warm_step("building the timing window's SM hold (a jiterator kernel compiled by NVRTC)",
-                   "check that torch can compile a jiterator kernel here (torch.cuda.jiterator; NVRTC in the CUDA "
-                   "runtime torch ships)", sm_hold)
+        _warm_step("building the timing window's SM hold (a raw kernel compiled by NVRTC, torch.cuda._compile_kernel)",
+                   "check that torch can compile and launch an NVRTC kernel here (torch.cuda._compile_kernel; NVRTC "
+                   "in the CUDA runtime torch ships); there is no timing without the hold", sm_hold)
         _WARM["hold_compile_s"] = _perf() - t0
         t0 = _perf()
         _warm_step("the first use of cuBLAS and of the timing window's kernels",

@@ -23,6 +23,8 @@ POSITIVE = [
     ("triton", "from triton import jit"),
     ("raw_cuda", "from torch.utils.cpp_extension import load_inline"),
     ("raw_cuda", "import torch\ntorch.cuda.jiterator._create_jit_fn('x')"),
+    ("raw_cuda", "import torch\nk = torch.cuda._compile_kernel('extern \"C\" __global__ void k(){}', 'k')"),
+    ("raw_cuda", "from torch.cuda import _compile_kernel\n_compile_kernel('', 'k')"),
     ("raw_cuda", "import cupy\nk = cupy.RawKernel('', 'k')"),
     ("raw_cuda", "import numba.cuda"),
     ("raw_cuda", "from cuda.bindings import nvrtc"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import gpu_checks_ab as ab  # noqa: E402
@@ -56,3 +58,33 @@ def test_a_config_records_only_what_differs_from_the_shipped_one() -> None:
 
     assert GraderConfig().overrides() == {}
     assert GraderConfig(early_stop=False, n_profiled=0).overrides() == {"early_stop": False, "n_profiled": 0}
+
+
+def test_the_within_arm_spreads_are_set_beside_an_earlier_runs() -> None:
+    new = ab.compare({"28/cute": {"A1": _v(82.0), "B1": _v(82.1), "B2": _v(82.0), "A2": _v(82.082)},
+                      "25/cute": {"A1": _v(20.6), "B1": _v(20.6), "B2": _v(20.64), "A2": _v(20.62)},
+                      "72/cute": {"A1": _v(290.0), "B1": _v(290.0, passed=False), "B2": _v(290.0), "A2": _v(290.0)}})
+    old = ab.compare({"28/cute": {"A1": _v(82.29), "B1": _v(83.42), "B2": _v(83.36), "A2": _v(83.33)},
+                      "25/cute": {"A1": _v(20.64), "B1": _v(21.57), "B2": _v(21.47), "A2": _v(21.12)},
+                      "1/cute": {"A1": _v(102.0), "B1": _v(103.4), "B2": _v(102.5), "A2": _v(102.7)}})
+    res = ab.against(new, old)
+    assert [r["key"] for r in res["rows"]] == ["28/cute", "25/cute"]  # a failed grading has no spread; 1 is not in new
+    r28 = res["rows"][0]
+    assert r28["new"] == [pytest.approx(0.001), pytest.approx(0.1 / 82.1)]
+    assert r28["old"] == [pytest.approx(1.04 / 82.29), pytest.approx(0.06 / 83.42)]
+    assert res["new"]["pairs"] == res["old"]["pairs"] == 4
+    assert res["new"]["within_0_5pct"] == 4 and res["old"]["within_0_5pct"] == 2
+    assert res["new"]["median"] < res["old"]["median"]
+
+
+def test_the_report_reads_two_summaries_without_a_gpu(tmp_path, capsys) -> None:
+    import json
+
+    rows = {"28/cute": {"A1": _v(82.0), "B1": _v(82.1), "B2": _v(82.0), "A2": _v(82.5)}}
+    for name in ("new", "old"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"compare": ab.compare(rows)}))
+    assert ab.main(["--report", str(tmp_path / "new.json"), "--against", str(tmp_path / "old.json")]) == 0
+    out = capsys.readouterr().out
+    assert "SPREAD 28/cute" in out and "SPREAD new: 2 pairs" in out and "1 within 0.5%" in out
+    with pytest.raises(SystemExit):
+        ab.main(["--report", str(tmp_path / "new.json")])

@@ -42,3 +42,50 @@ def test_a_worker_that_cannot_import_its_toolchain_names_it_first(monkeypatch) -
         w.kill()
         w.cleanup()
         backend_from_target.cache_clear()
+
+
+def _fake_cuda_without_a_hold(monkeypatch, compile_kernel) -> list:
+    """A 'cuda' worker whose profiler and clock warm steps succeed and whose NVRTC does what `compile_kernel` does."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import mkb.measure._timing as T
+
+    ran: list = []
+    monkeypatch.setattr(_harness, "_WARM", {})
+    monkeypatch.setattr(_harness._Device, "harness_streams", lambda self: ran.append("streams") or ("harness",))
+    monkeypatch.setattr(_harness, "SmClock", lambda *a: ran.append("clock") or SimpleNamespace(max_mhz=1980.0))
+    monkeypatch.setattr(_harness, "_first_use", lambda: ran.append("first_use"))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: SimpleNamespace(
+        multi_processor_count=132, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    if compile_kernel is None:
+        monkeypatch.delattr(torch.cuda, "_compile_kernel", raising=False)
+    else:
+        monkeypatch.setattr(torch.cuda, "_compile_kernel", compile_kernel, raising=False)
+    monkeypatch.setattr(T, "_device_ctx", lambda index: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(T, "_HOLDS", {})
+    return ran
+
+
+@pytest.mark.parametrize("nvrtc", ["broken", "absent"])
+def test_a_worker_whose_nvrtc_cannot_build_the_sm_hold_fails_its_warm_start_naming_the_step(monkeypatch, nvrtc) -> None:
+    """Timing policy v4's hold is a raw NVRTC kernel: without it the worker does not start (never a window with
+    no hold, which would let side-stream work run ahead of it), and the operator reads which step broke."""
+    import mkb.measure._timing as T
+
+    def broken(src, name, *a, **k):
+        raise RuntimeError("nvrtc: error: failed to open libnvrtc-builtins.so.13.0\nmore lines")
+
+    ran = _fake_cuda_without_a_hold(monkeypatch, broken if nvrtc == "broken" else None)
+    with pytest.raises(_harness.WarmStartError) as e:
+        _harness.warm_start("cuda")
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("the grader worker's warm start failed at building the timing window's SM hold (a raw kernel "
+                          "compiled by NVRTC, torch.cuda._compile_kernel): RuntimeError: ")
+    assert ("nvrtc: error: failed to open libnvrtc-builtins" if nvrtc == "broken" else "no torch.cuda._compile_kernel") in msg
+    assert "hint: check that torch can compile and launch an NVRTC kernel here" in msg
+    assert ran == ["streams", "clock"]  # nothing after the hold's step ran: the worker stops there
+    assert not T._HOLDS and "hold_compile_s" not in _harness._WARM

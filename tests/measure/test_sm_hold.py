@@ -1,0 +1,193 @@
+"""The timing window's SM hold (timing policy v4): a raw NVRTC kernel whose grid fills every thread slot and that
+spins a fixed cycle count touching no memory. Its launch geometry, cycle count and launches are checked on the CPU
+against a fake device; the gpu-marked tests check residency and duration on a real one."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import mkb.measure._timing as T
+from mkb.measure import HOLD_US, TIMING_POLICY, SmHold, hold_cycles, hold_launch, sm_hold
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import gpu_sm_hold_check as check_script  # noqa: E402
+
+_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+
+
+@pytest.mark.parametrize("sms, per_sm, max_block, expect", [
+    (132, 2048, 1024, (264, 1024)),  # H200 / H100 SXM
+    (108, 2048, 1024, (216, 1024)),  # A100
+    (84, 1536, 1024, (168, 768)),  # sm_86: 1536 slots, a block may not have 1536 threads
+    (16, 1024, 1024, (16, 1024)),  # sm_75
+    (4, 2048, 512, (16, 512)),  # a device whose blocks are capped lower
+])
+def test_the_hold_grid_is_the_devices_resident_thread_capacity_in_whole_blocks(sms, per_sm, max_block, expect):
+    grid, block = hold_launch(sms, per_sm, max_block)
+    assert (grid, block) == expect
+    assert grid * block == sms * per_sm  # every thread slot of every SM, no more (one wave)
+    assert block % 32 == 0 and block <= max_block and per_sm % block == 0  # blocks never straddle an SM's slots
+
+
+def test_every_warp_multiple_slot_count_gets_the_largest_dividing_block():
+    for per_sm in range(32, 4097, 32):
+        grid, block = hold_launch(7, per_sm, 1024)
+        assert grid * block == 7 * per_sm and per_sm % block == 0 and block % 32 == 0 and block <= 1024
+        assert not any(per_sm % b == 0 for b in range(block + 32, min(1024, per_sm) + 1, 32))
+
+
+@pytest.mark.parametrize("sms, per_sm", [(0, 2048), (132, 0), (132, 2000), (132, 16)])
+def test_a_device_whose_slots_cannot_be_filled_with_whole_warps_is_named(sms, per_sm):
+    with pytest.raises(ValueError, match=f"cannot fill {sms} SMs of {per_sm} thread slots"):
+        hold_launch(sms, per_sm)
+
+
+def test_cycles_come_from_the_sms_maximum_clock_with_no_per_process_calibration():
+    assert hold_cycles(HOLD_US, 1980.0) == 1_980_000  # 1 ms at the H200's 1980 MHz
+    assert hold_cycles(150.0, 1980.0) == 297_000
+    assert hold_cycles(2000.0, 1980.0) == 3_960_000  # the longest hold fits the kernel's 32-bit argument
+    assert hold_cycles(1e-6, 1980.0) == 1
+    assert hold_cycles(1e9, 1980.0) == 2**31 - 1
+    for bad in ((0.0, 1980.0), (-1.0, 1980.0), (100.0, 0.0), (float("nan"), 1980.0)):
+        with pytest.raises(ValueError, match="positive duration and clock"):
+            hold_cycles(*bad)
+
+
+def test_the_kernel_source_spins_on_the_clock_and_touches_no_memory():
+    src = T._HOLD_SRC
+    sig = re.search(r'extern "C" __global__ void (\w+)\(([^)]*)\)', src)
+    assert sig and sig.group(1) == T._HOLD_KERNEL and sig.group(2).strip() == "int cycles"  # no pointer argument
+    body = src[src.index("{") + 1:src.rindex("}")]
+    assert "clock64()" in body and "while" in body
+    for memory in ("*", "[", "__shared__", "__device__", "atomic", "printf", "malloc"):
+        assert memory not in body, memory  # no load, store, shared array or global it could touch
+    assert src.count("__global__") == 1
+
+
+class _FakeKernel:
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def __call__(self, grid=(1, 1, 1), block=(1, 1, 1), args=None, shared_mem=0, stream=None) -> None:
+        self.log.append(("launch", grid, block, list(args or []), stream))
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A device of 132 SMs x 2048 slots at 1980 MHz whose NVRTC records what is compiled and launched."""
+    import mkb.measure._device as D
+
+    log: list = []
+    props = SimpleNamespace(multi_processor_count=132, max_threads_per_multi_processor=2048, max_threads_per_block=1024,
+                            warp_size=32)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    def compile_kernel(src, name, *a, **k):
+        log.append(("compile", src, name))
+        return _FakeKernel(log)
+
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", compile_kernel, raising=False)
+    current = [0]
+
+    @__import__("contextlib").contextmanager
+    def device_ctx(index):
+        log.append(("device", index))
+        saved, current[0] = current[0], index
+        yield
+        current[0] = saved
+
+    monkeypatch.setattr(T, "_device_ctx", device_ctx)
+    monkeypatch.setattr(T, "_current_device", lambda: current[0])
+    monkeypatch.setattr(T, "_current_stream", lambda d=None: ("stream", str(d)))
+    monkeypatch.setattr(T, "_sync", lambda d=None: log.append(("sync", str(d))))
+    monkeypatch.setattr(D, "SmClock", lambda d=None: SimpleNamespace(max_mhz=1980.0))
+    monkeypatch.setattr(T, "_HOLDS", {})
+    return log
+
+
+def test_the_hold_is_compiled_once_launched_once_before_any_window_and_then_spins_its_cycles(fake_cuda):
+    hold = sm_hold("cuda")
+    assert sm_hold("cuda:0") is hold and sm_hold() is hold  # one per device and process
+    compiles = [e for e in fake_cuda if e[0] == "compile"]
+    assert compiles == [("compile", T._HOLD_SRC, T._HOLD_KERNEL)]
+    assert [e[0] for e in fake_cuda] == ["device", "compile", "device", "launch", "sync"]  # compiled and first
+    assert fake_cuda[-1] == ("sync", "cuda:0")  # launched under the device's context, in the build, then waited for
+    assert (hold.grid, hold.block, hold.threads) == (264, 1024, 132 * 2048)
+    assert hold.us == HOLD_US and hold.cycles == 1_980_000 and not hasattr(hold, "per_thread")
+    del fake_cuda[:]
+    hold.set_us(300.0)
+    hold()
+    assert fake_cuda == [("launch", (264, 1, 1), (1024, 1, 1), [594_000], ("stream", "cuda:0"))]
+    hold.set_us(hold.default_us)
+    hold()
+    assert fake_cuda[-1][3] == [1_980_000]
+    assert all(isinstance(a, int) for e in fake_cuda for a in e[3])  # no buffer: the only argument is the count
+
+
+def test_a_hold_launched_while_another_device_is_current_launches_under_its_own(fake_cuda, monkeypatch):
+    hold = sm_hold("cuda:1")
+    assert hold.device == torch.device("cuda", 1) and sm_hold("cuda:0") is not hold
+    del fake_cuda[:]
+    hold()  # device 0 is current
+    assert fake_cuda == [("device", 1), ("launch", (264, 1, 1), (1024, 1, 1), [1_980_000], ("stream", "cuda:1"))]
+    monkeypatch.setattr(T, "_current_device", lambda: 1)
+    del fake_cuda[:]
+    hold()  # its own device is current: no context switch on the path before the window
+    assert [e[0] for e in fake_cuda] == ["launch"]
+
+
+def test_without_nvrtc_kernels_the_hold_is_not_built_and_says_so(fake_cuda, monkeypatch):
+    monkeypatch.delattr(torch.cuda, "_compile_kernel")
+    with pytest.raises(RuntimeError, match=r"no torch\.cuda\._compile_kernel"):
+        SmHold("cuda:0")
+    assert not T._HOLDS
+
+
+def test_the_policy_names_the_quiet_hold():
+    assert "sm-quiet-hold-1ms" in TIMING_POLICY and TIMING_POLICY.endswith("/v4")
+
+
+def _figures(**over) -> dict:
+    fig = {"sms": 132, "threads_per_sm": 2048, "threads": 132 * 2048, "allocated_delta": 0, "reserved_delta": 0,
+           "durations_us": {"150.0": 151.2, "1000.0": 1001.0, "2000.0": 2003.5},
+           "side": {"hold_us": 2000.0, "hold_side_done_us": 2010.0, "sleep_side_done_us": 310.0}}
+    fig.update(over)
+    return fig
+
+
+def test_the_gpu_checks_verdicts_fail_each_broken_property():
+    assert check_script.judge(_figures()) == []
+    assert "is not SMs x slots" in check_script.judge(_figures(threads=132 * 1024))[0]
+    assert "allocated device memory" in check_script.judge(_figures(reserved_delta=8 << 20))[0]
+    assert "a 1000.0 us hold lasted 500.0 us" in check_script.judge(
+        _figures(durations_us={"150.0": 151.0, "1000.0": 500.0}))[0]
+    ran_ahead = _figures(side={"hold_us": 2000.0, "hold_side_done_us": 320.0, "sleep_side_done_us": 310.0})
+    assert "ran while the hold was resident" in check_script.judge(ran_ahead)[0]
+
+
+def test_the_gpu_check_reports_a_hold_it_cannot_build_in_one_line(monkeypatch, tmp_path, capsys):
+    def broken() -> dict:
+        raise RuntimeError("nvrtc: error: failed to open libnvrtc-builtins.so.13.0\nmore")
+
+    monkeypatch.setattr(check_script, "check", broken)
+    assert check_script.main(["--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.strip() == ("SM HOLD FAILED to build or run: RuntimeError: nvrtc: error: failed to "
+                                              "open libnvrtc-builtins.so.13.0")
+    assert "error" in __import__("json").loads((tmp_path / "sm_hold.json").read_text())
+
+
+@pytest.mark.gpu
+@_cuda
+def test_gpu_the_hold_fills_every_slot_allocates_nothing_lasts_and_holds_back_side_streams():
+    """The hold's reason to exist: work launched on another stream once the hold is resident ends only after the
+    hold (a one-thread sleep lets it run at once). Checked by the script the v4 validation runs first."""
+    fig = check_script.check()
+    assert check_script.judge(fig) == [], fig
+    assert fig["side"]["sleep_side_done_us"] < fig["side"]["hold_side_done_us"]  # the contrast: a sleep lets it run
