@@ -65,21 +65,50 @@ def _mean(xs: list[dict]) -> float:
     return sum(x["median_us"] for x in xs) / len(xs)
 
 
+def _tag_order(tag: str) -> int:
+    return int(tag[1:] or 1)
+
+
+def _arm_sd(xs: list[float]) -> float | None:
+    """The sample sd of one arm's medians, relative to their mean (None with fewer than two)."""
+    if len(xs) < 2:
+        return None
+    m = sum(xs) / len(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 / m
+
+
+def tags(rounds: int) -> list[tuple[str, str]]:
+    """The order of the passes: (A1, B1), (B2, A2), (A3, B3), (B4, A4), ... - each round is one ABBA, so a drift or an
+    order effect lands on both arms alike however many rounds run."""
+    out = []
+    for k in range(1, 2 * rounds + 1):
+        a, b = f"A{k}", f"B{k}"
+        out.append((a, b) if k % 2 else (b, a))
+    return out
+
+
 def compare(rows: dict[str, dict[str, dict]]) -> list[dict]:
     """Per baseline: the mean of its B gradings against the mean of its A gradings, and each arm's own spread (its
-    second grading against its first). Tags: A1, B1 (or B, the first run's name), then B2, A2 (the ABBA order: a
-    drift or an order effect lands on both arms alike). Every grading it has must have passed."""
+    second grading against its first; with more rounds, the sd of the arm's medians and the standard error of the
+    B-vs-A difference from the pooled within-arm sd, so a 0.5% claim is read against what the grader repeats to).
+    Tags: A1, B1 (or B, the first run's name), then B2, A2, ... (ABBA rounds). Every grading it has must have passed."""
     out = []
     for key, r in rows.items():
         r = {("B1" if k == "B" else k): v for k, v in r.items()}
-        a = [r[k] for k in ("A1", "A2") if k in r]
-        b = [r[k] for k in ("B1", "B2") if k in r]
+        a = [r[k] for k in sorted((k for k in r if k[0] == "A"), key=_tag_order)]
+        b = [r[k] for k in sorted((k for k in r if k[0] == "B"), key=_tag_order)]
         passed = bool(a) and bool(b) and all(x["passed"] and x["median_us"] for x in a + b)
         ab = rel(_mean(b), _mean(a)) if passed else None
-        aa = rel(a[1]["median_us"], a[0]["median_us"]) if passed and len(a) == 2 else None
-        bb = rel(b[1]["median_us"], b[0]["median_us"]) if passed and len(b) == 2 else None
+        aa = rel(a[1]["median_us"], a[0]["median_us"]) if passed and len(a) >= 2 else None
+        bb = rel(b[1]["median_us"], b[0]["median_us"]) if passed and len(b) >= 2 else None
+        sd_a = _arm_sd([x["median_us"] for x in a]) if passed else None
+        sd_b = _arm_sd([x["median_us"] for x in b]) if passed else None
+        se = None
+        if sd_a is not None and sd_b is not None:
+            pooled = (((len(a) - 1) * sd_a**2 + (len(b) - 1) * sd_b**2) / (len(a) + len(b) - 2)) ** 0.5
+            se = pooled * (1 / len(a) + 1 / len(b)) ** 0.5
         out.append({"key": key, "all_passed": passed, "a_us": [x["median_us"] for x in a], "b_us": [x["median_us"] for x in b],
-                    "a_vs_b": ab, "a1_vs_a2": aa, "b1_vs_b2": bb,
+                    "a_vs_b": ab, "a1_vs_a2": aa, "b1_vs_b2": bb, "sd_a": sd_a, "sd_b": sd_b, "a_vs_b_se": se,
                     "within_tol": ab is not None and ab <= MEDIAN_TOL,
                     "full_calls": all(x["timed_calls"] == x["n_timed_planned"] for x in a)})
     return out
@@ -122,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="h200-checks-ab")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--budget-s", type=float, default=240.0, help="start no new baseline after this many seconds")
+    ap.add_argument("--rounds", type=int, default=1, help="ABBA rounds per baseline (each adds one A and one B grading per pass pair)")
     ap.add_argument("--problems", default="", help="comma-separated problem numbers to grade (default: every baseline)")
     ap.add_argument("--against", default="", help="an earlier run's summary.json: print the within-arm spreads beside it")
     ap.add_argument("--report", default="", help="with --against: compare this summary.json instead of running (no GPU)")
@@ -156,13 +186,13 @@ def main(argv: list[str] | None = None) -> int:
         found = [b for b in found if b.problem in keep]
     log(f"{len(found)} baselines: {[f'{b.problem}/{b.dsl}' for b in found]}")
     with WorkerPool(device=a.device, depth=2) as pool:
-        for tags in (("A1", "B1"), ("B2", "A2")):
+        for pair in tags(a.rounds):
             for b in found:
                 key = f"{b.problem}/{b.dsl}"
                 if time.monotonic() - t0 > a.budget_s:
-                    summary["skipped"].append(f"{key} {'+'.join(tags)}")
+                    summary["skipped"].append(f"{key} {'+'.join(pair)}")
                     continue
-                for tag in tags:
+                for tag in pair:
                     try:
                         v = grade(b.problem, b.dsl, b.path, writer=writer, config=configs[tag[0]], pool=pool,
                                   scope="submission")
@@ -182,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["compare"] = cmp
     for r in cmp:
         log(f"AB {r['key']:10s} A {r['a_us']} B {r['b_us']}  A-vs-B {r['a_vs_b']}  A1-vs-A2 {r['a1_vs_a2']}  B1-vs-B2 {r['b1_vs_b2']}"
-            f"  {'ok' if r['within_tol'] else 'OUTSIDE 0.5%'}")
+            f"  se {r['a_vs_b_se']}  {'ok' if r['within_tol'] else 'OUTSIDE 0.5%'}")
     summary["result"] = {
         "baselines": len(cmp), "all_passed": sum(r["all_passed"] for r in cmp),
         "a_vs_b_within_0_5pct": sum(r["within_tol"] for r in cmp),

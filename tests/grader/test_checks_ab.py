@@ -88,3 +88,28 @@ def test_the_report_reads_two_summaries_without_a_gpu(tmp_path, capsys) -> None:
     assert "SPREAD 28/cute" in out and "SPREAD new: 2 pairs" in out and "1 within 0.5%" in out
     with pytest.raises(SystemExit):
         ab.main(["--report", str(tmp_path / "new.json")])
+
+
+def test_rounds_are_abba_repeated_so_each_arm_opens_a_pass_equally_often() -> None:
+    assert ab.tags(1) == [("A1", "B1"), ("B2", "A2")]
+    order = ab.tags(2)
+    assert order == [("A1", "B1"), ("B2", "A2"), ("A3", "B3"), ("B4", "A4")]
+    assert sum(p[0][0] == "A" for p in order) == sum(p[0][0] == "B" for p in order)
+
+
+def test_with_two_rounds_every_grading_counts_and_the_difference_gets_a_standard_error() -> None:
+    a = [100.0, 100.2, 100.1, 99.9]
+    b = [100.3, 100.5, 100.4, 100.2]
+    rows = {"28/cute": {**{f"A{i + 1}": _v(x) for i, x in enumerate(a)}, **{f"B{i + 1}": _v(x) for i, x in enumerate(b)}}}
+    (r,) = ab.compare(rows)
+    assert r["a_us"] == a and r["b_us"] == b  # in tag order, A10 after A9 would sort the same way
+    assert r["a_vs_b"] == pytest.approx(0.3 / 100.05)
+    sd = (sum((x - 100.05) ** 2 for x in a) / 3) ** 0.5 / 100.05
+    assert r["sd_a"] == pytest.approx(sd)
+    pooled = ((3 * r["sd_a"] ** 2 + 3 * r["sd_b"] ** 2) / 6) ** 0.5
+    assert r["a_vs_b_se"] == pytest.approx(pooled * 0.5 ** 0.5)
+
+
+def test_one_grading_per_arm_has_no_spread_and_no_standard_error() -> None:
+    (r,) = ab.compare({"72/cute": {"A1": _v(300.0), "B1": _v(301.0)}})
+    assert r["sd_a"] is None and r["a_vs_b_se"] is None
