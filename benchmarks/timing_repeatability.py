@@ -554,7 +554,15 @@ def datasets_main(events: Path, sections: list[str]) -> None:
 
 KERNELS = ("28/cute", "28/eager", "25/cute", "1/cute")
 HOLDS = ("hold", "quiet", "sleep", "none")
-DEFAULT_HOLDS = ("hold", "quiet", "sleep")  # `none` (the v2 window) is known from the committed datasets: kept out of 200 s
+# Since grader 2.4 `hold` is the grader's own (v4: the quiet spin), so `quiet` is the same kernel launched by this script;
+# the v3 jiterator hold these arms were first compared with is recorded in `events/h200-timing-levels`.
+DEFAULT_HOLDS = ("hold",)
+# Where the call's memory lands (the second experiment, issues #9/#10: under v4 a short kernel still has a level per
+# process): `fixed` as graded (every call of a process gets the same output block from the caching allocator), `pad`
+# (a fresh random pad allocated before the grading's input sets and held through it: every rep lands elsewhere),
+# `jitter` (a fresh random pad before every call, freed after it: the call's own allocations move from call to call).
+PLACEMENTS = ("fixed", "pad", "jitter")
+PAD_STEP = 1 << 21  # 2 MiB: the caching allocator's large-block granularity
 HOLD_US = 300.0  # the grader sets 150-500 us for these kernels (twice the warm-ups' longest dispatch): one value for all
 _QUIET_SRC = r"""
 extern "C" __global__ void mkb_quiet_hold(int cycles) {
@@ -593,14 +601,10 @@ def _child(a: argparse.Namespace) -> None:
         torch.cuda.synchronize()
         del x
     mhz = SmClock(dev).max_mhz or 1980.0
-    jit = sm_hold(dev)
-    jit.set_us(a.hold_us)
-    hold_addr: set[int] = set()
-
-    def jit_hold() -> None:  # SmHold.__call__, keeping the address its output (the 8.6 MB it writes) landed at
-        hold_addr.add(jit._fn(jit._x, cycles=jit.cycles).data_ptr())
-
-    holds: dict[str, object] = {"hold": jit_hold, "sleep": lambda: torch.cuda._sleep(int(a.hold_us * mhz)), "none": None}
+    grader_hold = sm_hold(dev)  # the grader's own hold (v4 since grader 2.4)
+    grader_hold.set_us(a.hold_us[0])
+    sleep_us = [a.hold_us[0]]  # the length every hold runs for in the arm being timed (set per arm below)
+    holds: dict[str, object] = {"hold": grader_hold, "sleep": lambda: torch.cuda._sleep(int(sleep_us[0] * mhz)), "none": None}
     quiet_error = None
     try:
         props = torch.cuda.get_device_properties(dev)
@@ -608,7 +612,7 @@ def _child(a: argparse.Namespace) -> None:
         block = 1024 if per_sm % 1024 == 0 else per_sm
         grid = int(props.multi_processor_count) * (per_sm // block)
         qfn = torch.cuda._compile_kernel(_QUIET_SRC, "mkb_quiet_hold")
-        cycles = int(a.hold_us * mhz)
+        cycles = int(a.hold_us[0] * mhz)
         holds["quiet"] = lambda: qfn(grid=(grid, 1, 1), block=(block, 1, 1), args=[cycles])
         holds["quiet"]()
         torch.cuda.synchronize()
@@ -623,38 +627,50 @@ def _child(a: argparse.Namespace) -> None:
         w = (w @ w).clamp_(-1, 1)
     torch.cuda.synchronize()
     del w
-    state = {"process": a.child, "pid": os.getpid(), "sm_max_mhz": mhz, "jiterator_hold": {"per_thread": jit.per_thread,
-             "threads": jit.threads, "buffer_bytes": jit._x.numel() * jit._x.element_size()}, "quiet_error": quiet_error,
-             "gpu_after": None, "wall_s": None, "gradings": []}
+    state = {"process": a.child, "pid": os.getpid(), "sm_max_mhz": mhz,
+             "grader_hold": {"grid": grader_hold.grid, "block": grader_hold.block, "cycles": grader_hold.cycles},
+             "quiet_error": quiet_error, "gpu_after": None, "wall_s": None, "gradings": []}
     order = [h for h in a.holds if h in holds]
     order = order[a.child % len(order):] + order[:a.child % len(order)]  # each process starts on another hold
     gradings = state["gradings"]
     seed = 10_000_000 * (a.child + 1)
+    rng = random.Random(seed)
+    arms = [(h, pl, us) for h in order for pl in a.placements for us in a.hold_us]
     for spec in a.kernels:
-        for h in order:
+        for h, placement, hold_us in arms:
+            grader_hold.set_us(hold_us)
+            sleep_us[0] = hold_us
             for rep in range(a.reps):
                 seed += 1000
+                pad = torch.empty(rng.randrange(1, 257) * PAD_STEP, dtype=torch.uint8, device=dev) if placement == "pad" else None
                 stream = InputStream(makes[spec], n_calls=a.warm + a.n, base_seed=seed,
                                      max_bytes=torch.cuda.mem_get_info(dev)[0] // 4)
-                hold_addr.clear()
+                out_addrs: set[int] = set()
                 times, tails = [], []
                 for i in range(a.warm + a.n):
                     args = stream(i)
+                    jit_pad = (torch.empty(rng.randrange(1, 65) * PAD_STEP + rng.randrange(0, PAD_STEP, 512), dtype=torch.uint8,
+                                           device=dev) if placement == "jitter" else None)
                     out, us, tail = stream_window(lambda: fns[spec](*args), flush=flusher.flush, device=dev, hold=holds[h])
-                    del out
+                    first = out if isinstance(out, torch.Tensor) else next((t for t in (out or ()) if isinstance(t, torch.Tensor)), None)
+                    if first is not None:
+                        out_addrs.add(first.data_ptr())
+                    del out, first, jit_pad
                     if i >= a.warm:
                         times.append(round(us, 3))
                         tails.append(round(tail, 3))
                 sets = stream.capacity
-                del stream, args
+                del stream, args, pad
                 gc.collect()
                 torch.cuda.empty_cache()
-                g = {"kernel": spec, "hold": h, "rep": rep, "median_us": statistics.median(times), "times_us": times,
-                     "tail_us_median": statistics.median(tails), "input_sets": sets, "hold_out_addrs": sorted(hold_addr)}
+                g = {"kernel": spec, "hold": h, "placement": placement, "hold_us": hold_us, "rep": rep, "median_us": statistics.median(times),
+                     "times_us": times, "tail_us_median": statistics.median(tails), "input_sets": sets,
+                     "out_addrs": len(out_addrs)}
                 gradings.append(g)
                 state["wall_s"] = time.monotonic() - t_start
                 Path(a.child_out).write_text(json.dumps(state))  # after every grading: a process cut short keeps what it made
-                print(f"[proc {a.child}] {spec:9s} {h:5s} rep {rep}  median {g['median_us']:9.3f} us", flush=True)
+                print(f"[proc {a.child}] {spec:9s} {h:5s} {placement:6s} {hold_us:5.0f} us rep {rep}  median {g['median_us']:9.3f} us "
+                      f"({len(out_addrs)} output addresses)", flush=True)
     state["gpu_after"] = gpu_state(dev).as_dict()
     state["wall_s"] = time.monotonic() - t_start
     Path(a.child_out).write_text(json.dumps(state))
@@ -678,8 +694,8 @@ def gpu_main(a: argparse.Namespace) -> int:
         fd, path = tempfile.mkstemp(suffix=".json")
         os.close(fd)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--gpu", "--child", str(i), "--child-out", path,
-               "--kernels", *a.kernels, "--holds", *a.holds, "--reps", str(a.reps), "--n", str(a.n), "--warm", str(a.warm),
-               "--hold-us", str(a.hold_us), "--arch", a.arch]
+               "--kernels", *a.kernels, "--holds", *a.holds, "--placements", *a.placements, "--reps", str(a.reps), "--n", str(a.n), "--warm", str(a.warm),
+               "--hold-us", *map(str, a.hold_us), "--arch", a.arch]
         try:
             rc = subprocess.run(cmd, timeout=a.child_timeout_s).returncode
         except subprocess.TimeoutExpired:
@@ -701,15 +717,27 @@ def summarise(res: dict) -> None:
     """The experiment's table: per kernel and hold, the spread between gradings and where it sits (process or rep)."""
     print(f"\n# timing levels: {len(res['processes'])} fresh processes, {res['elapsed_s']:.0f} s; errors: {res['errors'] or 'none'}")
     for p in res["processes"]:
-        print(f"  process {p['process']}: jiterator hold {p['jiterator_hold']}, quiet hold "
+        hold = p.get("grader_hold") or {"jiterator": p.get("jiterator_hold")}  # a levels.json from before grader 2.4
+        print(f"  process {p['process']}: hold {hold}, quiet hold "
               f"{'ok' if not p['quiet_error'] else p['quiet_error']}, {p['wall_s']:.0f} s")
+    lengths = res["args"].get("hold_us")
+    several_lengths = isinstance(lengths, list) and len(lengths) > 1  # a levels.json from before --hold-us took a list
     rows: dict[tuple[str, str], list[dict]] = {}
     for p in res["processes"]:
         for g in p["gradings"]:
             g = dict(g, process=p["process"])
-            rows.setdefault((g["kernel"], g["hold"]), []).append(g)
+            arm = g["hold"] if g.get("placement", "fixed") == "fixed" else f"{g['hold']}+{g['placement']}"
+            if several_lengths:
+                arm += f"@{g['hold_us']:.0f}"
+            rows.setdefault((g["kernel"], arm), []).append(g)
     print("\nkernel     hold    n   mean us    sd(all)  tau     sd(process means)  sd(reps in a process)  se_within  min..max us")
-    for (k, h), gs in sorted(rows.items(), key=lambda kv: (kv[0][0], HOLDS.index(kv[0][1]) if kv[0][1] in HOLDS else 9)):
+    def arm_order(arm: str) -> tuple[int, int, float]:
+        arm, _, us = arm.partition("@")
+        h, _, pl = arm.partition("+")
+        return (HOLDS.index(h) if h in HOLDS else 9, PLACEMENTS.index(pl or "fixed") if (pl or "fixed") in PLACEMENTS else 9,
+                float(us or 0))
+
+    for (k, h), gs in sorted(rows.items(), key=lambda kv: (kv[0][0], arm_order(kv[0][1]))):
         meds = [g["median_us"] for g in gs]
         ses = [boot_se(g["times_us"], resamples=400) for g in gs]
         m = statistics.fmean(meds)
@@ -721,7 +749,7 @@ def summarise(res: dict) -> None:
         sd_all = pct(statistics.stdev(meds), m) if len(meds) > 1 else math.nan
         sd_pm = pct(statistics.stdev(pm), m) if len(pm) > 1 else math.nan
         sd_in = pct(math.sqrt(statistics.fmean(within)), m) if within else math.nan
-        print(f"{k:10s} {h:5s}  {len(gs):2d}  {m:9.3f}  {sd_all:6.2f}%  {pct(tau(meds, ses), m):5.2f}%   {sd_pm:6.2f}%            "
+        print(f"{k:10s} {h:12s}  {len(gs):2d}  {m:9.3f}  {sd_all:6.2f}%  {pct(tau(meds, ses), m):5.2f}%   {sd_pm:6.2f}%            "
               f"{sd_in:6.2f}%                {pct(math.sqrt(statistics.fmean(s * s for s in ses)), m):5.2f}%   "
               f"{min(meds):.2f}..{max(meds):.2f}")
     # the in-process ratio: does the eager baseline timed in the same process carry the same level?
@@ -751,10 +779,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child-timeout-s", type=float, default=60.0, help="a process is stopped after this (expected ~30 s)")
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), help="PROBLEM/DSL or PROBLEM/eager")
     ap.add_argument("--holds", nargs="+", default=list(DEFAULT_HOLDS), choices=HOLDS)
+    ap.add_argument("--placements", nargs="+", default=list(PLACEMENTS), choices=PLACEMENTS)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--warm", type=int, default=10)
-    ap.add_argument("--hold-us", type=float, default=HOLD_US)
+    ap.add_argument("--hold-us", type=float, nargs="+", default=[HOLD_US],
+                    help="hold lengths (the grader sets 150-2000 us per grading from the warm-ups' dispatch): one arm each")
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
