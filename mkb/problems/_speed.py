@@ -1,9 +1,12 @@
 """The baseline speed table of `problems/README.md`, generated from the committed H200 datasets, never by hand.
 
 A row is a baseline file as it is now (its sha256, as the grader hashes it) graded under the problem as it is now
-(the verdict's `problem_hash`, recorded since verdict 1.3): the newest such verdict per GPU model, from any
-committed `events/h200-*` dataset. Its figures: the median the grading timed, the speedup over eager of that
-same grading, the speedup over torch.compile (the faster mode that matched the reference, `mkb-run
+(the verdict's `problem_hash`, recorded since verdict 1.3) by the grader as shipped, per GPU model: the gradings
+of the newest committed `events/h200-*` dataset that has one. Why every grading of that dataset and not the newest
+one: two gradings of a short kernel differ by a per-process level (0.1-4%, and 6-66% for problem 23's host-syncing
+calls; `docs/timing-repeatability.md`), so one grading would show whichever level its process drew. Its figures:
+the median over those gradings of their medians (with their count and range), the median of their speedups over
+eager, the speedup over torch.compile (the faster mode that matched the reference, `mkb-run
 torch-compile`, same problem hash and GPU model; `mkb.analysis._compile`) and the fraction of the speed of
 light on that GPU model (`mkb.peaks`, `mkb.scoring`). A baseline with no such verdict is listed under the
 table, so a stale or missing grading is visible rather than silently shown with old numbers.
@@ -24,7 +27,7 @@ DASH = "—"
 
 @dataclass(frozen=True)
 class SpeedRow:
-    """One baseline on one GPU model: its newest verdict under the current problem hash, with the derived ratios."""
+    """One baseline on one GPU model: its gradings in the newest dataset that has any, with the derived ratios."""
 
     problem: int
     slug: str
@@ -38,7 +41,10 @@ class SpeedRow:
     compile_mode: str | None
     sol_fraction: float | None
     dataset: str
-    graded: str  # UTC date of the verdict
+    graded: str  # UTC date of the newest of those verdicts
+    n: int = 1  # gradings summarised (all passed, or the row shows the first failure's reason)
+    min_us: float | None = None
+    max_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -107,9 +113,14 @@ def speed_rows(stores: Sequence[str]) -> tuple[list[SpeedRow], list[Missing]]:
         if mine.height == 0:
             missing.append(Missing(b.problem, b.dsl, "graded only under another or an unrecorded problem hash"))
             continue
-        mine = mine.with_columns(machine=pl.coalesce("gpu_model", "gpu")).sort("ts").unique(subset="machine", keep="last")
-        for r in mine.sort("machine").iter_rows(named=True):
-            cand = r["candidate_median_us"] if r["passed"] else None
+        mine = mine.with_columns(machine=pl.coalesce("gpu_model", "gpu"))
+        newest = mine.sort("ts").unique(subset="machine", keep="last").select("machine", "dataset")
+        for r in mine.join(newest, on=["machine", "dataset"]).group_by("machine").agg(
+                pl.col("ts").max(), pl.col("dataset").first(), pl.len().alias("n"), pl.col("passed").all(),
+                pl.col("reason").drop_nulls().first(),
+                pl.col("candidate_median_us").median().alias("median_us"), pl.col("candidate_median_us").min().alias("min_us"),
+                pl.col("candidate_median_us").max().alias("max_us"), pl.col("speedup").median()).sort("machine").iter_rows(named=True):
+            cand = r["median_us"] if r["passed"] else None
             comp = ct.filter((pl.col("problem_hash") == p.hash) & (pl.col("size") == "full") & (pl.col("machine") == r["machine"]))
             comp_us = comp["compile_us"][0] if comp.height else None
             try:
@@ -120,7 +131,8 @@ def speed_rows(stores: Sequence[str]) -> tuple[list[SpeedRow], list[Missing]]:
                 problem=b.problem, slug=p.slug, dsl=b.dsl, gpu_model=r["machine"], passed=bool(r["passed"]), reason=r["reason"],
                 median_us=cand, speedup_eager=r["speedup"] if r["passed"] else None,
                 speedup_compile=speedup_over_compile(cand, comp_us), compile_mode=comp["compile_mode"][0] if comp_us else None,
-                sol_fraction=sol_fraction(cand, sol), dataset=r["dataset"], graded=r["ts"].strftime("%Y-%m-%d")))
+                sol_fraction=sol_fraction(cand, sol), dataset=r["dataset"], graded=r["ts"].strftime("%Y-%m-%d"), n=r["n"],
+                min_us=r["min_us"] if r["passed"] else None, max_us=r["max_us"] if r["passed"] else None))
     rows.sort(key=lambda x: (x.problem, x.dsl, x.gpu_model))
     return rows, missing
 
@@ -129,17 +141,26 @@ def _x(v: float | None, fmt: str) -> str:
     return DASH if v is None else format(v, fmt)
 
 
+def _spread(r: SpeedRow) -> str:
+    if r.min_us is None or r.max_us is None or r.n < 2:
+        return str(r.n)
+    return f"{r.n} ({r.min_us:.1f}-{r.max_us:.1f})"
+
+
 def render_markdown(rows: Sequence[SpeedRow], missing: Sequence[Missing]) -> str:
     head = (
-        "Every baseline graded on the GPU in a committed dataset (`events/h200-*`): the newest verdict of each baseline "
-        "file (by its sha256) under the problem's current hash, per GPU model. **median us**: the grading's median "
-        "(`mkb.measure`); **vs eager**: eager median / baseline median, same grading (mkb's S); **vs torch.compile**: "
+        "Every baseline graded on the GPU in a committed dataset (`events/h200-*`): each baseline file (by its sha256) "
+        "under the problem's current hash, per GPU model, from the newest dataset that graded it with the grader as "
+        "shipped. **median us**: the median of those gradings' medians (`mkb.measure`); **n (range)**: how many "
+        "gradings, and their lowest and highest median (gradings of a short kernel differ by a per-process level: "
+        "`docs/timing-repeatability.md`); **vs eager**: the median of the gradings' eager median / baseline median "
+        "(mkb's S); **vs torch.compile**: "
         "the faster torch.compile mode that matched the reference (`mkb-run torch-compile`, same problem hash and GPU "
         "model; `a` = max-autotune-no-cudagraphs) / baseline median: the speed a user gets without an agent; "
         "**SoL**: fraction of the speed of light on that GPU model (`mkb.peaks`). "
         f"{DASH}: not recorded (no torch.compile time yet, or a failed verdict).\n\n"
-        "| problem | DSL | GPU | passed | median us | vs eager | vs torch.compile | SoL | verdict |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
+        "| problem | DSL | GPU | passed | median us | n (range) | vs eager | vs torch.compile | SoL | verdicts |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in rows:
@@ -147,9 +168,9 @@ def render_markdown(rows: Sequence[SpeedRow], missing: Sequence[Missing]) -> str
         if r.speedup_compile is not None and r.compile_mode and r.compile_mode != "default":
             comp += " (a)"
         lines.append(f"| {r.slug} | {r.dsl} | {r.gpu_model} | {'yes' if r.passed else 'no: ' + (r.reason or 'failed')} | "
-                     f"{_x(r.median_us, '.1f')} | {_x(r.speedup_eager, '.2f')}{'x' if r.speedup_eager is not None else ''} | "
+                     f"{_x(r.median_us, '.1f')} | {_spread(r)} | {_x(r.speedup_eager, '.2f')}{'x' if r.speedup_eager is not None else ''} | "
                      f"{comp} | {_x(r.sol_fraction, '.3f')} | {r.dataset}, {r.graded} |")
-    body = "\n".join(lines) + ("\n" if lines else f"| {DASH} | | | | | | | | no baseline graded under its current problem hash yet |\n")
+    body = "\n".join(lines) + ("\n" if lines else f"| {DASH} | | | | | | | | | no baseline graded under its current problem hash yet |\n")
     tail = ""
     if missing:
         items = ", ".join(f"{m.problem} {m.dsl}" for m in missing if "unrecorded" in m.why)
