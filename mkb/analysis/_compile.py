@@ -22,13 +22,25 @@ _EMPTY = {
 }
 
 
+def machine_expr(gpu: str = "gpu", gpu_model: str | None = "gpu_model") -> pl.Expr:
+    """`mkb.measure.machine_of` as a column: the row's `gpu_model`, else the model in its driver name, else that
+    name (the same rule and order as the scalar one, tested equal). `gpu_model=None` for a kind without that column."""
+    from mkb.measure import GPU_MODELS
+
+    up = pl.col(gpu).str.to_uppercase()
+    by_name = pl.lit(None, pl.Utf8)
+    for m in reversed(GPU_MODELS):  # built inside out, so the first entry of GPU_MODELS is tested first
+        by_name = pl.when(up.str.contains(m.model, literal=True)).then(pl.lit(m.model)).otherwise(by_name)
+    return pl.coalesce(*([pl.col(gpu_model)] if gpu_model else []), by_name, pl.col(gpu))
+
+
 def compile_times(tc: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
-    """One row per (problem, problem_hash, size, machine = gpu_model or gpu): per-mode status, median and compile
+    """One row per (problem, problem_hash, size, machine: `machine_expr`): per-mode status, median and compile
     seconds, and `compile_us` / `compile_mode` / `compile_speedup_over_eager` of the faster ok mode."""
     tc = tc.lazy().collect() if isinstance(tc, pl.LazyFrame) else tc
     if tc.height == 0:
         return pl.DataFrame(schema=_EMPTY)
-    newest = (tc.with_columns(machine=pl.coalesce("gpu_model", "gpu")).sort("ts")
+    newest = (tc.with_columns(machine=machine_expr()).sort("ts")
               .unique(subset=[*KEYS, "mode"], keep="last"))
     out = newest.group_by(KEYS).agg(pl.col("problem_name").drop_nulls().last(), pl.col("family").drop_nulls().last()) \
         if {"problem_name", "family"} <= set(newest.columns) else newest.select(KEYS).unique().with_columns(

@@ -83,8 +83,7 @@ def problems_table(store: str) -> pl.DataFrame:
     """The characterisation summary: one row per (problem, size, gpu), the latest measurement, with torch.compile
     beside it (the speed a user gets without an agent; mkb.analysis._compile) where the store measured it for the
     same problem hash and GPU model. A problem with torch.compile rows but no characterisation still gets a row."""
-    from mkb.analysis._compile import MODE_KEYS, compile_times
-    from mkb.peaks import gpu_peaks
+    from mkb.analysis._compile import MODE_KEYS, compile_times, machine_expr
 
     c = read("characterisation", store)
     tc = read("torch_compile", store)
@@ -92,19 +91,13 @@ def problems_table(store: str) -> pl.DataFrame:
     if c.height == 0 and ct.height == 0:
         return c
 
-    def machine(g: str | None) -> str | None:
-        try:
-            return gpu_peaks(g or "").model
-        except KeyError:
-            return g
-
-    c = c.with_columns(machine=pl.col("gpu").map_elements(machine, return_dtype=pl.Utf8))
+    c = c.with_columns(machine=machine_expr(gpu_model="gpu_model" if "gpu_model" in c.columns else None))
     # the latest problem version per (problem, size, machine), whichever kind measured it last: a store that holds
     # rows of an earlier version of a problem (its hash changed) shows only the current one, like the characterisation
     keys = ["problem", "problem_hash", "size", "machine"]
     seen = [c.select(*keys, "ts")] if c.height else []
     if tc.height:
-        seen.append(tc.select("problem", "problem_hash", "size", machine=pl.coalesce("gpu_model", "gpu"), ts="ts"))
+        seen.append(tc.select("problem", "problem_hash", "size", machine=machine_expr(), ts="ts"))
     latest = (pl.concat([f.with_columns(pl.col("problem").cast(pl.Int64)) for f in seen], how="vertical_relaxed")
               .sort("ts").unique(subset=["problem", "size", "machine"], keep="last").select(keys))
     c = (c.join(latest, on=keys, how="semi") if c.height else c).sort("ts") \

@@ -167,6 +167,20 @@ GPU_MODELS: tuple[GpuModel, ...] = (
 CHECKED_ARCHS: frozenset[str] = frozenset({"sm_90a"})
 
 
+def model_of(name: str | None) -> str | None:
+    """The GPU model a driver name holds ("NVIDIA H200" -> "H200"), or None: the one name-to-model rule (the first
+    entry of `GPU_MODELS` whose model is in the name, longer names first)."""
+    up = (name or "").upper()
+    return next((m.model for m in GPU_MODELS if m.model in up), None)
+
+
+def machine_of(gpu: str | None, gpu_model: str | None = None) -> str | None:
+    """The machine a recorded row belongs to: its `gpu_model`, else the model in its driver name, else that name.
+    Every layer that groups rows by machine (resuming torch.compile, memory evidence, the analysis tables, the speed
+    table) keys on this, or on `mkb.analysis._compile.machine_expr`, its column form."""
+    return gpu_model or model_of(gpu) or gpu
+
+
 class UnsupportedGpu(RuntimeError):
     """The device is not a GPU mkb grades on (unknown model, or an architecture not yet checked)."""
 
@@ -182,8 +196,7 @@ def identify_gpu(name: str, capability: Sequence[int], *, allow_unchecked: bool 
     (one line with a hint) for a model mkb does not know, a capability that contradicts the name, or an
     architecture not in `CHECKED_ARCHS` (unless `allow_unchecked`)."""
     cap = (int(capability[0]), int(capability[1]))
-    up = name.upper()
-    model = next((m for m in GPU_MODELS if m.model in up), None)
+    model = next((m for m in GPU_MODELS if m.model == model_of(name)), None)
     known = ", ".join(f"{m.model} ({m.arch})" for m in GPU_MODELS)
     if model is None:
         raise UnsupportedGpu(f"GPU {name!r} (compute capability {cap[0]}.{cap[1]}, {arch_of(cap)}) is not one mkb grades on\n"

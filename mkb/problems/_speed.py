@@ -86,7 +86,7 @@ def speed_rows(stores: Sequence[str]) -> tuple[list[SpeedRow], list[Missing]]:
     """The table's rows (sorted by problem, DSL, GPU model) and the baselines it leaves out, from `stores`."""
     import polars as pl
 
-    from mkb.analysis._compile import compile_times
+    from mkb.analysis._compile import compile_times, machine_expr
     from mkb.peaks import speed_of_light
     from mkb.problems._loader import baselines, get_problem
     from mkb.scoring import sol_fraction, speedup_over_compile
@@ -113,7 +113,7 @@ def speed_rows(stores: Sequence[str]) -> tuple[list[SpeedRow], list[Missing]]:
         if mine.height == 0:
             missing.append(Missing(b.problem, b.dsl, "graded only under another or an unrecorded problem hash"))
             continue
-        mine = mine.with_columns(machine=pl.coalesce("gpu_model", "gpu"))
+        mine = mine.with_columns(machine=machine_expr())
         newest = mine.sort("ts").unique(subset="machine", keep="last").select("machine", "dataset")
         for r in mine.join(newest, on=["machine", "dataset"]).group_by("machine").agg(
                 pl.col("ts").max(), pl.col("dataset").first(), pl.len().alias("n"), pl.col("passed").all(),

@@ -145,14 +145,14 @@ def detect_context(device: str) -> Context:
 
     import torch
 
-    from mkb.measure import GPU_MODELS, query_gpu
+    from mkb.measure import model_of, query_gpu
 
     gpu, model = "cpu", None
     if device.startswith("cuda"):
         idx = int(device.split(":")[1]) if ":" in device else 0
         q = query_gpu(idx)
         gpu = q[0] if q else "unknown"
-        model = next((m.model for m in GPU_MODELS if m.model in gpu.upper()), None)
+        model = model_of(gpu)
     try:
         triton = md.version("triton")
     except md.PackageNotFoundError:
@@ -237,13 +237,9 @@ def recorded(store: Any, *, size: str, ctx: Context, backend: str) -> dict[tuple
 
 
 def _machine_of(gpu: str | None, gpu_model: str | None = None) -> str | None:
-    """The resume key's machine for a row: its GPU model, else the model in its driver name, else that name."""
-    if gpu_model:
-        return gpu_model
-    from mkb.measure import GPU_MODELS
+    from mkb.measure import machine_of
 
-    up = (gpu or "").upper()
-    return next((m.model for m in GPU_MODELS if m.model in up), gpu)
+    return machine_of(gpu, gpu_model)
 
 
 @dataclass(frozen=True)
