@@ -449,6 +449,8 @@ def _child(a: argparse.Namespace) -> None:
     flusher = L2Flusher(dev)
     state["hold"] = {"grid": hold.grid, "block": hold.block, "mhz": hold.mhz}
     state["setup_s"] = time.monotonic() - t_start
+    out = Path(a.child_out)
+    out.write_text(json.dumps(state))  # the host state and flags are kept even if no grading finishes
 
     def warm_clocks(seconds: float) -> None:  # the grader's clock warm-up (without its NVML early exit)
         w = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
@@ -459,7 +461,6 @@ def _child(a: argparse.Namespace) -> None:
             torch.cuda.synchronize()
         del w
 
-    out = Path(a.child_out)
     seed = 10_000_000 * (a.child + 1)
     for rep in range(a.reps):
         for spec in a.kernels:
@@ -529,9 +530,13 @@ class _Tee:
         self.log.flush()
 
 
-def gpu_main(a: argparse.Namespace, *, driver_name: str = "libcuda.so.1") -> int:
+def gpu_main(a: argparse.Namespace, *, open_driver: Callable[[], Driver] = Driver.open,
+             local_cpus: Callable[[str | None], dict[str, Any]] = gpu_local_cpus,
+             spawn: Callable[..., Any] = subprocess.run, clock: Callable[[], float] = time.monotonic) -> int:
+    """The run: the host's facts, then one fresh process per planned arm while the budget lasts (the keywords are
+    the host, replaced in the tests)."""
     try:
-        drv = Driver.open(driver_name)
+        drv = open_driver()
         dev = drv.device(0)
     except (Unavailable, DriverError) as exc:
         print(f"host_sync_levels: skipped: {exc}\nhint: --gpu runs on a host with an NVIDIA GPU and its driver; "
@@ -546,13 +551,13 @@ def gpu_main(a: argparse.Namespace, *, driver_name: str = "libcuda.so.1") -> int
     except DriverError as exc:
         bus = None
         say(f"PCI address unknown: {exc}")
-    local = gpu_local_cpus(bus)
+    local = local_cpus(bus)
     skipped = {}
     arms = []
     for x in a.arms:
         if ARMS[x].pin and not local["usable"]:
             skipped[x] = local["why"]
-            say(f"arm {x} ({ARMS[x].label}) skipped: GPU-local CPUs {local['why']}")
+            say(f"arm {x} ({ARMS[x].label}) skipped: {local['why']}")
         else:
             arms.append(x)
     res: dict[str, Any] = {"args": {k: v for k, v in vars(a).items() if k != "out"}, "driver_version": drv.version(),
@@ -563,11 +568,11 @@ def gpu_main(a: argparse.Namespace, *, driver_name: str = "libcuda.so.1") -> int
         f"{_ranges(local['local'] or [])}, usable {_ranges(local['usable'])} of {_ranges(local['allowed'])}"
         f"{' (' + local['why'] + ')' if local['why'] else ''}; plan {' '.join(res['plan'])}")
     budget = Budget(start_by_s=a.budget_s, child_timeout_s=a.child_timeout_s, total_s=a.total_s)
-    t0 = time.monotonic()
+    t0 = clock()
     for i, arm in enumerate(res["plan"]):
-        limit = budget.timeout(time.monotonic() - t0)
+        limit = budget.timeout(clock() - t0)
         if limit is None:
-            res["errors"].append(f"processes {a.start + i}.. not started: budget ({time.monotonic() - t0:.0f} s)")
+            res["errors"].append(f"processes {a.start + i}.. not started: budget ({clock() - t0:.0f} s)")
             say(res["errors"][-1])
             break
         fd, path = tempfile.mkstemp(suffix=".json")
@@ -578,7 +583,7 @@ def gpu_main(a: argparse.Namespace, *, driver_name: str = "libcuda.so.1") -> int
         if ARMS[arm].pin:
             cmd += ["--cpus", *map(str, local["usable"])]
         try:
-            r = subprocess.run(cmd, timeout=limit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            r = spawn(cmd, timeout=limit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             rc: int | str = r.returncode
             text_out = r.stdout
         except subprocess.TimeoutExpired as exc:
@@ -588,19 +593,20 @@ def gpu_main(a: argparse.Namespace, *, driver_name: str = "libcuda.so.1") -> int
         log.flush()
         text = Path(path).read_text() if Path(path).stat().st_size else ""
         Path(path).unlink(missing_ok=True)
-        if text:
-            res["processes"].append(json.loads(text))
+        proc = json.loads(text) if text else None
+        if proc is not None:
+            res["processes"].append(proc)
         if rc != 0:
             tail = text_out.strip().splitlines()[-1:] if text_out.strip() else []
-            res["errors"].append(f"process {a.start + i} (arm {arm}) exited {rc}" + ("" if text else " before its first "
-                                 "grading") + (f": {tail[0]}" if tail else ""))
+            res["errors"].append(f"process {a.start + i} (arm {arm}) " + (f"exited {rc}" if isinstance(rc, int) else rc) + (" before its first grading" if not (
+                proc and proc["gradings"]) else "") + (f": {tail[0]}" if tail else ""))
             say(res["errors"][-1])
         else:
             p = res["processes"][-1]
             say(f"process {a.start + i} arm {arm}: {len(p['gradings'])} gradings in {p['wall_s']:.0f} s")
-        res["elapsed_s"] = time.monotonic() - t0
+        res["elapsed_s"] = clock() - t0
         (out / "hostsync.json").write_text(json.dumps(res))
-    res["elapsed_s"] = time.monotonic() - t0
+    res["elapsed_s"] = clock() - t0
     (out / "hostsync.json").write_text(json.dumps(res))
     summarise(res, say=say)
     log.close()

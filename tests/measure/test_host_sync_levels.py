@@ -100,7 +100,7 @@ def test_no_libcuda_is_a_one_line_skip_not_a_traceback(hs, tmp_path, capsys):
     with pytest.raises(hs.Unavailable, match="^no libcuda"):
         hs.Driver.open("libcuda-that-is-not-here.so.1")
     a = argparse.Namespace(out=str(tmp_path / "o"))
-    assert hs.gpu_main(a, driver_name="libcuda-that-is-not-here.so.1") == 2
+    assert hs.gpu_main(a, open_driver=lambda: hs.Driver.open("libcuda-that-is-not-here.so.1")) == 2
     err = capsys.readouterr().err
     assert err.startswith("host_sync_levels: skipped: no libcuda (")
     assert "hint:" in err and "Traceback" not in err
@@ -196,6 +196,93 @@ def test_local_cpus_unknown_or_unusable_say_why(hs, tmp_path):
 def test_nvml_missing_is_unavailable(hs):
     with pytest.raises(hs.Unavailable, match="^no NVML"):
         hs.nvml_cpus("00000000:19:00.0", name="libnvidia-ml-that-is-not-here.so.1")
+
+
+# ---------------------------------------------------------------------------------------------------- the run
+
+def _args(hs, tmp_path, **kw):
+    base = dict(out=str(tmp_path / "out"), processes=7, start=0, arms=list(hs.ARMS), budget_s=150.0,
+                child_timeout_s=60.0, total_s=195.0, kernels=["23/cute"], reps=1, n=3, warm=1, arch="sm_90a")
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def _spawner(clock, *, seconds=40.0, die=(), hang=()):
+    """A stand-in for subprocess.run: a 'process' that takes `seconds`, writes one grading to its --child-out and
+    prints a line; the ones in `die` exit 1 after writing nothing, those in `hang` run past their timeout."""
+    calls = []
+
+    def spawn(cmd, timeout, **_kw):
+        i = int(cmd[cmd.index("--child") + 1])
+        arm = cmd[cmd.index("--arm") + 1]
+        cpus = [int(c) for c in cmd[cmd.index("--cpus") + 1:]] if "--cpus" in cmd else None
+        calls.append({"i": i, "arm": arm, "timeout": timeout, "cpus": cpus})
+        if i in hang:
+            clock.t += timeout
+            raise subprocess.TimeoutExpired(cmd, timeout, output=b"[proc] compiling\n")
+        clock.t += seconds
+        if i in die:
+            return subprocess.CompletedProcess(cmd, 1, stdout="Traceback ...\nRuntimeError: CUDA error: boom\n")
+        Path(cmd[cmd.index("--child-out") + 1]).write_text(json.dumps(_proc(i, arm, [_grading("23/cute", 0, 100.0 + i)])))
+        return subprocess.CompletedProcess(cmd, 0, stdout=f"[proc {i}] 23/cute rep 0\n")
+
+    return spawn, calls
+
+
+def _local(usable):
+    return lambda bus: {"bus_id": bus, "source": "sysfs" if usable else None, "local": usable or None,
+                        "usable": usable, "allowed": [0, 1, 2, 3], "why": None if usable else "unknown: no NVML; no sysfs"}
+
+
+def test_run_rotates_arms_passes_the_local_cpus_and_stops_on_budget(hs, tmp_path, capsys):
+    clock = _Clock()
+    spawn, calls = _spawner(clock, seconds=40.0)
+    a = _args(hs, tmp_path)
+    assert hs.gpu_main(a, open_driver=lambda: hs.Driver(_FakeCuda()), local_cpus=_local([2, 3]), spawn=spawn,
+                       clock=clock) == 0
+    # starts at 0, 40, 80, 120 s; at 160 s no new process (start by 150 s)
+    assert [c["arm"] for c in calls] == ["a", "b", "c", "d"]
+    assert [c["timeout"] for c in calls] == [60.0, 60.0, 60.0, 60.0]
+    assert [c["cpus"] for c in calls] == [None, None, None, [2, 3]]
+    res = json.loads((tmp_path / "out" / "hostsync.json").read_text())
+    assert res["plan"] == hs.plan_arms(7, list(hs.ARMS))
+    assert [p["arm"] for p in res["processes"]] == ["a", "b", "c", "d"]
+    assert res["errors"] == ["processes 4.. not started: budget (160 s)"]
+    log = (tmp_path / "out" / "hostsync.log").read_text()
+    assert "[proc 3] 23/cute rep 0" in log and "23/cute" in log.split("# host-sync levels")[1]  # children's lines, table
+    assert "process 3 arm d: 1 gradings" in capsys.readouterr().out
+
+
+def test_run_skips_pinned_arms_without_local_cpus_and_keeps_going_past_a_dead_or_stopped_process(hs, tmp_path):
+    clock = _Clock()
+    spawn, calls = _spawner(clock, seconds=10.0, die={1}, hang={2})
+    a = _args(hs, tmp_path, processes=5, child_timeout_s=30.0)
+    assert hs.gpu_main(a, open_driver=lambda: hs.Driver(_FakeCuda()), local_cpus=_local([]), spawn=spawn,
+                       clock=clock) == 0
+    res = json.loads((tmp_path / "out" / "hostsync.json").read_text())
+    assert set(res["skipped_arms"]) == {"d", "e"} and res["skipped_arms"]["d"].startswith("unknown")
+    assert [c["arm"] for c in calls] == ["a", "b", "c", "b", "c"]  # the rotation over a, b, c
+    assert [p["process"] for p in res["processes"]] == [0, 3, 4]
+    assert res["errors"] == ["process 1 (arm b) exited 1 before its first grading: RuntimeError: CUDA error: boom",
+                             "process 2 (arm c) stopped after 30 s before its first grading: [proc] compiling"]
+    assert "compiling" in (tmp_path / "out" / "hostsync.log").read_text()
+
+
+def test_run_gives_the_last_process_only_what_is_left(hs, tmp_path):
+    clock = _Clock()
+    spawn, calls = _spawner(clock, seconds=47.0)
+    a = _args(hs, tmp_path, processes=5)
+    hs.gpu_main(a, open_driver=lambda: hs.Driver(_FakeCuda()), local_cpus=_local([0]), spawn=spawn, clock=clock)
+    assert [c["timeout"] for c in calls] == [60.0, 60.0, 60.0, pytest.approx(195.0 - 141.0)]
+    assert calls[-1]["timeout"] + 141.0 <= 195.0
 
 
 # ---------------------------------------------------------------------------------------------------- the table
