@@ -598,8 +598,9 @@ def gpu_main(a: argparse.Namespace, *, open_driver: Callable[[], Driver] = Drive
             res["processes"].append(proc)
         if rc != 0:
             tail = text_out.strip().splitlines()[-1:] if text_out.strip() else []
-            res["errors"].append(f"process {a.start + i} (arm {arm}) " + (f"exited {rc}" if isinstance(rc, int) else rc) + (" before its first grading" if not (
-                proc and proc["gradings"]) else "") + (f": {tail[0]}" if tail else ""))
+            how = f"exited {rc}" if isinstance(rc, int) else rc
+            first = "" if proc and proc["gradings"] else " before its first grading"
+            res["errors"].append(f"process {a.start + i} (arm {arm}) {how}{first}" + (f": {tail[0]}" if tail else ""))
             say(res["errors"][-1])
         else:
             p = res["processes"][-1]
