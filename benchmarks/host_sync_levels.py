@@ -374,24 +374,27 @@ class SyncProbe:
     launch and the kernel. The events cost the host a few microseconds inside the window: a diagnostic, not a
     baseline."""
 
-    def __init__(self, torch: Any) -> None:
-        self.torch = torch
+    def __init__(self, torch: Any | None) -> None:
+        self.torch = torch  # None: on the CPU, no events (host times only)
         self.marks: list[tuple[Any, Any, float]] = []
 
     def __call__(self, lens: Any, x: Any) -> Any:
-        e0, e1 = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
-        e0.record()
+        e0 = e1 = None
+        if self.torch is not None:
+            e0, e1 = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+            e0.record()
         t0 = time.perf_counter()
         n = sum(lens.tolist())
         t1 = time.perf_counter()
-        e1.record()
+        if e1 is not None:
+            e1.record()
         self.marks.append((e0, e1, (t1 - t0) * 1e6))
         return x[:n].mul(2.0)
 
     def take(self, last: int) -> dict[str, list[float]]:
         """The last `last` calls' split (the timed ones), after the loop has synchronised; forgets every mark."""
         marks, self.marks = self.marks[-last:] if last else [], []
-        return {"sync_us": [round(a.elapsed_time(b) * 1000.0, 3) for a, b, _ in marks],
+        return {"sync_us": [round(a.elapsed_time(b) * 1000.0, 3) for a, b, _ in marks if a is not None],
                 "host_sync_us": [round(h, 2) for _, _, h in marks]}
 
 
@@ -406,12 +409,14 @@ def _child(a: argparse.Namespace) -> None:
     import torch
 
     from mkb.dsl import get_backend
-    from mkb.measure import InputStream, L2Flusher, gpu_state, sm_hold, stream_window, timed_loop
+    from mkb.measure import InputStream, L2Flusher, gpu_state, perf_window, sm_hold, stream_window, timed_loop
     from mkb.problems import baselines, find_problem, load_problem
 
-    dev = torch.device("cuda")
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"  # the CPU runs the same bookkeeping without the window (tests: `--device cpu`)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     torch.zeros(1, device=dev)
-    torch.cuda.synchronize()
+    sync()
     if drv is not None:
         state["ctx_after_torch"] = drv.primary_state(drv.device(0))
     state["torch"] = torch.__version__
@@ -425,40 +430,49 @@ def _child(a: argparse.Namespace) -> None:
                 m23 = load_problem(find_problem(23)).module
                 makes[spec] = lambda s, m=m23: (m.make_inputs(s, device=dev, size="full")[2],
                                                 torch.randn(4096, 576, device=dev))
-                fns[spec] = probe = SyncProbe(torch)
+                fns[spec] = probe = SyncProbe(torch if cuda else None)
             else:
                 mod = load_problem(find_problem(int(p))).module
                 makes[spec] = lambda s, mod=mod: tuple(mod.make_inputs(s, device=dev, size="full"))
                 if name == "eager":
                     fns[spec] = getattr(mod, "eager", None) or mod.reference
                 else:
-                    b = next(b for b in baselines([int(p)]) if b.dsl == name)
+                    b = next((b for b in baselines([int(p)]) if b.dsl == name), None)
+                    if b is None:
+                        raise LookupError(f"problem {p} has no {name} baseline")
                     backend = get_backend(name)
                     os.environ.update(backend.environment(a.arch))
                     fns[spec] = backend.load(b.path).solve
             x = makes[spec](1)
             fns[spec](*x)  # compile outside every timing
-            torch.cuda.synchronize()
+            sync()
             del x
         except Exception as exc:  # noqa: BLE001 - the other kernels still answer the question
             msg = f"{spec}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             state["errors"].append(msg)
             fns.pop(spec, None)
             _say(a, f"kernel unavailable: {msg}")
-    hold = sm_hold(dev)
-    flusher = L2Flusher(dev)
-    state["hold"] = {"grid": hold.grid, "block": hold.block, "mhz": hold.mhz}
+    if cuda:
+        hold = sm_hold(dev)
+        flusher = L2Flusher(dev)
+        state["hold"] = {"grid": hold.grid, "block": hold.block, "mhz": hold.mhz}
+        window: Callable[[Callable[[], Any]], tuple[Any, float, float]] = lambda f: stream_window(  # noqa: E731
+            f, flush=flusher.flush, device=dev)
+    else:
+        hold, window = None, perf_window
     state["setup_s"] = time.monotonic() - t_start
     out = Path(a.child_out)
     out.write_text(json.dumps(state))  # the host state and flags are kept even if no grading finishes
 
     def warm_clocks(seconds: float) -> None:  # the grader's clock warm-up (without its NVML early exit)
+        if not cuda:
+            return
         w = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             for _ in range(8):
                 w = (w @ w).clamp_(-1, 1)
-            torch.cuda.synchronize()
+            sync()
         del w
 
     seed = 10_000_000 * (a.child + 1)
@@ -468,12 +482,11 @@ def _child(a: argparse.Namespace) -> None:
                 continue
             seed += 1000
             stream = InputStream(makes[spec], n_calls=a.warm + a.n, base_seed=seed,
-                                 max_bytes=torch.cuda.mem_get_info(dev)[0] // 4)
+                                 max_bytes=torch.cuda.mem_get_info(dev)[0] // 4 if cuda else None)
             warm_clocks(CLOCK_WARM_S)
             cpu0, ru0, t0 = current_cpu(), resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
             mhz0 = cpu_mhz(cpu0)
-            rec = timed_loop(fns[spec], stream, warmup=a.warm, timed=a.n, hold=hold,
-                             window=lambda f: stream_window(f, flush=flusher.flush, device=dev))
+            rec = timed_loop(fns[spec], stream, warmup=a.warm, timed=a.n, hold=hold, window=window)
             wall = time.perf_counter() - t0
             ru1, cpu1 = resource.getrusage(resource.RUSAGE_THREAD), current_cpu()
             calls = rec.calls
@@ -492,7 +505,8 @@ def _child(a: argparse.Namespace) -> None:
                 g.update(split, sync_us_median=statistics.median(split["sync_us"]) if split["sync_us"] else None)
             del stream
             gc.collect()
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
             state["gradings"].append(g)
             state["wall_s"] = time.monotonic() - t_start
             out.write_text(json.dumps(state))  # after every grading: a process cut short keeps what it made
@@ -732,6 +746,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--arm", default="a", choices=list(ARMS), help=argparse.SUPPRESS)
     ap.add_argument("--cpus", nargs="*", type=int, default=[], help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # a process on the CPU: its tests
     a = ap.parse_args(argv)
     if a.summary:
         path = Path(a.summary)

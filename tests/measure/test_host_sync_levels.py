@@ -4,6 +4,7 @@ import argparse
 import ctypes.util
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -283,6 +284,39 @@ def test_run_gives_the_last_process_only_what_is_left(hs, tmp_path):
     hs.gpu_main(a, open_driver=lambda: hs.Driver(_FakeCuda()), local_cpus=_local([0]), spawn=spawn, clock=clock)
     assert [c["timeout"] for c in calls] == [60.0, 60.0, 60.0, pytest.approx(195.0 - 141.0)]
     assert calls[-1]["timeout"] + 141.0 <= 195.0
+
+
+def test_a_process_on_the_cpu_keeps_every_grading_and_its_host_facts(hs, tmp_path, capsys):
+    """The child's bookkeeping end to end (`--device cpu`: perf_counter windows, no hold): what the GPU run records."""
+    out = tmp_path / "child.json"
+    a = argparse.Namespace(
+        child=4, arm="a", child_out=str(out), kernels=["23/eager", "probe/sync", "23/nope"], reps=2, n=3, warm=1,
+        arch="sm_90a", cpus=[], device="cpu")
+    hs._child(a)
+    st = json.loads(out.read_text())
+    assert st["process"] == 4 and st["arm"] == "a" and st["affinity"] == sorted(os.sched_getaffinity(0))
+    if ctypes.util.find_library("cuda") is None:
+        assert st["driver_error"].startswith("no libcuda") and "ctx_after_torch" not in st
+        assert "skipped: no libcuda" in capsys.readouterr().out
+    assert [(g["kernel"], g["rep"]) for g in st["gradings"]] == [("23/eager", 0), ("probe/sync", 0), ("23/eager", 1),
+                                                                 ("probe/sync", 1)]
+    assert st["errors"] == ["23/nope: LookupError: problem 23 has no nope baseline"]  # a kernel that cannot load is named, the rest run
+    for g in st["gradings"]:
+        assert len(g["times_us"]) == 3 and len(g["host_us"]) == 3 and g["median_us"] > 0
+        assert g["q10_us"] <= g["median_us"] <= g["q90_us"] and g["hold_us"] is None
+        assert isinstance(g["cpu_before"], int) and g["vol_switches_per_call"] >= 0 and g["loop_cpu_s"] >= 0
+    probe = [g for g in st["gradings"] if g["kernel"] == "probe/sync"]
+    assert all(len(g["host_sync_us"]) == 3 and g["sync_us"] == [] and g["sync_us_median"] is None for g in probe)
+
+
+def test_a_spin_or_blocking_arm_without_a_driver_stops_with_a_line(hs, tmp_path, capsys):
+    if ctypes.util.find_library("cuda") is not None:
+        pytest.skip("this host has a CUDA driver")
+    a = argparse.Namespace(child=1, arm="b", child_out=str(tmp_path / "c.json"), kernels=["23/eager"], reps=1, n=3,
+                           warm=1, arch="sm_90a", cpus=[], device="cpu")
+    with pytest.raises(SystemExit) as e:
+        hs._child(a)
+    assert e.value.code == 3 and "[proc 1 arm b] skipped: no libcuda" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------------------------------- the table
