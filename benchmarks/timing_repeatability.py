@@ -394,6 +394,8 @@ def section_covariates(gs: list[Grading]) -> None:
         "dt_prev_s": lambda g: prev.get(g.eid), "order": lambda g: order.get(g.eid),
         "queue": lambda g: float("queue" in (g.arm or "")), "arm_B": lambda g: float((g.arm or "").startswith("B")),
         "cupti_kernel": lambda g: klevel.get(g.eid),
+        # the worker timed the eager itself (the problem's first grading in a session) rather than reading the cache
+        "eager_timed_here": lambda g: None if "eager_cached" not in g.details else float(not g.details["eager_cached"]),
     }
     print(f"{len(rr)} gradings")
     for name, f in cov.items():

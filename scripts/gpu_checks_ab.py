@@ -38,6 +38,7 @@ and the count within 0.5% no worse than v3's. 01 is expected to keep its per-pro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -77,13 +78,14 @@ def _arm_sd(xs: list[float]) -> float | None:
     return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 / m
 
 
-def tags(rounds: int) -> list[tuple[str, str]]:
+def tags(rounds: int, *, first: str = "A") -> list[tuple[str, str]]:
     """The order of the passes: (A1, B1), (B2, A2), (A3, B3), (B4, A4), ... - each round is one ABBA, so a drift or an
-    order effect lands on both arms alike however many rounds run."""
+    order effect lands on both arms alike however many rounds run. `first="B"`: (B1, A1), (A2, B2), ... (the `eager`
+    arm goes first, so that the shipped arm's first grading finds the eager timing cached, as every later one does)."""
     out = []
     for k in range(1, 2 * rounds + 1):
         a, b = f"A{k}", f"B{k}"
-        out.append((a, b) if k % 2 else (b, a))
+        out.append((a, b) if (k % 2) == (first == "A") else (b, a))
     return out
 
 
@@ -145,12 +147,35 @@ def _print_against(res: dict) -> None:
         log(f"SPREAD {side}: {p['pairs']} pairs, median {med}, {p['within_0_5pct']} within 0.5%")
 
 
+@contextlib.contextmanager
+def _eager_here(pool, *, on: bool):
+    """With `on`, the grading sees an empty trusted cache, so its worker times the eager (and the reference) itself;
+    what it measured is then added to the pool's own cache (entries already there are kept), so the shipped arm's
+    gradings read it as they would in any session."""
+    if not on:
+        yield
+        return
+    from mkb.grader._session import TrustedCache
+
+    saved, pool.trusted = pool.trusted, TrustedCache()
+    try:
+        yield
+    finally:
+        fresh, pool.trusted = pool.trusted, saved
+        for key, figures in fresh.entries():
+            saved.put(key, figures)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mkb-gpu-out"))
     ap.add_argument("--name", default="h200-checks-ab")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--budget-s", type=float, default=240.0, help="start no new baseline after this many seconds")
+    ap.add_argument("--b-arm", choices=("rules", "eager"), default="rules",
+                    help="B is: rules = without grader 2.x's in-loop bookkeeping (issue #9); eager = the grader as shipped, "
+                         "but the worker times the eager itself (an empty trusted cache for that grading), as a problem's "
+                         "first grading in a session does")
     ap.add_argument("--rounds", type=int, default=1, help="ABBA rounds per baseline (each adds one A and one B grading per pass pair)")
     ap.add_argument("--problems", default="", help="comma-separated problem numbers to grade (default: every baseline)")
     ap.add_argument("--against", default="", help="an earlier run's summary.json: print the within-arm spreads beside it")
@@ -175,9 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     from mkb.grader import GraderConfig, WorkerPool, grade
     from mkb.problems import baselines
 
-    configs = {"A": GraderConfig(), "B": GraderConfig(early_stop=False, n_profiled=0)}
+    configs = {"A": GraderConfig(),
+               "B": GraderConfig() if a.b_arm == "eager" else GraderConfig(early_stop=False, n_profiled=0)}
     summary: dict = {"versions": versions(), "configs": {k: v.as_dict() for k, v in configs.items()},
-                     "rows": {}, "errors": [], "skipped": []}
+                     "rows": {}, "errors": [], "skipped": [], "b_arm": a.b_arm}
     log("versions", json.dumps(summary["versions"]))
     writer = EventWriter(str(store), flush_every=500)
     found = baselines()
@@ -186,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         found = [b for b in found if b.problem in keep]
     log(f"{len(found)} baselines: {[f'{b.problem}/{b.dsl}' for b in found]}")
     with WorkerPool(device=a.device, depth=2) as pool:
-        for pair in tags(a.rounds):
+        for pair in tags(a.rounds, first="B" if a.b_arm == "eager" else "A"):
             for b in found:
                 key = f"{b.problem}/{b.dsl}"
                 if time.monotonic() - t0 > a.budget_s:
@@ -194,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 for tag in pair:
                     try:
-                        v = grade(b.problem, b.dsl, b.path, writer=writer, config=configs[tag[0]], pool=pool,
-                                  scope="submission")
+                        with _eager_here(pool, on=tag[0] == "B" and a.b_arm == "eager"):
+                            v = grade(b.problem, b.dsl, b.path, writer=writer, config=configs[tag[0]], pool=pool,
+                                      scope="submission")
                     except Exception:  # noqa: BLE001 - recorded, the run goes on
                         summary["errors"].append({"what": f"{key} {tag}", "traceback": traceback.format_exc()})
                         continue

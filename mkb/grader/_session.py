@@ -103,5 +103,10 @@ class TrustedCache:
         with self._lock:
             self._d.setdefault(key, (dict(figures), time.monotonic()))
 
+    def entries(self) -> list[tuple[TrustedKey, dict]]:
+        """Every (key, figures) held, fresh or not (to carry one cache's measurements into another)."""
+        with self._lock:
+            return [(k, dict(v[0])) for k, v in self._d.items()]
+
     def __len__(self) -> int:
         return len(self._d)

@@ -113,3 +113,26 @@ def test_with_two_rounds_every_grading_counts_and_the_difference_gets_a_standard
 def test_one_grading_per_arm_has_no_spread_and_no_standard_error() -> None:
     (r,) = ab.compare({"72/cute": {"A1": _v(300.0), "B1": _v(301.0)}})
     assert r["sd_a"] is None and r["a_vs_b_se"] is None
+
+
+def test_the_eager_arm_goes_first_so_the_shipped_arm_always_reads_the_cache() -> None:
+    assert ab.tags(2, first="B") == [("B1", "A1"), ("A2", "B2"), ("B3", "A3"), ("A4", "B4")]
+
+
+def test_the_eager_arm_grades_with_an_empty_cache_and_hands_what_it_measured_to_the_pools() -> None:
+    from types import SimpleNamespace
+
+    from mkb.grader._session import TrustedCache
+
+    shared = TrustedCache()
+    shared.put("eager-of-28", {"median_us": 1.0})
+    pool = SimpleNamespace(trusted=shared)
+    with ab._eager_here(pool, on=True):
+        assert pool.trusted is not shared and pool.trusted.get("eager-of-28") is None  # the worker must time it
+        pool.trusted.put("eager-of-28", {"median_us": 2.0})
+        pool.trusted.put("eager-of-25", {"median_us": 3.0})
+    assert pool.trusted is shared
+    assert shared.get("eager-of-28") == {"median_us": 1.0}  # what was there stays
+    assert shared.get("eager-of-25") == {"median_us": 3.0}  # what the eager arm measured is added
+    with ab._eager_here(pool, on=False):
+        assert pool.trusted is shared
