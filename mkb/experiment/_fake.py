@@ -140,6 +140,9 @@ class FakeGrader:
         return out
 
 
+READY = "mkb-fake-executor: ready"
+
+
 def demo_config(name: str = "fake", *, problems: tuple[int, ...] = (28, 72), replicates: int = 2, concurrency: int = 4,
                 arms: tuple[str, ...] | None = None, **experiment: Any):
     """A small all-arms config over `problems` with one scripted model (tests, benchmarks)."""
@@ -169,6 +172,7 @@ def _main(argv: list[str] | None = None) -> int:
     cfg = demo_config(problems=tuple(int(p) for p in a.problems.split(",")), replicates=a.replicates, concurrency=a.concurrency)
     ex = Executor(build_plan(cfg), store=a.store, runner=FakeRunner(sleep_s=a.sleep), versions={"fake": 1}, ttl_s=a.ttl,
                   poll_s=min(0.5, a.ttl / 2), pair_regrade=False)
+    print(READY, flush=True)  # imports and the plan done: a kill's delay counts from here (_killtest)
     rep = ex.run()
     print("\n".join(rep.lines()), flush=True)
     return 0 if rep.complete else 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -40,11 +41,16 @@ def start(store: str, *, sleep_s: float, ttl_s: float, env: dict | None = None, 
 
 def kill_cycles(store: str, *, cycles: int, seed: int = 0, sleep_s: float = 0.3, ttl_s: float = 1.0,
                 kill_after: tuple[float, float] = (1.0, 4.0), log=print) -> list[float]:
-    """`cycles` runs each SIGKILLed after a seeded random delay; returns the delays used."""
+    """`cycles` runs each SIGKILLed after a seeded random delay, counted from the moment the run is ready to claim
+    (its imports done: on a loaded machine they alone can outlast the delay, and a run killed while importing tests
+    nothing); returns the delays used."""
+    from mkb.experiment._fake import READY
+
     rng = random.Random(seed)
     delays = []
     for i in range(cycles):
         p = start(store, sleep_s=sleep_s, ttl_s=ttl_s)
+        _wait_for_line(p, READY, timeout_s=300)
         d = rng.uniform(*kill_after)
         try:
             p.wait(timeout=d)
@@ -55,6 +61,21 @@ def kill_cycles(store: str, *, cycles: int, seed: int = 0, sleep_s: float = 0.3,
             log(f"cycle {i + 1}: SIGKILL at {d:.2f} s")
         delays.append(d)
     return delays
+
+
+def _wait_for_line(p: subprocess.Popen, line: str, *, timeout_s: float) -> None:
+    """Read `p`'s output until `line` (or its exit, or `timeout_s`: then the delay simply starts late). Raw reads of
+    the pipe's descriptor, so nothing sits in a Python buffer that `select` cannot see."""
+    fd, seen, want = p.stdout.fileno(), b"", line.encode()
+    deadline = time.monotonic() + timeout_s
+    while want not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return
+        seen += chunk
 
 
 def finish(store: str, *, sleep_s: float = 0.0, ttl_s: float = 1.0, timeout: float = 600) -> str:
