@@ -22,6 +22,7 @@ import torch
 
 from mkb.grader._config import GraderConfig
 from mkb.grader._guards import Guard, native_threads, python_threads
+from mkb.grader._prefetch import PREFETCH_FREE_FRACTION, plan_key, prefetch_fits
 from mkb.grader._problems import load_problem
 from mkb.grader._provenance import MAX_COPIED_FRACTION, CopyWatch, copy_share, warm_up as _warm_copy_watch
 from mkb.grader._trace import CallLimits, call_figures, classify, profile_call
@@ -348,6 +349,10 @@ def _measured(device: str, fn: Callable[[], Any]) -> tuple[Any, int | None]:
     return out, int(torch.cuda.max_memory_allocated() - base)
 
 
+class PrefetchDeclined(Exception):
+    """A prefetched plan would not be kept as the job's own lazy plan would, or would crowd the grading in flight."""
+
+
 class _Plan:
     """What the trusted phase fixed before the candidate exists: secret draws with their expected outputs,
     the warm-up count, the re-checked, profiled and content-repeat positions.
@@ -366,15 +371,25 @@ class _Plan:
     """
 
     def __init__(self, mod: Any, cfg: GraderConfig, rng: random.Random, make: Callable[[int], tuple],
-                 fresh_seed: Callable[[], int], *, device: str = "cpu") -> None:
+                 fresh_seed: Callable[[], int], *, device: str = "cpu", prefetch: bool = False) -> None:
         free = _free_bytes(device)
         seed = fresh_seed()
-        first, working = _measured(device, lambda: expect(mod, make(seed)))
+        box: dict[str, int] = {}
+
+        def first_expectation() -> Any:
+            inputs = make(seed)
+            box["input_bytes"] = tensor_bytes(inputs)
+            return expect(mod, inputs)
+
+        first, working = _measured(device, first_expectation)
         self.whole_bytes = first.nbytes() * cfg.n_expectations
-        self.working_bytes, self.free_bytes = working, free
+        self.working_bytes, self.free_bytes, self.input_bytes = working, free, box["input_bytes"]
         self.expectations = "sampled" if needs_sampling(
             cfg.expectations, n_expectations=cfg.n_expectations, expectation_bytes=first.nbytes(),
             working_bytes=working, free_bytes=free) else "whole"
+        if prefetch and cfg.expectations == "auto" and self.expectations == "sampled":
+            # beside a grading in flight (mkb.grader._prefetch): never a plan kept otherwise than the lazy one would be
+            raise PrefetchDeclined("auto would sample the expectations beside the grading in flight")
 
         def keep(exp: Any) -> Any:
             if self.expectations == "whole":
@@ -383,6 +398,11 @@ class _Plan:
 
         self.draws = [(seed, keep(first))]
         del first
+        if prefetch:
+            kept = self.draws[0][1].nbytes() * cfg.n_expectations + self.input_bytes
+            if not prefetch_fits(plan_bytes=kept, working_bytes=working, free_bytes=free):
+                raise PrefetchDeclined(f"the plan ({kept} B kept, {working} B working) exceeds "
+                                       f"{PREFETCH_FREE_FRACTION:.4f} of the free device memory ({free} B)")
         for _ in range(cfg.draws - 1):
             seed = fresh_seed()
             self.draws.append((seed, keep(expect(mod, make(seed)))))
@@ -405,6 +425,69 @@ class _Plan:
         self.prof_after = sorted(rng.sample(range(n_timed), min(cfg.n_profiled, n_timed)))
         self.probe_pos = rng.randrange(first_re, n_timed)
         self.probe_src = rng.choice([k for k in recheck if k <= self.probe_pos])
+
+
+def _maker(mod: Any, dev: _Device, cfg: GraderConfig) -> Callable[[int], tuple]:
+    return lambda seed: tuple(mod.make_inputs(seed, device=dev.torch_device, size=cfg.size))
+
+
+# the one plan this worker made ahead of its job (`prepare`), taken by that job's trusted phase or dropped
+_PREPARED: dict[str, Any] = {}
+_PREPARED_LOG: dict[str, Any] = {}
+
+
+def _release_device_memory(kind: str) -> None:
+    """Hand a dropped plan's blocks back to the driver, so the grading in flight (another process) sees them free."""
+    if kind == "cuda":
+        _cuda_sync()
+        torch.cuda.empty_cache()
+
+
+def prepare(msg: dict) -> dict:
+    """Make a job's trusted plan ahead of the job (mkb.grader._prefetch), before anything of a candidate exists here.
+
+    Exactly what the job's trusted phase would do first: load the problem, seed the job's rng from its secret and build
+    `_Plan` (draws, expectations, re-check sets, the compile call's inputs), declining where the plan would be kept
+    otherwise than lazily or would crowd the grading in flight. Kept under `plan_key(msg)`; only a job of that key
+    takes it. Returns the `prepared` reply (its seconds are the prepare's own, outside the job's wall)."""
+    t0 = _perf()
+    _PREPARED.clear()
+    _PREPARED_LOG.clear()
+    cfg = GraderConfig.from_dict(msg.get("config") or {})
+    dev = _Device(cfg.device)
+    try:
+        mod = load_problem(msg["problem"])
+        make = _maker(mod, dev, cfg)
+        rng = random.Random(msg["secret"])
+        plan = _Plan(mod, cfg, rng, make, lambda: rng.getrandbits(62), device=dev.kind, prefetch=True)
+        dev.sync()
+    except PrefetchDeclined as exc:
+        _release_device_memory(dev.kind)
+        return {"ok": False, "declined": str(exc), "prepare_s": round(_perf() - t0, 6)}
+    except Exception as exc:  # noqa: BLE001 - the grader's (the problem, the device), never a candidate's
+        _release_device_memory(dev.kind)
+        return {"ok": False, "error": _fmt_exc(exc), "prepare_s": round(_perf() - t0, 6)}
+    key = plan_key(msg)
+    prepare_s = round(_perf() - t0, 6)
+    _PREPARED.update(key=key, mod=mod, make=make, rng=rng, plan=plan, prepare_s=prepare_s)
+    return {"ok": True, "key": key, "prepare_s": prepare_s, "plan_bytes": plan.kept_bytes + plan.input_bytes,
+            "expectations": plan.expectations}
+
+
+def _take_prepared(job: dict) -> dict | None:
+    """The prepared plan if it was made for exactly this job (every field it depends on, the secret included); a plan
+    of any other key is dropped, never used, and the job makes its own."""
+    if not _PREPARED:
+        return None
+    prepared = dict(_PREPARED)
+    _PREPARED.clear()
+    if prepared["key"] == plan_key(job):
+        return prepared
+    _PREPARED_LOG["discarded"] = True
+    kind = GraderConfig.from_dict(job.get("config") or {}).device
+    del prepared
+    _release_device_memory(kind)
+    return None
 
 
 class _Evaluation:
@@ -445,12 +528,18 @@ class _Evaluation:
         cfg, dev, job, quiet = self.cfg, self.dev, self.job, self.quiet
         t_trusted = _perf()
         ph = self.trusted_ph = _Phases()
-        self.mod = mod = load_problem(job["problem"])
+        prepared = _take_prepared(job)  # this job's plan if this worker made it ahead (mkb.grader._prefetch), else None
+        self.prefetched = prepared is not None
+        if prepared is not None:  # the very objects the lazy path below would have made, from the same secret
+            self.mod, self.make, self.rng = prepared["mod"], prepared["make"], prepared["rng"]
+        else:
+            self.mod = load_problem(job["problem"])
+            self.make = _maker(self.mod, dev, cfg)
+        mod, make = self.mod, self.make
         self.meta = mod.META
         from mkb.grader._backends import backend_from_target
 
         self.backend = backend_from_target(job.get("backend"), job["dsl"])
-        self.make = make = lambda seed: tuple(mod.make_inputs(seed, device=dev.torch_device, size=cfg.size))  # noqa: E731
         eager_fn = getattr(mod, "eager", None) or mod.reference
         ph.mark("load_problem")
         # nvidia-smi takes a while on some hosts: read the GPU state beside the trusted phase, joined before the snapshot
@@ -461,8 +550,16 @@ class _Evaluation:
 
             gpu_reader = _threading.Thread(target=lambda: gpu_box.update(state=gpu_state().as_dict()), daemon=True)
             gpu_reader.start()
-        self.plan = plan = _Plan(mod, cfg, self.rng, make, self.fresh_seed, device=dev.kind)
+        if prepared is not None:
+            self.plan = plan = prepared["plan"]
+        else:
+            self.plan = plan = _Plan(mod, cfg, self.rng, make, self.fresh_seed, device=dev.kind)
         ph.mark("draws_and_recheck_sets")
+        # before the compile phase message, i.e. before any candidate: what the plan took (the queue's prefetch gate)
+        self.send({"type": "plan", "prefetched": self.prefetched, "discarded": _PREPARED_LOG.get("discarded", False),
+                   "prepare_s": prepared["prepare_s"] if prepared is not None else None,
+                   "kept_bytes": plan.kept_bytes, "input_bytes": plan.input_bytes, "working_bytes": plan.working_bytes,
+                   "free_bytes": plan.free_bytes, "expectations": plan.expectations})
         # eager baseline, launch floors and upstream's reference timing, before import; taken from the
         # session cache when the parent has them for this exact (problem, GPU, versions, policy) key
         self.flush = _flusher(dev)

@@ -176,6 +176,10 @@ class Verdict:
     # grader 2.4: every second of wall_s by named phase, summing to wall_s; the phases outside `kernel.*` sum to
     # overhead_s (mkb.grader._phases). None for a verdict built without the parent's clock.
     phases_s: dict[str, float] | None = field(default=None, hash=False, compare=False)
+    # grader 2.5: how the trusted plan was made ahead (mkb.grader._prefetch): state, the seconds the job waited for
+    # it (in phases_s as parent.prefetch_wait), the prepare's own seconds (before the job: not in wall_s). None: no
+    # prefetch was made for this grading (its plan was computed in its trusted phase, as before)
+    prefetch: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
     @property
     def r_at(self) -> dict[float, bool]:
