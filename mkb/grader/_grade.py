@@ -23,7 +23,7 @@ from mkb.grader._session import TrustedCache, problem_identity, trusted_key
 from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict, exit_failure, missing_stages_reason, timeout_failure
 from mkb.problems import problem_number
 
-GRADER_VERSION = "2.4"  # 2.4: every second of wall_s in a named phase (the verdict's details.phases_s), cuBLAS and the timing window's kernels first used in the warm start, and timing policy v4: the SM hold is a raw NVRTC kernel spinning every thread slot on clock64() with no memory traffic (the jiterator hold's 8.6 MB write slowed and moved short kernels); 2.3: sampled expectations where the whole ones do not fit the device (34, 38, 50 at full size; nothing changes for problems that fit); 2.2: the side-work check also takes the empty calls' tails after the loop; 2.1: device-time window (host dispatch hidden by a GPU sleep, reported beside it), spinning tails; 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
+GRADER_VERSION = "2.5"  # 2.5: with a backlog, the next job's trusted plan is made ahead by the spare that grades it (mkb.grader._prefetch; the same plan from its own secret, keyed, under the quiet rule, memory-gated), recorded in the verdict's details.prefetch; nothing timed or checked changes; 2.4: every second of wall_s in a named phase (the verdict's details.phases_s), cuBLAS and the timing window's kernels first used in the warm start, and timing policy v4: the SM hold is a raw NVRTC kernel spinning every thread slot on clock64() with no memory traffic (the jiterator hold's 8.6 MB write slowed and moved short kernels); 2.3: sampled expectations where the whole ones do not fit the device (34, 38, 50 at full size; nothing changes for problems that fit); 2.2: the side-work check also takes the empty calls' tails after the loop; 2.1: device-time window (host dispatch hidden by a GPU sleep, reported beside it), spinning tails; 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
 
 
 def _jsonable(v: Any) -> str | None:
@@ -213,7 +213,8 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
                attempt_id: str | None = None, queue_wait_s: float | None = None, pinned: dict | None = None,
                fresh_eager: bool = False, pair_id: str | None = None, prepared: Prepared | None = None,
                on_compile: Callable[[], None] | None = None,
-               on_plan: Callable[[PlanFootprint], None] | None = None) -> tuple[Verdict, dict]:
+               on_plan: Callable[[PlanFootprint], None] | None = None,
+               device_idle_s: float | None = None) -> tuple[Verdict, dict]:
     """One grading on `pool` with its events emitted to `writer` (the queue's and `grade`'s shared core).
 
     Returns the verdict and the trusted figures the worker measured fresh (for a batch's one eager timing).
@@ -283,7 +284,8 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
         plan = book.get("plan") or {}
         prefetch = {**prefetch, "plan_used": plan.get("prefetched"), "plan_discarded": plan.get("discarded")}
     verdict = _verdict(evaluation_id, number, dsl, sha, stages, failure, log, book, t_req, queue_wait_s,
-                       problem_hash=None if phash == "unknown" else phash, clock=clock, prefetch=prefetch)
+                       problem_hash=None if phash == "unknown" else phash, clock=clock, prefetch=prefetch,
+                       device_idle_s=device_idle_s)
     _emit(writer, verdict, attempt_id=attempt_id, scope=scope, failure_log=log, pair_id=pair_id,
           config_overrides=cfg.overrides())
     return verdict, dict(book.get("trusted_fresh") or {})
@@ -302,7 +304,8 @@ def _claim(prepared: Prepared, job: dict) -> tuple[Worker | None, dict]:
 
 def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[StageResult], failure: str | None,
              log: str, book: dict, t_req: float, queue_wait_s: float | None = None, *,
-             problem_hash: str | None = None, clock: PhaseClock | None = None, prefetch: dict | None = None) -> Verdict:
+             problem_hash: str | None = None, clock: PhaseClock | None = None, prefetch: dict | None = None,
+             device_idle_s: float | None = None) -> Verdict:
     by = {s.stage: s for s in stages}
     reason = None
     for name in STAGES:
@@ -342,7 +345,7 @@ def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[S
         gpu_model=tf.gpu_model if tf else None, gpu_arch=tf.gpu_arch if tf else None,
         timed_calls=tf.n_timed if tf else None, reference_median_us=tf.reference_median_us if tf else None,
         speedup_upstream=(tf.speedup_upstream if tf and passed else None), problem_hash=problem_hash,
-        phases_s=phases, prefetch=prefetch,
+        phases_s=phases, prefetch=prefetch, device_idle_s=device_idle_s,
     )
 
 
@@ -380,7 +383,8 @@ def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failur
         reference_median_us=v.reference_median_us, speedup_upstream=v.speedup_upstream, s_upstream=v.s_upstream,
         queue_wait_s=v.queue_wait_s, pair_id=pair_id, problem_hash=v.problem_hash,
         details=_jsonable({"wall_s": v.wall_s, "overhead_s": v.overhead_s, "worker_wait_s": v.worker_wait_s,
-                           "phases_s": v.phases_s, "prefetch": v.prefetch, "grader_version": GRADER_VERSION, "config_overrides": config_overrides or {},
+                           "phases_s": v.phases_s, "prefetch": v.prefetch, "device_idle_s": v.device_idle_s,
+                           "grader_version": GRADER_VERSION, "config_overrides": config_overrides or {},
                            **_expectations(v)}),
     )
 

@@ -152,7 +152,7 @@ class _Device:
         """The window's SM hold (None on the CPU), which a timing loop sets from its warm-ups."""
         return sm_hold() if self.kind == "cuda" else None
 
-    def warm_clocks(self, seconds: float) -> None:
+    def warm_clocks(self, seconds: float) -> dict[str, Any] | None:
         """Busy the GPU until it has boosted (an idle H200 sits at 345 MHz), for at most `seconds`.
 
         With NVML the warm-up ends once the SM clock reads >= 95% of its maximum after at least
@@ -160,20 +160,29 @@ class _Device:
         NVML it lasts `seconds`. What it took is recorded in the run's phases (`clock_warm`).
         """
         if self.kind != "cuda" or seconds <= 0:
-            return
+            return None
         clock = _WARM.get("sm_clock")
         target = 0.95 * clock.max_mhz if clock is not None and clock.max_mhz else None
+        # what the clock read before any work (grader 2.5, measured for the decision whether a warm-up right after
+        # the device's previous grading can be skipped: DESIGN, Grader, overhead), and how the warm-up ended
+        fig: dict[str, Any] = {"first_mhz": clock.read() if clock is not None else None,
+                               "max_mhz": clock.max_mhz if clock is not None else None, "rounds": 0, "by": "time"}
         a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
         t0 = _perf()
+        mhz = None
         while _perf() - t0 < seconds:
             for _ in range(8):
                 a = (a @ a).clamp_(-1, 1)
             _cuda_sync()
+            fig["rounds"] += 1
             if target is not None and _perf() - t0 >= CLOCK_WARM_MIN_S:
                 mhz = clock.read()
                 if mhz is not None and mhz >= target:
+                    fig["by"] = "clock"
                     break
+        fig["s"], fig["last_mhz"] = round(_perf() - t0, 6), mhz
         del a
+        return fig
 
     def harness_streams(self) -> set[int] | None:
         """Stream ids (as the profiler names them) the harness launches on."""
@@ -453,6 +462,7 @@ def prepare(msg: dict) -> dict:
     t0 = _perf()
     _PREPARED.clear()
     _PREPARED_LOG.clear()
+    sealed = _seal_process()
     cfg = GraderConfig.from_dict(msg.get("config") or {})
     dev = _Device(cfg.device)
     try:
@@ -463,15 +473,32 @@ def prepare(msg: dict) -> dict:
         dev.sync()
     except PrefetchDeclined as exc:
         _release_device_memory(dev.kind)
-        return {"ok": False, "declined": str(exc), "prepare_s": round(_perf() - t0, 6)}
+        return {"ok": False, "declined": str(exc), "prepare_s": round(_perf() - t0, 6), "sealed": sealed}
     except Exception as exc:  # noqa: BLE001 - the grader's (the problem, the device), never a candidate's
         _release_device_memory(dev.kind)
-        return {"ok": False, "error": _fmt_exc(exc), "prepare_s": round(_perf() - t0, 6)}
+        return {"ok": False, "error": _fmt_exc(exc), "prepare_s": round(_perf() - t0, 6), "sealed": sealed}
     key = plan_key(msg)
     prepare_s = round(_perf() - t0, 6)
     _PREPARED.update(key=key, mod=mod, make=make, rng=rng, plan=plan, prepare_s=prepare_s)
     return {"ok": True, "key": key, "prepare_s": prepare_s, "plan_bytes": plan.kept_bytes + plan.input_bytes,
-            "expectations": plan.expectations}
+            "expectations": plan.expectations, "sealed": sealed}
+
+
+def _seal_process() -> bool | None:
+    """Make this process non-dumpable (prctl PR_SET_DUMPABLE 0) before it holds a job's plan beside another candidate.
+
+    Why: a prefetched plan (its seeds, re-check and profiled positions) sits in this worker while the grading in
+    flight runs its candidate under the same user; reading another process's memory (/proc/PID/mem, ptrace) needs
+    ptrace access, which the kernel refuses to a non-dumpable target unless the reader has CAP_SYS_PTRACE. Returns
+    whether the flag reads back 0 (None: not Linux / no libc), recorded on the verdict's `prefetch`."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+        return libc.prctl(3, 0, 0, 0, 0) == 0  # PR_GET_DUMPABLE
+    except Exception:  # noqa: BLE001 - best effort: recorded, never fatal
+        return None
 
 
 def _take_prepared(job: dict) -> dict | None:
@@ -807,11 +834,12 @@ class _Evaluation:
         ph.mark("quiet_wait")
         c_stream = InputStream(source, n_calls=n_warm + n_timed, base_seed=0, max_bytes=self.budget)
         ph.mark("timing_inputs")
-        dev.warm_clocks(cfg.clock_warm_s)
+        clock_warm = dev.warm_clocks(cfg.clock_warm_s)
+        ph.mark("clock_warm")
         # empty calls through the same window in this process: the host's sync latency after `end`,
         # against which the candidate's tails are compared (work left on another stream)
         floor_tails = [dev.window(lambda: None, flush)[2] for _ in range(30)]
-        ph.mark("clock_warm")
+        ph.mark("floor_tails")
         rec = timed_loop(lambda *args: _call(solve, args, "timing"), c_stream, warmup=n_warm, timed=n_timed,
                          window=lambda f: dev.window(f, flush), before_call=before_call, after_call=after_call,
                          between_calls=between_calls, hold=dev.hold())
@@ -890,7 +918,7 @@ class _Evaluation:
             floor_tail_after_us_median=statistics.median(floor_tails_after) if floor_tails_after else None,
             host_us_median=statistics.median(rec.host_us) if rec.host_us else None, hold_us=rec.hold_us,
             eager_host_us_median=eager.get("host_us_median"),
-            side_work_us=left_behind, quiet_wait_s=dict(quiet.waited_s),
+            side_work_us=left_behind, quiet_wait_s=dict(quiet.waited_s), clock_warm=clock_warm,
             quiet_windows_monotonic={k: [round(x, 6) for x in v] for k, v in quiet.windows.items()},
         ).as_dict())
 

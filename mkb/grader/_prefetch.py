@@ -183,7 +183,8 @@ class Prepared:
                "quiet_wait_s": None if self.sent_at is None else round(self.sent_at - self.created, 6),
                "prepare_s": self.reply.get("prepare_s"), "prepare_wall_s": (round(self.done_at - self.sent_at, 6)
                                                                           if self.sent_at and self.done_at else None),
-               "plan_bytes": self.reply.get("plan_bytes"), "declined": self.reply.get("declined"), "error": self.error}
+               "plan_bytes": self.reply.get("plan_bytes"), "declined": self.reply.get("declined"),
+               "sealed": self.reply.get("sealed"), "error": self.error}
         return w, rec
 
     def drop(self) -> None:

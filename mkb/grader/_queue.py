@@ -90,6 +90,7 @@ class GradingQueue:
         # at a time, for the job the dispatcher takes next, started while the current grading compiles
         self.prefetch = prefetch
         self._prepared: Prepared | None = None
+        self._last_end: float | None = None  # when the previous grading on this device ended (verdict's device_idle_s)
         self._footprints: dict[tuple[str, str], PlanFootprint] = {}  # (problem hash, size) -> the last plan's bytes
         self._cv = threading.Condition()
         self._pending: collections.OrderedDict[str, collections.deque[_Entry]] = collections.OrderedDict()
@@ -207,10 +208,13 @@ class GradingQueue:
                     # a batch's first grading measures eager afresh; the others use that one timing
                     fresh_eager=entry.batch and pinned is None, pair_id=pair_id if job.scope == "pair" else None,
                     prepared=prepared, on_compile=(lambda e=entry, k=i: self._prefetch_next(e, k)) if self.prefetch else None,
-                    on_plan=lambda foot, j=job: self._note_footprint(j, foot))
+                    on_plan=lambda foot, j=job: self._note_footprint(j, foot),
+                    device_idle_s=None if self._last_end is None else time.monotonic() - self._last_end)
             except BaseException as exc:  # noqa: BLE001 - the producer gets it through its future
                 fut.set_exception(exc)
                 continue
+            finally:
+                self._last_end = time.monotonic()
             if entry.batch and pinned is None and fresh.get("eager"):
                 pinned = {"eager": fresh["eager"]}
             self.graded += 1

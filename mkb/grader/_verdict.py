@@ -118,6 +118,8 @@ class TimingFigures(_Figures):
     side_work_us: float | None = None
     quiet_wait_s: dict[str, float] | None = None
     quiet_windows_monotonic: dict[str, list[float]] | None = None
+    # grader 2.5: the candidate loop's clock warm-up: SM clock before it, rounds, seconds, ended by "clock" or "time"
+    clock_warm: dict[str, Any] | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -180,6 +182,9 @@ class Verdict:
     # it (in phases_s as parent.prefetch_wait), the prepare's own seconds (before the job: not in wall_s). None: no
     # prefetch was made for this grading (its plan was computed in its trusted phase, as before)
     prefetch: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    # grader 2.5: seconds from the end of the previous grading on this queue's device to this one's start (None: the
+    # first, or not in a queue); beside the timing's `clock_warm`, whether a warm-up right after another can be cut
+    device_idle_s: float | None = None
 
     @property
     def r_at(self) -> dict[float, bool]:

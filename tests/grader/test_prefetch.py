@@ -162,12 +162,14 @@ def test_a_backlog_gets_its_plans_prefetched_and_each_verdict_says_so(tmp_path, 
         assert v.passed, v.message
         _sums_to(v.phases_s, v.wall_s)
     assert vs[0].prefetch is None  # nothing was graded before it to prefetch beside
+    assert vs[0].device_idle_s is None and all(v.device_idle_s is not None and v.device_idle_s >= 0 for v in vs[1:])
     used = [v for v in vs[1:] if v.prefetch and v.prefetch["state"] == "ready"]
     assert used, [v.prefetch for v in vs]
     details = _details(store)
     for v in used:
         p = v.prefetch
         assert p["plan_used"] is True and p["secret_used"] is True and p["prepare_s"] > 0 and not p["plan_discarded"]
+        assert p["sealed"] is True  # the preparing worker made itself non-dumpable (Linux)
         assert "parent.prefetch_wait" in v.phases_s and v.phases_s["parent.prefetch_wait"] == pytest.approx(p["wait_s"], abs=0.05)
         # the plan was made before the job: its trusted phase did not compute the draws again
         assert v.stage("compile").figures["trusted_phases_s"]["draws_and_recheck_sets"] < p["prepare_s"]
