@@ -247,3 +247,26 @@ def test_close_drains_the_backlog_and_drops_a_prefetch_left_over(tmp_path, fake_
     assert q._prepared is None
     if leftover is not None and leftover.state in ("ready", "dropped", "declined"):
         assert not leftover.worker.alive()
+
+
+def test_grader_bench_backlog_section_prints_the_prefetched_overhead(tmp_path, fake_dsl, cpu_config, store, monkeypatch,
+                                                                      repo_script):
+    from types import SimpleNamespace
+
+    import mkb.problems
+
+    bench = repo_script("benchmarks/grader_bench.py")
+    good = tmp_path / "good.py"
+    good.write_text(TORCH_BASELINE_28)
+    monkeypatch.setattr(mkb.problems, "baselines",
+                        lambda problems=None, dsls=None: [SimpleNamespace(problem=28, dsl=fake_dsl, path=good)])
+    lines: list[str] = []
+    b = bench.backlog(problem=28, repeats=3, config=cpu_config, store=store, device="cpu", depth=3, low_water=1,
+                      log=lines.append)
+    d = b["dsls"][fake_dsl]
+    assert d["all_passed"] and len(d["runs"]) == 3 and d["eager"]["passed"]
+    assert d["prefetch_states"].get("ready", 0) >= 1, d["prefetch_states"]
+    assert d["overhead_s_median_prefetched"] is not None and d["prepare_s_median"] > 0
+    assert any("prefetch=ready" in x for x in lines)
+    text = bench.summary({"backlog": [b]})
+    assert "backlog of 3" in text and "with the plan prefetched" in text and "largest phases" in text
