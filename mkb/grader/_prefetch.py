@@ -110,6 +110,7 @@ class Prepared:
     done_at: float | None = None
     reply: dict = field(default_factory=dict)
     error: str | None = None
+    claimed: bool = False  # a grading took it (its worker is that grading's to kill)
     _done: threading.Event = field(default_factory=threading.Event)
     _cancel: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -168,6 +169,7 @@ class Prepared:
         prepare's (the worker holds the plan made from it)."""
         t0 = time.monotonic()
         with self._lock:
+            self.claimed = True
             if self.state == "waiting":
                 self._cancel.set()
         self._done.wait(timeout)

@@ -211,6 +211,8 @@ class GradingQueue:
                     on_plan=lambda foot, j=job: self._note_footprint(j, foot),
                     device_idle_s=None if self._last_end is None else time.monotonic() - self._last_end)
             except BaseException as exc:  # noqa: BLE001 - the producer gets it through its future
+                if prepared is not None and not prepared.claimed:  # it raised before taking its worker (unreadable kernel)
+                    prepared.drop()
                 fut.set_exception(exc)
                 continue
             finally:

@@ -225,28 +225,27 @@ def test_a_prefetch_made_for_other_fields_is_never_used(tmp_path, fake_dsl, cpu_
         _sums_to(v.phases_s, v.wall_s)
 
 
-def test_close_drains_the_backlog_and_drops_a_prefetch_left_over(tmp_path, fake_dsl, cpu_config, store):
+def test_a_cancelled_job_drops_its_prefetch_and_close_drains(tmp_path, fake_dsl, cpu_config, store):
     k = tmp_path / "kernel.py"
     k.write_text(TORCH_BASELINE_28)
     q = GradingQueue(device="cpu", store=store, config=cpu_config, dsls=(fake_dsl,), depth=3)
     q.pool.wait_warm(60)
-    futs = [q.submit(GradeJob(28, fake_dsl, k)) for _ in range(3)]
-    assert futs[0].result(300).passed  # the second is prefetched beside the first; cancel the third once it is
-    leftover = None
+    futs = [q.submit(GradeJob(28, fake_dsl, k, attempt_id=f"j{i}")) for i in range(1, 4)]
+    prepared = None
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # j3's plan is prefetched once j2 starts compiling
         with q._cv:
-            leftover = q._prepared
-        if leftover is not None and leftover.job is futs[2] or futs[1].done():
+            p = q._prepared
+        if p is not None and p.job.attempt_id == "j3":
+            prepared = p
             break
-        time.sleep(0.02)
-    futs[2].cancel()
-    q.close()
-    assert all(f.done() for f in futs)
-    assert futs[1].result().passed
-    assert q._prepared is None
-    if leftover is not None and leftover.state in ("ready", "dropped", "declined"):
-        assert not leftover.worker.alive()
+        time.sleep(0.01)
+    assert prepared is not None, "no prefetch for j3"
+    assert futs[2].cancel()  # j2 still verifies and times: j3 has not started
+    q.close()  # drains: j1 and j2 graded, j3 skipped
+    assert futs[0].result().passed and futs[1].result().passed and futs[2].cancelled()
+    assert futs[1].result().prefetch["state"] == "ready"
+    assert q._prepared is None and not prepared.worker.alive()  # the spare holding j3's plan is gone
 
 
 def test_grader_bench_backlog_section_prints_the_prefetched_overhead(tmp_path, fake_dsl, cpu_config, store, monkeypatch,
@@ -270,3 +269,26 @@ def test_grader_bench_backlog_section_prints_the_prefetched_overhead(tmp_path, f
     assert any("prefetch=ready" in x for x in lines)
     text = bench.summary({"backlog": [b]})
     assert "backlog of 3" in text and "with the plan prefetched" in text and "largest phases" in text
+
+
+def test_a_job_that_raises_before_taking_its_prefetch_does_not_leave_the_spare_behind(tmp_path, fake_dsl, cpu_config,
+                                                                                      store):
+    k = tmp_path / "kernel.py"
+    k.write_text(TORCH_BASELINE_28)
+    missing = tmp_path / "gone.py"
+    missing.write_text(TORCH_BASELINE_28)
+    with GradingQueue(device="cpu", store=store, config=cpu_config, dsls=(fake_dsl,), depth=3) as q:
+        q.pool.wait_warm(60)
+        first = q.submit(GradeJob(28, fake_dsl, k))
+        doomed = q.submit(GradeJob(28, fake_dsl, missing))
+        deadline = time.monotonic() + 120
+        while q._prepared is None and not first.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        prepared = q._prepared
+        missing.unlink()  # the kernel becomes unreadable before its grading starts: grade_with raises
+        assert first.result(300).passed
+        with pytest.raises(ValueError, match="cannot read the kernel"):
+            doomed.result(300)
+    if prepared is not None:
+        assert prepared.job == GradeJob(28, fake_dsl, missing)
+        assert not prepared.worker.alive()
