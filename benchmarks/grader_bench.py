@@ -192,9 +192,11 @@ def backlog(*, problem: int = 72, dsls: tuple[str, ...] | None = None, repeats: 
                        "clock_warm": (v.stage("timing").figures.get("clock_warm") if v.stage("timing") else None)}
                 rows.append(row)
                 p = v.prefetch or {}
+                cw = row["clock_warm"] or {}
                 log(f"[bench] backlog {dsl} #{k + 1}: passed={v.passed} reason={v.reason} wall={v.wall_s:.2f}s "
                     f"overhead={v.overhead_s:.2f}s prefetch={p.get('state')} prepare_s={p.get('prepare_s')} "
-                    f"wait_s={p.get('wait_s')} median={v.candidate_median_us}")
+                    f"wait_s={p.get('wait_s')} median={v.candidate_median_us} device_idle_s={_f(v.device_idle_s, '.3f')} "
+                    f"clock_warm: first {cw.get('first_mhz')} of {cw.get('max_mhz')} MHz, {cw.get('s')} s, by {cw.get('by')}")
             ovh = [r["overhead_s"] for r in rows if r["overhead_s"] is not None]
             states: dict[str, int] = {}
             for r in rows:
@@ -211,10 +213,24 @@ def backlog(*, problem: int = 72, dsls: tuple[str, ...] | None = None, repeats: 
                 "candidate_median_us": statistics.median([m for m in med if m is not None]) if any(med) else None,
                 "candidate_spread": _spread(med), "all_passed": all(r["passed"] for r in rows), "phases": phase_table(rows),
                 "eager": {"passed": first.passed, "wall_s": first.wall_s, "overhead_s": first.overhead_s},
+                "clock_warm": clock_warm_table(rows),
             }
             log(f"[bench] backlog, problem {problem} {dsl}: prefetch {states}; overhead by phase ({len(rows)} gradings):\n"
                 + format_phases(out["dsls"][dsl]["phases"]))
     return out
+
+
+def clock_warm_table(rows: list[dict]) -> dict:
+    """The candidate loops' clock warm-ups (grader 2.5's timing `clock_warm`) beside the device's idle time before each
+    grading: how often the SM clock already read its maximum before any work, and what the warm-up cost then. The data
+    for deciding whether a warm-up right after another grading can be cut (DESIGN, Grader), not a decision."""
+    cw = [(r.get("device_idle_s"), r["clock_warm"]) for r in rows if r.get("clock_warm")]
+    at_max = [(idle, c) for idle, c in cw if c.get("first_mhz") and c.get("max_mhz") and c["first_mhz"] >= 0.95 * c["max_mhz"]]
+    return {"n": len(cw), "first_at_max": len(at_max),
+            "s_median": statistics.median([c["s"] for _, c in cw]) if cw else None,
+            "s_median_first_at_max": statistics.median([c["s"] for _, c in at_max]) if at_max else None,
+            "idle_s_max_first_at_max": max((i for i, _ in at_max if i is not None), default=None),
+            "by_clock": sum(1 for _, c in cw if c.get("by") == "clock")}
 
 
 def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=None, writer=None, store: str | None = None,
@@ -410,6 +426,12 @@ def summary(res: dict) -> str:
                      f"< 0.5 s); with the plan prefetched {_f(d['overhead_s_median_prefetched'], '.3f')} s; prefetch "
                      f"{d['prefetch_states']}, prepare median {_f(d['prepare_s_median'], '.3f')} s (outside the wall); "
                      f"candidate spread {100 * (d['candidate_spread'] or 0):.2f}%; all passed: {d['all_passed']}")
+        c = d.get("clock_warm") or {}
+        if c.get("n"):
+            lines.append(f"FIGURE clock warm-up, problem {o['problem']} {dsl}: {c['first_at_max']} of {c['n']} found the SM "
+                         f"clock at >= 95% of its maximum before any work (longest idle before such: "
+                         f"{_f(c['idle_s_max_first_at_max'], '.3f')} s); warm-up median {_f(c['s_median'], '.3f')} s, "
+                         f"{_f(c['s_median_first_at_max'], '.3f')} s when at max; ended by the clock reading {c['by_clock']}")
         top = [p for p in d.get("phases", []) if not p["phase"].startswith("kernel.")][:6]
         if top:
             lines.append(f"FIGURE backlog overhead, problem {o['problem']} {dsl}, largest phases (median s): "

@@ -174,6 +174,25 @@ def test_a_backlog_gets_its_plans_prefetched_and_each_verdict_says_so(tmp_path, 
         # the plan was made before the job: its trusted phase did not compute the draws again
         assert v.stage("compile").figures["trusted_phases_s"]["draws_and_recheck_sets"] < p["prepare_s"]
         assert details[v.evaluation_id]["prefetch"]["prepare_s"] == pytest.approx(p["prepare_s"])
+    # the quiet rule: no prepare ran while a worker of the device was timing (history: prepare .. warmed, hold .. release)
+    from mkb.grader import quiet_for
+
+    hist = list(quiet_for("cpu").history)
+    t_first = min(t for t, e, _ in hist if e == "prepare")
+    preparing, holding = {}, {}
+    for t, e, pid in hist:
+        if t < t_first - 120:
+            continue
+        if e == "prepare":
+            preparing[pid] = t
+        elif e == "warmed" and pid in preparing:
+            start = preparing.pop(pid)
+            assert not holding, f"a prepare ran from {start} to {t} while {holding} held"
+        elif e.startswith("hold:"):
+            assert not preparing, f"{e} began while {preparing} prepared"
+            holding[pid] = t
+        elif e == "release":
+            holding.pop(pid, None)
     # every grading drew its own secret: their verification inputs differ
     errs = {json.dumps(v.stage("verification").figures["details"]) for v in vs}
     assert len(errs) == len(vs)
@@ -292,3 +311,14 @@ def test_a_job_that_raises_before_taking_its_prefetch_does_not_leave_the_spare_b
     if prepared is not None:
         assert prepared.job == GradeJob(28, fake_dsl, missing)
         assert not prepared.worker.alive()
+
+
+def test_grader_bench_clock_warm_table_counts_warm_ups_that_found_the_clock_at_max(repo_script):
+    bench = repo_script("benchmarks/grader_bench.py")
+    rows = [{"device_idle_s": 0.02, "clock_warm": {"first_mhz": 1980, "max_mhz": 1980, "s": 0.031, "by": "clock"}},
+            {"device_idle_s": 0.4, "clock_warm": {"first_mhz": 1900, "max_mhz": 1980, "s": 0.032, "by": "clock"}},
+            {"device_idle_s": 5.0, "clock_warm": {"first_mhz": 345, "max_mhz": 1980, "s": 0.3, "by": "time"}},
+            {"device_idle_s": None, "clock_warm": None}]
+    t = bench.clock_warm_table(rows)
+    assert t == {"n": 3, "first_at_max": 2, "s_median": 0.032, "s_median_first_at_max": pytest.approx(0.0315),
+                 "idle_s_max_first_at_max": 0.4, "by_clock": 2}
