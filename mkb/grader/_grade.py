@@ -244,7 +244,7 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
     failure: str | None = None
     log = ""
     book: dict[str, Any] = {}
-    prefetch: dict[str, Any] | None = None
+    prefetch: dict[str, Any] = {"state": "none", "wait_s": 0.0, "secret_used": False}  # no prefetch was made for it
     phash = problem_identity(number)  # on the verdict: a figure is read only against the problem it was graded on
     clock.mark("problem_identity")
     findings = tuple(backend.static_rules(source))
@@ -280,9 +280,8 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
                 pool.close()
                 clock.mark("pool_close")
 
-    if prefetch is not None:
-        plan = book.get("plan") or {}
-        prefetch = {**prefetch, "plan_used": plan.get("prefetched"), "plan_discarded": plan.get("discarded")}
+    plan = book.get("plan") or {}
+    prefetch = {**prefetch, "plan_used": plan.get("prefetched"), "plan_discarded": plan.get("discarded")}
     verdict = _verdict(evaluation_id, number, dsl, sha, stages, failure, log, book, t_req, queue_wait_s,
                        problem_hash=None if phash == "unknown" else phash, clock=clock, prefetch=prefetch,
                        device_idle_s=device_idle_s)

@@ -161,7 +161,7 @@ def test_a_backlog_gets_its_plans_prefetched_and_each_verdict_says_so(tmp_path, 
     for v in vs:
         assert v.passed, v.message
         _sums_to(v.phases_s, v.wall_s)
-    assert vs[0].prefetch is None  # nothing was graded before it to prefetch beside
+    assert vs[0].prefetch["state"] == "none" and vs[0].prefetch["plan_used"] is False  # nothing graded before it
     assert vs[0].device_idle_s is None and all(v.device_idle_s is not None and v.device_idle_s >= 0 for v in vs[1:])
     used = [v for v in vs[1:] if v.prefetch and v.prefetch["state"] == "ready"]
     assert used, [v.prefetch for v in vs]
