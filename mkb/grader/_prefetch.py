@@ -144,7 +144,9 @@ class Prepared:
             msg = w.reader.read(self.sent_at + PREPARE_LIMIT_S)
             if isinstance(msg, dict) and msg.get("type") == "prepared":
                 self.reply = {k: v for k, v in msg.items() if k != "type"}
-                if msg.get("ok"):
+                if msg.get("ok") and msg.get("key") != self.key:  # never: the worker keyed the plan on other fields
+                    self.state, self.error = "failed", "the worker reported a plan of another key"
+                elif msg.get("ok"):
                     self.state = "ready"
                 elif msg.get("declined"):
                     self.state = "declined"
@@ -165,8 +167,8 @@ class Prepared:
         """For the job's start: the worker to grade on (None: take another) and the record for the verdict.
 
         A prepare not yet started is cancelled (its worker, which never saw the plan, is used plainly); one running is
-        waited for; a failed one's worker is killed (the job takes a fresh spare). `used` says the secret is this
-        prepare's (the worker holds the plan made from it)."""
+        waited for; a failed one's worker (dead, erring, hung, or dead since) is killed and the job takes a fresh spare.
+        `secret_used` says the job gets this prepare's secret (its worker holds the plan made from it)."""
         t0 = time.monotonic()
         with self._lock:
             self.claimed = True
@@ -176,6 +178,8 @@ class Prepared:
         waited = time.monotonic() - t0
         if not self._done.is_set():
             self.state, self.error = "failed", f"the prepare did not end within {timeout:.0f} s"
+        elif self.state != "failed" and not self.worker.alive():  # died after its prepare, before its job: as a spare would
+            self.state, self.error = "failed", f"the worker died before its job (exit {self.worker.proc.poll()})"
         w = self.worker
         if self.state == "failed":
             w.kill()

@@ -322,3 +322,31 @@ def test_grader_bench_clock_warm_table_counts_warm_ups_that_found_the_clock_at_m
     t = bench.clock_warm_table(rows)
     assert t == {"n": 3, "first_at_max": 2, "s_median": 0.032, "s_median_first_at_max": pytest.approx(0.0315),
                  "idle_s_max_first_at_max": 0.4, "by_clock": 2}
+
+
+def test_a_prepared_worker_that_dies_before_its_job_is_replaced(tmp_path, fake_dsl, cpu_config, store):
+    from mkb.events import EventWriter
+
+    k = tmp_path / "kernel.py"
+    k.write_text(TORCH_BASELINE_28)
+    fields = _grade.plan_job_fields(28, fake_dsl, cpu_config, _grade.problem_identity(28))
+    with WorkerPool((fake_dsl,), device="cpu", depth=3) as pool, EventWriter(store) as writer:
+        pool.wait_warm(60)
+        # the plain case first: a ready prefetch is used by grade_with, with its secret
+        w = pool.take_ready(fake_dsl)
+        p = Prepared.for_job(w, None, fields)
+        p.start()
+        assert p._done.wait(60) and p.state == "ready", (p.state, p.error)
+        v, _ = _grade.grade_with(28, fake_dsl, k, writer=writer, config=cpu_config, pool=pool, prepared=p)
+        assert v.passed and v.prefetch["state"] == "ready" and v.prefetch["plan_used"] is True, v.prefetch
+        # then one whose worker dies after preparing, before its job
+        w = pool.take_ready(fake_dsl)
+        p = Prepared.for_job(w, None, fields)
+        p.start()
+        assert p._done.wait(60) and p.state == "ready", (p.state, p.error)
+        os.killpg(w.pid, signal.SIGKILL)
+        w.proc.wait(10)
+        v, _ = _grade.grade_with(28, fake_dsl, k, writer=writer, config=cpu_config, pool=pool, prepared=p)
+        assert v.passed, v.message
+        assert v.prefetch["state"] == "failed" and "died before its job" in v.prefetch["error"]
+        assert v.prefetch["plan_used"] is False and not v.prefetch["secret_used"]
