@@ -350,3 +350,25 @@ def test_a_prepared_worker_that_dies_before_its_job_is_replaced(tmp_path, fake_d
         assert v.passed, v.message
         assert v.prefetch["state"] == "failed" and "died before its job" in v.prefetch["error"]
         assert v.prefetch["plan_used"] is False and not v.prefetch["secret_used"]
+
+
+def test_grader_bench_main_runs_the_lead_s_sections(tmp_path, fake_dsl, monkeypatch, capsys, repo_script):
+    from types import SimpleNamespace
+
+    import mkb.problems
+
+    bench = repo_script("benchmarks/grader_bench.py")
+    good = tmp_path / "good.py"
+    good.write_text(TORCH_BASELINE_28)
+    base = [SimpleNamespace(problem=28, dsl=fake_dsl, path=good)]
+    monkeypatch.setattr(mkb.problems, "baselines", lambda problems=None, dsls=None: base)
+    monkeypatch.setattr(bench, "memory_bound_baselines", lambda dsls=None: base)
+    out = tmp_path / "out"
+    bench.main(["--smoke", "--device", "cpu", "--sections", "backlog,throughput", "--problem", "28", "--repeats", "2",
+                "--rounds", "2", "--depth", "3", "--low-water", "1", "--budget-s", "600", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "FIGURE overhead per evaluation, warm queue with a backlog of 2" in printed
+    assert "FIGURE gradings per GPU-hour" in printed and "prefetch {" in printed
+    res = json.loads((out / "grader_bench.json").read_text())
+    assert res["backlog"][0]["dsls"][fake_dsl]["all_passed"] and res["throughput"]["all_passed"]
+    assert "overhead" not in res
