@@ -8,6 +8,9 @@ memory-bound baselines; spread (max - min) / median of the candidate median < 2%
 
 - `overhead`: one kernel (problem 28's baselines by default) graded `--repeats` times per DSL, one
   job at a time, each submitted once the queue's spares are warm (a queue in steady state).
+- `backlog`: one kernel (`--problem`) per DSL graded once, then `--repeats` times submitted at once, so the queue
+  has a backlog and prefetches each next job's trusted plan on the spare that will grade it (grader 2.5); prints
+  how each plan was made (`prefetch` state, the prepare's own seconds, the job's wait for it).
 - `throughput`: every memory-bound baseline (speed-of-light bound "memory", discovered in the
   problem folders) submitted `--rounds` times at once from two producer threads; gradings per
   GPU-hour = gradings / (first submit to last verdict), the spares warm when the clock starts.
@@ -17,8 +20,8 @@ wall time, mkb.grader._phases): median, mean and max seconds per phase, largest 
 
     python benchmarks/grader_bench.py --sections overhead,throughput --json out.json
     # the recorded H200 run (<= 200 s): a budget, the store packed as events.tar.gz under $OUT
-    python benchmarks/grader_bench.py --problem 72 --repeats 4 --rounds 2 --depth 4 --low-water 2 \
-        --budget-s 160 --out $OUT --name h200-grader-bench-2-4 2>&1 | tee $OUT/grader_bench.log
+    python benchmarks/grader_bench.py --sections overhead,backlog,throughput --problem 72 --repeats 4 --rounds 2 \
+        --depth 4 --low-water 2 --budget-s 170 --out $OUT --name h200-grader-bench-2-5 2>&1 | tee $OUT/grader_bench.log
 """
 
 from __future__ import annotations
@@ -153,6 +156,83 @@ def overhead(*, problem: int = 28, dsls: tuple[str, ...] | None = None, repeats:
     return out
 
 
+def backlog(*, problem: int = 72, dsls: tuple[str, ...] | None = None, repeats: int = 4, config=None, writer=None,
+            store: str | None = None, device: str = "cuda:0", depth: int = 4, low_water: int = 2, log=print,
+            deadline: float | None = None) -> dict:
+    """One kernel per DSL graded once (the eager timing, the plan's footprint; not counted), then `repeats` times
+    submitted at once: with a backlog the queue prefetches each next job's trusted plan on the spare that grades it
+    (grader 2.5, mkb.grader._prefetch). Prints the overhead by phase and how each plan was made."""
+    from mkb.grader import GradeJob, GraderConfig, GradingQueue
+    from mkb.problems import baselines
+
+    found = {b.dsl: b.path for b in baselines([problem], dsls=dsls)}
+    cfg = config or GraderConfig()
+    out: dict = {"problem": problem, "repeats": repeats, "dsls": {}}
+    with GradingQueue(device=device, store=store, writer=writer, config=cfg, dsls=tuple(found),
+                      depth=depth, low_water=low_water) as q:
+        for dsl, path in found.items():
+            if deadline is not None and time.monotonic() > deadline:
+                log(f"[bench] backlog {dsl}: budget spent, not started")
+                break
+            q.pool.wait_warm(cfg.start_limit_s)
+            first = q.submit(GradeJob(problem, dsl, path, experiment="bench-backlog")).result()
+            log(f"[bench] backlog {dsl} #0 (eager and footprint, not counted): passed={first.passed} reason={first.reason} "
+                f"wall={first.wall_s:.2f}s overhead={first.overhead_s:.2f}s")
+            q.pool.wait_warm(cfg.start_limit_s)
+            futs = [q.submit(GradeJob(problem, dsl, path, experiment="bench-backlog")) for _ in range(repeats)]
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            _, not_done = concurrent.futures.wait(futs, timeout=left)
+            cancelled = sum(f.cancel() for f in not_done)
+            rows = []
+            for k, f in enumerate(futs):
+                if f.cancelled():
+                    continue
+                v = f.result()
+                row = {**_row(v), "prefetch": v.prefetch, "device_idle_s": v.device_idle_s,
+                       "clock_warm": (v.stage("timing").figures.get("clock_warm") if v.stage("timing") else None)}
+                rows.append(row)
+                p = v.prefetch or {}
+                cw = row["clock_warm"] or {}
+                log(f"[bench] backlog {dsl} #{k + 1}: passed={v.passed} reason={v.reason} wall={v.wall_s:.2f}s "
+                    f"overhead={v.overhead_s:.2f}s prefetch={p.get('state')} prepare_s={p.get('prepare_s')} "
+                    f"wait_s={p.get('wait_s')} median={v.candidate_median_us} device_idle_s={_f(v.device_idle_s, '.3f')} "
+                    f"clock_warm: first {cw.get('first_mhz')} of {cw.get('max_mhz')} MHz, {cw.get('s')} s, by {cw.get('by')}")
+            ovh = [r["overhead_s"] for r in rows if r["overhead_s"] is not None]
+            states: dict[str, int] = {}
+            for r in rows:
+                st = (r["prefetch"] or {}).get("state") or "none"
+                states[st] = states.get(st, 0) + 1
+            med = [r["candidate_median_us"] for r in rows]
+            used = [r for r in rows if (r["prefetch"] or {}).get("plan_used")]
+            out["dsls"][dsl] = {
+                "kernel": _rel(path), "runs": rows, "cancelled": cancelled, "prefetch_states": states,
+                "overhead_s_median": statistics.median(ovh) if ovh else None, "overhead_s_max": max(ovh) if ovh else None,
+                "overhead_s_median_prefetched": statistics.median([r["overhead_s"] for r in used]) if used else None,
+                "prepare_s_median": statistics.median([r["prefetch"]["prepare_s"] for r in used
+                                                       if r["prefetch"].get("prepare_s") is not None] or [0.0]) if used else None,
+                "candidate_median_us": statistics.median([m for m in med if m is not None]) if any(med) else None,
+                "candidate_spread": _spread(med), "all_passed": all(r["passed"] for r in rows), "phases": phase_table(rows),
+                "eager": {"passed": first.passed, "wall_s": first.wall_s, "overhead_s": first.overhead_s},
+                "clock_warm": clock_warm_table(rows),
+            }
+            log(f"[bench] backlog, problem {problem} {dsl}: prefetch {states}; overhead by phase ({len(rows)} gradings):\n"
+                + format_phases(out["dsls"][dsl]["phases"]))
+    return out
+
+
+def clock_warm_table(rows: list[dict]) -> dict:
+    """The candidate loops' clock warm-ups (grader 2.5's timing `clock_warm`) beside the device's idle time before each
+    grading: how often the SM clock already read its maximum before any work, and what the warm-up cost then. The data
+    for deciding whether a warm-up right after another grading can be cut (DESIGN, Grader), not a decision."""
+    cw = [(r.get("device_idle_s"), r["clock_warm"]) for r in rows if r.get("clock_warm")]
+    at_max = [(idle, c) for idle, c in cw if c.get("first_mhz") and c.get("max_mhz") and c["first_mhz"] >= 0.95 * c["max_mhz"]]
+    return {"n": len(cw), "first_at_max": len(at_max),
+            "s_median": statistics.median([c["s"] for _, c in cw]) if cw else None,
+            "s_median_first_at_max": statistics.median([c["s"] for _, c in at_max]) if at_max else None,
+            "idle_s_max_first_at_max": max((i for i, _ in at_max if i is not None), default=None),
+            "by_clock": sum(1 for _, c in cw if c.get("by") == "clock")}
+
+
 def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=None, writer=None, store: str | None = None,
                device: str = "cuda:0", depth: int = 4, low_water: int = 1, log=print, deadline: float | None = None) -> dict:
     """All memory-bound baselines x `rounds`, pushed at once by two producers; gradings per GPU-hour.
@@ -193,7 +273,11 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
         elapsed = t_last - t0
     if cancelled:
         log(f"[bench] throughput: budget spent, {cancelled} gradings cancelled before they started")
-    rows = [_row(v) for v in verdicts]
+    rows = [{**_row(v), "prefetch": v.prefetch} for v in verdicts]
+    states: dict[str, int] = {}
+    for r in rows:
+        st = (r["prefetch"] or {}).get("state") or "none"
+        states[st] = states.get(st, 0) + 1
     steady = [r["wall_s"] for r in rows if r["eager_cached"] and r["reference_cached"]]
     ovh = [r["overhead_s"] for r in rows if r["overhead_s"] is not None]
     per_hour = 3600.0 * len(rows) / elapsed if elapsed > 0 else None
@@ -203,7 +287,7 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
            "busy_s": q.busy_s, "depth": depth, "low_water": low_water, "runs": rows,
            "wall_s_median": statistics.median([r["wall_s"] for r in rows]) if rows else None,
            "worker_wait_s_median": statistics.median([r["worker_wait_s"] or 0.0 for r in rows]) if rows else None,
-           "phases": phase_table(rows), "cancelled": cancelled,
+           "phases": phase_table(rows), "cancelled": cancelled, "prefetch_states": states,
            "steady_gradings": len(steady),
            "steady_gradings_per_gpu_hour": 3600.0 / statistics.fmean(steady) if steady else None}
     log("[bench] throughput: overhead by phase (every grading):\n" + format_phases(res["phases"]))
@@ -265,7 +349,7 @@ def committed(store: str, *, log=print) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sections", default="overhead,throughput",
-                    help="overhead, throughput (GPU); committed (CPU: phases of the stores named by --committed)")
+                    help="overhead, backlog, throughput (GPU); committed (CPU: phases of the stores named by --committed)")
     ap.add_argument("--committed", nargs="*", default=[], help="stores graded before grader 2.4, for --sections committed")
     ap.add_argument("--problem", type=int, nargs="+", default=[28], help="one or more problems for the overhead section")
     ap.add_argument("--dsl", action="append", default=None, help="only these DSLs (default: every registered one)")
@@ -280,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no grading after this many seconds (the one running finishes); figures count what finished")
     ap.add_argument("--out", default=None, help="a folder for grader_bench.json and events.tar.gz (the store, folder --name)")
-    ap.add_argument("--name", default="h200-grader-bench-2-4", help="the dataset folder name inside events.tar.gz")
+    ap.add_argument("--name", default="h200-grader-bench-2-5", help="the dataset folder name inside events.tar.gz")
     ap.add_argument("--smoke", action="store_true", help="GraderConfig.quick at smoke size (a CPU check of this script; never a figure)")
     a = ap.parse_args(argv)
     from mkb.grader import GraderConfig
@@ -301,6 +385,9 @@ def main(argv: list[str] | None = None) -> None:
     if "overhead" in sections:
         res["overhead"] = [overhead(problem=p, dsls=dsls, repeats=a.repeats, config=cfg, store=store, device=a.device,
                                     deadline=deadline) for p in a.problem]
+    if "backlog" in sections:
+        res["backlog"] = [backlog(problem=p, dsls=dsls, repeats=a.repeats, config=cfg, store=store, device=a.device,
+                                  depth=a.depth, low_water=a.low_water, deadline=deadline) for p in a.problem]
     if "throughput" in sections and (deadline is None or time.monotonic() < deadline):
         res["throughput"] = throughput(rounds=a.rounds, dsls=dsls, config=cfg, store=store, device=a.device,
                                        depth=a.depth, low_water=a.low_water, deadline=deadline)
@@ -333,6 +420,22 @@ def summary(res: dict) -> str:
         if top:
             lines.append(f"FIGURE overhead, problem {o['problem']} {dsl}, largest phases (median s): "
                          + ", ".join(f"{p['phase']} {p['median_s']:.3f}" for p in top))
+    for o, dsl, d in [(o, dsl, d) for o in res.get("backlog") or [] for dsl, d in o.get("dsls", {}).items()]:
+        lines.append(f"FIGURE overhead per evaluation, warm queue with a backlog of {o['repeats']}, problem {o['problem']} "
+                     f"{dsl}: median {_f(d['overhead_s_median'], '.3f')} s (max {_f(d['overhead_s_max'], '.3f')}; target "
+                     f"< 0.5 s); with the plan prefetched {_f(d['overhead_s_median_prefetched'], '.3f')} s; prefetch "
+                     f"{d['prefetch_states']}, prepare median {_f(d['prepare_s_median'], '.3f')} s (outside the wall); "
+                     f"candidate spread {100 * (d['candidate_spread'] or 0):.2f}%; all passed: {d['all_passed']}")
+        c = d.get("clock_warm") or {}
+        if c.get("n"):
+            lines.append(f"FIGURE clock warm-up, problem {o['problem']} {dsl}: {c['first_at_max']} of {c['n']} found the SM "
+                         f"clock at >= 95% of its maximum before any work (longest idle before such: "
+                         f"{_f(c['idle_s_max_first_at_max'], '.3f')} s); warm-up median {_f(c['s_median'], '.3f')} s, "
+                         f"{_f(c['s_median_first_at_max'], '.3f')} s when at max; ended by the clock reading {c['by_clock']}")
+        top = [p for p in d.get("phases", []) if not p["phase"].startswith("kernel.")][:6]
+        if top:
+            lines.append(f"FIGURE backlog overhead, problem {o['problem']} {dsl}, largest phases (median s): "
+                         + ", ".join(f"{p['phase']} {p['median_s']:.3f}" for p in top))
     for c in res.get("committed") or []:
         top = sorted((d for d in c["warm_phases"] if not d["phase"].startswith("kernel.")), key=lambda d: -d["median_s"])[:6]
         lines.append(f"FIGURE committed {c['store']}: overhead median {_f(c['overhead_s_median'], '.3f')} s over "
@@ -344,7 +447,8 @@ def summary(res: dict) -> str:
         lines.append(f"FIGURE gradings per GPU-hour, memory-bound baselines {t['problems']}: {_f(t['gradings_per_gpu_hour'], '.0f')} "
                      f"({t['gradings']} gradings in {t['elapsed_s']:.1f} s, {t['cancelled']} cancelled by the budget; "
                      f"target >= 1500); all passed: {t['all_passed']}; overhead median {_f(t['overhead_s_median'], '.3f')} s, "
-                     f"wall median {_f(t['wall_s_median'], '.3f')} s, worker wait median {_f(t['worker_wait_s_median'], '.3f')} s")
+                     f"wall median {_f(t['wall_s_median'], '.3f')} s, worker wait median {_f(t['worker_wait_s_median'], '.3f')} s; "
+                     f"prefetch {t.get('prefetch_states')}")
         if t.get("steady_gradings_per_gpu_hour"):
             lines.append(f"FIGURE gradings per GPU-hour with the eager and reference timings cached (3600 / mean wall of "
                          f"{t['steady_gradings']} such gradings): {t['steady_gradings_per_gpu_hour']:.0f}")

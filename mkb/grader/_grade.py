@@ -12,17 +12,18 @@ import json
 import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mkb.grader._config import GraderConfig
 from mkb.grader._phases import PhaseClock, attribute, clean_timeline
 from mkb.grader._pool import WARM_WAIT_S, Worker, WorkerPool
+from mkb.grader._prefetch import PlanFootprint, Prepared, plan_key
 from mkb.grader._reasons import STAGES, Reason, static_reason
 from mkb.grader._session import TrustedCache, problem_identity, trusted_key
 from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict, exit_failure, missing_stages_reason, timeout_failure
 from mkb.problems import problem_number
 
-GRADER_VERSION = "2.4"  # 2.4: every second of wall_s in a named phase (the verdict's details.phases_s), cuBLAS and the timing window's kernels first used in the warm start, and timing policy v4: the SM hold is a raw NVRTC kernel spinning every thread slot on clock64() with no memory traffic (the jiterator hold's 8.6 MB write slowed and moved short kernels); 2.3: sampled expectations where the whole ones do not fit the device (34, 38, 50 at full size; nothing changes for problems that fit); 2.2: the side-work check also takes the empty calls' tails after the loop; 2.1: device-time window (host dispatch hidden by a GPU sleep, reported beside it), spinning tails; 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
+GRADER_VERSION = "2.5"  # 2.5: with a backlog, the next job's trusted plan is made ahead by the spare that grades it (mkb.grader._prefetch; the same plan from its own secret, keyed, under the quiet rule, memory-gated), recorded in the verdict's details.prefetch; nothing timed or checked changes; 2.4: every second of wall_s in a named phase (the verdict's details.phases_s), cuBLAS and the timing window's kernels first used in the warm start, and timing policy v4: the SM hold is a raw NVRTC kernel spinning every thread slot on clock64() with no memory traffic (the jiterator hold's 8.6 MB write slowed and moved short kernels); 2.3: sampled expectations where the whole ones do not fit the device (34, 38, 50 at full size; nothing changes for problems that fit); 2.2: the side-work check also takes the empty calls' tails after the loop; 2.1: device-time window (host dispatch hidden by a GPU sleep, reported beside it), spinning tails; 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
 
 
 def _jsonable(v: Any) -> str | None:
@@ -31,7 +32,9 @@ def _jsonable(v: Any) -> str | None:
 
 def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedCache | None = None,
                 problem_hash: str = "unknown", pinned: dict | None = None,
-                fresh_eager: bool = False, clock: PhaseClock | None = None) -> tuple[list[StageResult], str | None, str, dict]:
+                fresh_eager: bool = False, clock: PhaseClock | None = None,
+                on_compile: Callable[[], None] | None = None,
+                on_plan: Callable[[PlanFootprint], None] | None = None) -> tuple[list[StageResult], str | None, str, dict]:
     """Drive one job; returns (stages, failure reason not tied to a stage, log, bookkeeping).
 
     `pinned` trusted figures (a pair re-grade's one eager timing) win over the cache; `fresh_eager`
@@ -68,13 +71,14 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
     book["trusted_cached"] = sorted(hit)
     clock.mark("trusted_lookup")
     try:
-        return _drive(worker, job, cfg, cache, keys, nonce, book, clock)
+        return _drive(worker, job, cfg, cache, keys, nonce, book, clock, on_compile=on_compile, on_plan=on_plan)
     finally:
         worker.quiet.release(worker, pid=worker.pid)  # a hold never outlives its grading (crash, timeout, forged message)
 
 
 def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | None, keys: dict, nonce: str,
-           book: dict, clock: PhaseClock) -> tuple[list[StageResult], str | None, str, dict]:
+           book: dict, clock: PhaseClock, *, on_compile: Callable[[], None] | None = None,
+           on_plan: Callable[[PlanFootprint], None] | None = None) -> tuple[list[StageResult], str | None, str, dict]:
     worker.send_job({**job, "type": "job", "nonce": nonce})
     t_job = time.monotonic()  # `worker_job` (the clock's span from here back to `trusted_lookup`) includes the send
     wall_deadline = t_job + cfg.wall_limit_s
@@ -116,11 +120,24 @@ def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | N
                 worker.send_go()
             else:
                 worker.quiet.release(worker, pid=worker.pid)
+        elif kind == "plan":
+            # the trusted plan's footprint and whether it was prefetched, sent before the compile phase message
+            if phase == "setup" and "plan" not in book:
+                book["plan"] = {k: msg.get(k) for k in ("prefetched", "discarded", "prepare_s", "kept_bytes", "input_bytes",
+                                                        "working_bytes", "free_bytes", "expectations")}
+                foot = PlanFootprint.from_msg(msg)
+                if on_plan is not None and foot is not None:
+                    on_plan(foot)
         elif kind == "phase":
             phase = msg["phase"]
             if phase == "compile":
                 book["compile_started_s"] = time.monotonic() - t_job
                 deadline = min(wall_deadline, time.monotonic() + cfg.compile_limit_s)
+                if on_compile is not None:  # the queue's prefetch of the next job's plan: beside this compile
+                    try:
+                        on_compile()
+                    except Exception as exc:  # noqa: BLE001 - a prefetch that cannot start leaves the next job lazy
+                        book["prefetch_start_error"] = f"{type(exc).__name__}: {exc}"[:500]
             else:
                 deadline = wall_deadline
         elif kind == "stage":
@@ -182,13 +199,29 @@ def grade(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, store
     return verdict
 
 
+def plan_job_fields(problem: int | str | Path, dsl: str, cfg: GraderConfig, problem_hash: str) -> dict:
+    """The job fields a trusted plan depends on, but the secret (mkb.grader._prefetch.plan_key): one builder for the
+    job and for a prefetch of it, so the two can only match when they are the same job."""
+    from mkb.grader._backends import backend_target
+
+    return {"problem": problem_number(problem) if not isinstance(problem, Path) and str(problem).isdigit() else str(problem),
+            "dsl": dsl, "backend": backend_target(dsl), "config": cfg.as_dict(), "problem_hash": problem_hash}
+
+
 def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, writer: Any,
                config: GraderConfig | None = None, pool: WorkerPool | None = None, scope: str = "submission",
                attempt_id: str | None = None, queue_wait_s: float | None = None, pinned: dict | None = None,
-               fresh_eager: bool = False, pair_id: str | None = None) -> tuple[Verdict, dict]:
+               fresh_eager: bool = False, pair_id: str | None = None, prepared: Prepared | None = None,
+               on_compile: Callable[[], None] | None = None,
+               on_plan: Callable[[PlanFootprint], None] | None = None,
+               device_idle_s: float | None = None) -> tuple[Verdict, dict]:
     """One grading on `pool` with its events emitted to `writer` (the queue's and `grade`'s shared core).
 
     Returns the verdict and the trusted figures the worker measured fresh (for a batch's one eager timing).
+    `prepared`: a prefetch made for this job (mkb.grader._prefetch), claimed here; its worker grades the job with its
+    secret only if it made the plan and the plan's key is this job's, else the job takes a spare (a failed prepare's
+    worker is killed) with a fresh secret. `on_compile` is called once the worker starts the candidate's compile (the
+    queue starts the next job's prefetch there); `on_plan` gets the trusted plan's footprint (the prefetch gate).
     """
     from mkb.grader._backends import backend_from_target, backend_target
     from mkb.grader._jsonl import uuid7
@@ -211,39 +244,67 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
     failure: str | None = None
     log = ""
     book: dict[str, Any] = {}
+    prefetch: dict[str, Any] = {"state": "none", "wait_s": 0.0, "secret_used": False}  # no prefetch was made for it
     phash = problem_identity(number)  # on the verdict: a figure is read only against the problem it was graded on
     clock.mark("problem_identity")
     findings = tuple(backend.static_rules(source))
     clock.mark("static_rules")
     if findings:
+        if prepared is not None:  # its job never reaches a worker: the plan's worker is dropped
+            prepared.drop()
+            prefetch = {"state": "dropped", "wait_s": 0.0, "secret_used": False}
         msg = "\n".join(f"kernel.py:{f.line or 0}: [{f.rule}] {f.message}" for f in findings)
         stages.append(StageResult("compile", False, static_reason(findings[0].rule), {"static_rules": [f.rule for f in findings]}, msg))
     else:
         own_pool = pool is None
         pool = pool or WorkerPool((dsl,), device=cfg.device, prestart=False, refill_on_take=False)
         try:
-            worker = pool.take(dsl)
+            job = {**plan_job_fields(problem, dsl, cfg, phash), "kernel_path": str(kernel_path), "secret": None}
+            worker = None
+            if prepared is not None:
+                worker, prefetch = _claim(prepared, job)
+                if prefetch["state"] == "ready":
+                    job["secret"] = prepared.fields["secret"]
+                clock.mark("prefetch_wait")
+            if worker is None:
+                worker = pool.take(dsl)
+            if job["secret"] is None:  # never the secret of a prepare whose plan is not this worker's
+                job["secret"] = secrets.randbits(62)
             clock.mark("pool_take")
-            job = {"problem": number if not isinstance(problem, Path) and str(problem).isdigit() else str(problem),
-                   "dsl": dsl, "backend": backend_target(dsl), "kernel_path": str(kernel_path), "secret": secrets.randbits(62), "config": cfg.as_dict()}
             stages, failure, log, book = _run_worker(worker, job, cfg, cache=None if own_pool else pool.trusted,
                                                      problem_hash=phash, pinned=pinned,
-                                                     fresh_eager=fresh_eager, clock=clock)
+                                                     fresh_eager=fresh_eager, clock=clock, on_compile=on_compile,
+                                                     on_plan=on_plan)
         finally:
             if own_pool:
                 pool.close()
                 clock.mark("pool_close")
 
+    plan = book.get("plan") or {}
+    prefetch = {**prefetch, "plan_used": plan.get("prefetched"), "plan_discarded": plan.get("discarded")}
     verdict = _verdict(evaluation_id, number, dsl, sha, stages, failure, log, book, t_req, queue_wait_s,
-                       problem_hash=None if phash == "unknown" else phash, clock=clock)
+                       problem_hash=None if phash == "unknown" else phash, clock=clock, prefetch=prefetch,
+                       device_idle_s=device_idle_s)
     _emit(writer, verdict, attempt_id=attempt_id, scope=scope, failure_log=log, pair_id=pair_id,
           config_overrides=cfg.overrides())
     return verdict, dict(book.get("trusted_fresh") or {})
 
 
+def _claim(prepared: Prepared, job: dict) -> tuple[Worker | None, dict]:
+    """The prefetch's worker for `job` (None: take a spare) and its record; a plan of another key is never used."""
+    worker, rec = prepared.claim()
+    if rec["state"] == "ready" and plan_key({**job, "secret": prepared.fields["secret"]}) != prepared.key:
+        # made for other fields (the problem's files changed, another config): its worker holds that plan, so it goes
+        worker.kill()
+        worker.cleanup()
+        worker, rec = None, {**rec, "state": "mismatch", "secret_used": False}
+    return worker, rec
+
+
 def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[StageResult], failure: str | None,
              log: str, book: dict, t_req: float, queue_wait_s: float | None = None, *,
-             problem_hash: str | None = None, clock: PhaseClock | None = None) -> Verdict:
+             problem_hash: str | None = None, clock: PhaseClock | None = None, prefetch: dict | None = None,
+             device_idle_s: float | None = None) -> Verdict:
     by = {s.stage: s for s in stages}
     reason = None
     for name in STAGES:
@@ -283,7 +344,7 @@ def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[S
         gpu_model=tf.gpu_model if tf else None, gpu_arch=tf.gpu_arch if tf else None,
         timed_calls=tf.n_timed if tf else None, reference_median_us=tf.reference_median_us if tf else None,
         speedup_upstream=(tf.speedup_upstream if tf and passed else None), problem_hash=problem_hash,
-        phases_s=phases,
+        phases_s=phases, prefetch=prefetch, device_idle_s=device_idle_s,
     )
 
 
@@ -321,7 +382,8 @@ def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failur
         reference_median_us=v.reference_median_us, speedup_upstream=v.speedup_upstream, s_upstream=v.s_upstream,
         queue_wait_s=v.queue_wait_s, pair_id=pair_id, problem_hash=v.problem_hash,
         details=_jsonable({"wall_s": v.wall_s, "overhead_s": v.overhead_s, "worker_wait_s": v.worker_wait_s,
-                           "phases_s": v.phases_s, "grader_version": GRADER_VERSION, "config_overrides": config_overrides or {},
+                           "phases_s": v.phases_s, "prefetch": v.prefetch, "device_idle_s": v.device_idle_s,
+                           "grader_version": GRADER_VERSION, "config_overrides": config_overrides or {},
                            **_expectations(v)}),
     )
 

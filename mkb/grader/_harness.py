@@ -22,6 +22,7 @@ import torch
 
 from mkb.grader._config import GraderConfig
 from mkb.grader._guards import Guard, native_threads, python_threads
+from mkb.grader._prefetch import PREFETCH_FREE_FRACTION, plan_key, prefetch_fits
 from mkb.grader._problems import load_problem
 from mkb.grader._provenance import MAX_COPIED_FRACTION, CopyWatch, copy_share, warm_up as _warm_copy_watch
 from mkb.grader._trace import CallLimits, call_figures, classify, profile_call
@@ -151,7 +152,7 @@ class _Device:
         """The window's SM hold (None on the CPU), which a timing loop sets from its warm-ups."""
         return sm_hold() if self.kind == "cuda" else None
 
-    def warm_clocks(self, seconds: float) -> None:
+    def warm_clocks(self, seconds: float) -> dict[str, Any] | None:
         """Busy the GPU until it has boosted (an idle H200 sits at 345 MHz), for at most `seconds`.
 
         With NVML the warm-up ends once the SM clock reads >= 95% of its maximum after at least
@@ -159,20 +160,29 @@ class _Device:
         NVML it lasts `seconds`. What it took is recorded in the run's phases (`clock_warm`).
         """
         if self.kind != "cuda" or seconds <= 0:
-            return
+            return None
         clock = _WARM.get("sm_clock")
         target = 0.95 * clock.max_mhz if clock is not None and clock.max_mhz else None
+        # what the clock read before any work (grader 2.5, measured for the decision whether a warm-up right after
+        # the device's previous grading can be skipped: DESIGN, Grader, overhead), and how the warm-up ended
+        fig: dict[str, Any] = {"first_mhz": clock.read() if clock is not None else None,
+                               "max_mhz": clock.max_mhz if clock is not None else None, "rounds": 0, "by": "time"}
         a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
         t0 = _perf()
+        mhz = None
         while _perf() - t0 < seconds:
             for _ in range(8):
                 a = (a @ a).clamp_(-1, 1)
             _cuda_sync()
+            fig["rounds"] += 1
             if target is not None and _perf() - t0 >= CLOCK_WARM_MIN_S:
                 mhz = clock.read()
                 if mhz is not None and mhz >= target:
+                    fig["by"] = "clock"
                     break
+        fig["s"], fig["last_mhz"] = round(_perf() - t0, 6), mhz
         del a
+        return fig
 
     def harness_streams(self) -> set[int] | None:
         """Stream ids (as the profiler names them) the harness launches on."""
@@ -348,6 +358,10 @@ def _measured(device: str, fn: Callable[[], Any]) -> tuple[Any, int | None]:
     return out, int(torch.cuda.max_memory_allocated() - base)
 
 
+class PrefetchDeclined(Exception):
+    """A prefetched plan would not be kept as the job's own lazy plan would, or would crowd the grading in flight."""
+
+
 class _Plan:
     """What the trusted phase fixed before the candidate exists: secret draws with their expected outputs,
     the warm-up count, the re-checked, profiled and content-repeat positions.
@@ -366,15 +380,25 @@ class _Plan:
     """
 
     def __init__(self, mod: Any, cfg: GraderConfig, rng: random.Random, make: Callable[[int], tuple],
-                 fresh_seed: Callable[[], int], *, device: str = "cpu") -> None:
+                 fresh_seed: Callable[[], int], *, device: str = "cpu", prefetch: bool = False) -> None:
         free = _free_bytes(device)
         seed = fresh_seed()
-        first, working = _measured(device, lambda: expect(mod, make(seed)))
+        box: dict[str, int] = {}
+
+        def first_expectation() -> Any:
+            inputs = make(seed)
+            box["input_bytes"] = tensor_bytes(inputs)
+            return expect(mod, inputs)
+
+        first, working = _measured(device, first_expectation)
         self.whole_bytes = first.nbytes() * cfg.n_expectations
-        self.working_bytes, self.free_bytes = working, free
+        self.working_bytes, self.free_bytes, self.input_bytes = working, free, box["input_bytes"]
         self.expectations = "sampled" if needs_sampling(
             cfg.expectations, n_expectations=cfg.n_expectations, expectation_bytes=first.nbytes(),
             working_bytes=working, free_bytes=free) else "whole"
+        if prefetch and cfg.expectations == "auto" and self.expectations == "sampled":
+            # beside a grading in flight (mkb.grader._prefetch): never a plan kept otherwise than the lazy one would be
+            raise PrefetchDeclined("auto would sample the expectations beside the grading in flight")
 
         def keep(exp: Any) -> Any:
             if self.expectations == "whole":
@@ -383,6 +407,11 @@ class _Plan:
 
         self.draws = [(seed, keep(first))]
         del first
+        if prefetch:
+            kept = self.draws[0][1].nbytes() * cfg.n_expectations + self.input_bytes
+            if not prefetch_fits(plan_bytes=kept, working_bytes=working, free_bytes=free):
+                raise PrefetchDeclined(f"the plan ({kept} B kept, {working} B working) exceeds "
+                                       f"{PREFETCH_FREE_FRACTION:.4f} of the free device memory ({free} B)")
         for _ in range(cfg.draws - 1):
             seed = fresh_seed()
             self.draws.append((seed, keep(expect(mod, make(seed)))))
@@ -405,6 +434,87 @@ class _Plan:
         self.prof_after = sorted(rng.sample(range(n_timed), min(cfg.n_profiled, n_timed)))
         self.probe_pos = rng.randrange(first_re, n_timed)
         self.probe_src = rng.choice([k for k in recheck if k <= self.probe_pos])
+
+
+def _maker(mod: Any, dev: _Device, cfg: GraderConfig) -> Callable[[int], tuple]:
+    return lambda seed: tuple(mod.make_inputs(seed, device=dev.torch_device, size=cfg.size))
+
+
+# the one plan this worker made ahead of its job (`prepare`), taken by that job's trusted phase or dropped
+_PREPARED: dict[str, Any] = {}
+_PREPARED_LOG: dict[str, Any] = {}
+
+
+def _release_device_memory(kind: str) -> None:
+    """Hand a dropped plan's blocks back to the driver, so the grading in flight (another process) sees them free."""
+    if kind == "cuda":
+        _cuda_sync()
+        torch.cuda.empty_cache()
+
+
+def prepare(msg: dict) -> dict:
+    """Make a job's trusted plan ahead of the job (mkb.grader._prefetch), before anything of a candidate exists here.
+
+    Exactly what the job's trusted phase would do first: load the problem, seed the job's rng from its secret and build
+    `_Plan` (draws, expectations, re-check sets, the compile call's inputs), declining where the plan would be kept
+    otherwise than lazily or would crowd the grading in flight. Kept under `plan_key(msg)`; only a job of that key
+    takes it. Returns the `prepared` reply (its seconds are the prepare's own, outside the job's wall)."""
+    t0 = _perf()
+    _PREPARED.clear()
+    _PREPARED_LOG.clear()
+    sealed = _seal_process()
+    cfg = GraderConfig.from_dict(msg.get("config") or {})
+    dev = _Device(cfg.device)
+    try:
+        mod = load_problem(msg["problem"])
+        make = _maker(mod, dev, cfg)
+        rng = random.Random(msg["secret"])
+        plan = _Plan(mod, cfg, rng, make, lambda: rng.getrandbits(62), device=dev.kind, prefetch=True)
+        dev.sync()
+    except PrefetchDeclined as exc:
+        _release_device_memory(dev.kind)
+        return {"ok": False, "declined": str(exc), "prepare_s": round(_perf() - t0, 6), "sealed": sealed}
+    except Exception as exc:  # noqa: BLE001 - the grader's (the problem, the device), never a candidate's
+        _release_device_memory(dev.kind)
+        return {"ok": False, "error": _fmt_exc(exc), "prepare_s": round(_perf() - t0, 6), "sealed": sealed}
+    key = plan_key(msg)
+    prepare_s = round(_perf() - t0, 6)
+    _PREPARED.update(key=key, mod=mod, make=make, rng=rng, plan=plan, prepare_s=prepare_s)
+    return {"ok": True, "key": key, "prepare_s": prepare_s, "plan_bytes": plan.kept_bytes + plan.input_bytes,
+            "expectations": plan.expectations, "sealed": sealed}
+
+
+def _seal_process() -> bool | None:
+    """Make this process non-dumpable (prctl PR_SET_DUMPABLE 0) before it holds a job's plan beside another candidate.
+
+    Why: a prefetched plan (its seeds, re-check and profiled positions) sits in this worker while the grading in
+    flight runs its candidate under the same user; reading another process's memory (/proc/PID/mem, ptrace) needs
+    ptrace access, which the kernel refuses to a non-dumpable target unless the reader has CAP_SYS_PTRACE. Returns
+    whether the flag reads back 0 (None: not Linux / no libc), recorded on the verdict's `prefetch`."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+        return libc.prctl(3, 0, 0, 0, 0) == 0  # PR_GET_DUMPABLE
+    except Exception:  # noqa: BLE001 - best effort: recorded, never fatal
+        return None
+
+
+def _take_prepared(job: dict) -> dict | None:
+    """The prepared plan if it was made for exactly this job (every field it depends on, the secret included); a plan
+    of any other key is dropped, never used, and the job makes its own."""
+    if not _PREPARED:
+        return None
+    prepared = dict(_PREPARED)
+    _PREPARED.clear()
+    if prepared["key"] == plan_key(job):
+        return prepared
+    _PREPARED_LOG["discarded"] = True
+    kind = GraderConfig.from_dict(job.get("config") or {}).device
+    del prepared
+    _release_device_memory(kind)
+    return None
 
 
 class _Evaluation:
@@ -445,12 +555,18 @@ class _Evaluation:
         cfg, dev, job, quiet = self.cfg, self.dev, self.job, self.quiet
         t_trusted = _perf()
         ph = self.trusted_ph = _Phases()
-        self.mod = mod = load_problem(job["problem"])
+        prepared = _take_prepared(job)  # this job's plan if this worker made it ahead (mkb.grader._prefetch), else None
+        self.prefetched = prepared is not None
+        if prepared is not None:  # the very objects the lazy path below would have made, from the same secret
+            self.mod, self.make, self.rng = prepared["mod"], prepared["make"], prepared["rng"]
+        else:
+            self.mod = load_problem(job["problem"])
+            self.make = _maker(self.mod, dev, cfg)
+        mod, make = self.mod, self.make
         self.meta = mod.META
         from mkb.grader._backends import backend_from_target
 
         self.backend = backend_from_target(job.get("backend"), job["dsl"])
-        self.make = make = lambda seed: tuple(mod.make_inputs(seed, device=dev.torch_device, size=cfg.size))  # noqa: E731
         eager_fn = getattr(mod, "eager", None) or mod.reference
         ph.mark("load_problem")
         # nvidia-smi takes a while on some hosts: read the GPU state beside the trusted phase, joined before the snapshot
@@ -461,8 +577,16 @@ class _Evaluation:
 
             gpu_reader = _threading.Thread(target=lambda: gpu_box.update(state=gpu_state().as_dict()), daemon=True)
             gpu_reader.start()
-        self.plan = plan = _Plan(mod, cfg, self.rng, make, self.fresh_seed, device=dev.kind)
+        if prepared is not None:
+            self.plan = plan = prepared["plan"]
+        else:
+            self.plan = plan = _Plan(mod, cfg, self.rng, make, self.fresh_seed, device=dev.kind)
         ph.mark("draws_and_recheck_sets")
+        # before the compile phase message, i.e. before any candidate: what the plan took (the queue's prefetch gate)
+        self.send({"type": "plan", "prefetched": self.prefetched, "discarded": _PREPARED_LOG.get("discarded", False),
+                   "prepare_s": prepared["prepare_s"] if prepared is not None else None,
+                   "kept_bytes": plan.kept_bytes, "input_bytes": plan.input_bytes, "working_bytes": plan.working_bytes,
+                   "free_bytes": plan.free_bytes, "expectations": plan.expectations})
         # eager baseline, launch floors and upstream's reference timing, before import; taken from the
         # session cache when the parent has them for this exact (problem, GPU, versions, policy) key
         self.flush = _flusher(dev)
@@ -710,11 +834,12 @@ class _Evaluation:
         ph.mark("quiet_wait")
         c_stream = InputStream(source, n_calls=n_warm + n_timed, base_seed=0, max_bytes=self.budget)
         ph.mark("timing_inputs")
-        dev.warm_clocks(cfg.clock_warm_s)
+        clock_warm = dev.warm_clocks(cfg.clock_warm_s)
+        ph.mark("clock_warm")
         # empty calls through the same window in this process: the host's sync latency after `end`,
         # against which the candidate's tails are compared (work left on another stream)
         floor_tails = [dev.window(lambda: None, flush)[2] for _ in range(30)]
-        ph.mark("clock_warm")
+        ph.mark("floor_tails")
         rec = timed_loop(lambda *args: _call(solve, args, "timing"), c_stream, warmup=n_warm, timed=n_timed,
                          window=lambda f: dev.window(f, flush), before_call=before_call, after_call=after_call,
                          between_calls=between_calls, hold=dev.hold())
@@ -793,7 +918,7 @@ class _Evaluation:
             floor_tail_after_us_median=statistics.median(floor_tails_after) if floor_tails_after else None,
             host_us_median=statistics.median(rec.host_us) if rec.host_us else None, hold_us=rec.hold_us,
             eager_host_us_median=eager.get("host_us_median"),
-            side_work_us=left_behind, quiet_wait_s=dict(quiet.waited_s),
+            side_work_us=left_behind, quiet_wait_s=dict(quiet.waited_s), clock_warm=clock_warm,
             quiet_windows_monotonic={k: [round(x, 6) for x in v] for k, v in quiet.windows.items()},
         ).as_dict())
 

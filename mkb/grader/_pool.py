@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from mkb.grader._backends import backend_from_target, backend_target
 from mkb.grader._protocol import LineReader, write_msg
@@ -123,6 +124,30 @@ class GpuQuiet:
         w.go_at = time.monotonic()
         self._warming.add(w)
         self._note("go", w.pid)
+
+    def side_work(self, w: "Worker", start: Callable[[], None], *, cancel: threading.Event,
+                  lock: threading.Lock | None = None, timeout: float = 3600.0) -> bool:
+        """Job-independent GPU work of a ready worker (a prefetched plan, mkb.grader._prefetch), under the warm-up rule.
+
+        Waits until no worker of the device is in (or waits for) a GPU-sensitive phase, then calls `start` (which
+        sends the work) and counts `w` as warming until `warmed(w)`, so a hold waits for it as for a warm-up. False
+        when `cancel` is set first, the worker is gone, or `timeout` passes (then `start` is never called).
+        """
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while True:
+                if cancel.is_set() or w._forgotten or time.monotonic() > deadline:
+                    return False
+                if not self._holds and not self._pending:
+                    break
+                self._cv.wait(0.05)
+            with (lock or threading.Lock()):
+                if cancel.is_set():
+                    return False
+                start()
+            self._warming.add(w)
+            self._note("prepare", w.pid)
+            return True
 
     def warmed(self, w: "Worker") -> None:
         with self._cv:
@@ -444,6 +469,24 @@ class WorkerPool:
                 self.refill(dsl)
         if dsl not in self.dsls:
             self.dsls += (dsl,)
+        return w
+
+    def take_ready(self, dsl: str) -> Worker | None:
+        """The oldest worker of `dsl` whose warm start has finished (None if there is none: nothing is spawned cold).
+
+        For a prefetch (mkb.grader._prefetch): only a ready spare can prepare a plan now; refills like `take`."""
+        if self.closed:
+            return None
+        with self._lock:
+            queue = self._ready.get(dsl, [])
+            w = next((x for x in queue if x._started.is_set() and x.ready is not None and x.ready_error is None
+                      and x.alive()), None)
+            if w is None:
+                return None
+            queue.remove(w)
+            left = len(queue)
+        if self.refill_on_take and left <= self.low_water:
+            self.refill(dsl)
         return w
 
     def warm(self) -> dict[str, int]:

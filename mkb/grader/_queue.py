@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 from mkb.grader._config import GraderConfig
 from mkb.grader._pool import WorkerPool, device_kind, normalize_device
+from mkb.grader._prefetch import PlanFootprint, Prepared
 
 SCOPES = ("submission", "attempt", "pair")
 FLUSH_EVERY_S = 30.0
@@ -66,7 +67,7 @@ class GradingQueue:
     def __init__(self, *, device: str = "cuda:0", store: Any = None, writer: Any = None,
                  config: GraderConfig | None = None, dsls: Sequence[str] | None = None,
                  env: dict[str, str] | None = None, prestart: bool = True, depth: int = 3,
-                 low_water: int | None = 1) -> None:
+                 low_water: int | None = 1, prefetch: bool = True) -> None:
         self.device = normalize_device(device)
         kind = device_kind(self.device)
         cfg = config or GraderConfig(device=kind)
@@ -85,6 +86,12 @@ class GradingQueue:
         # several gradings' time (grader_bench's phases: `parent.worker_wait`)
         self.pool = WorkerPool(tuple(dsls) if dsls is not None else None, device=self.device, env=env, prestart=prestart,
                                depth=depth, low_water=low_water)
+        # the next job's trusted plan made ahead by the spare that will grade it (mkb.grader._prefetch): at most one
+        # at a time, for the job the dispatcher takes next, started while the current grading compiles
+        self.prefetch = prefetch
+        self._prepared: Prepared | None = None
+        self._last_end: float | None = None  # when the previous grading on this device ended (verdict's device_idle_s)
+        self._footprints: dict[tuple[str, str], PlanFootprint] = {}  # (problem hash, size) -> the last plan's bytes
         self._cv = threading.Condition()
         self._pending: collections.OrderedDict[str, collections.deque[_Entry]] = collections.OrderedDict()
         self._closed = False
@@ -187,8 +194,11 @@ class GradingQueue:
 
         pinned: dict | None = None
         pair_id = uuid7() if entry.batch and any(j.scope == "pair" for j in entry.jobs) else None
-        for job, fut in zip(entry.jobs, entry.futures):
+        for i, (job, fut) in enumerate(zip(entry.jobs, entry.futures)):
+            prepared = self._claim_prepared(job)
             if not fut.set_running_or_notify_cancel():
+                if prepared is not None:  # its job will not be graded: the spare holding its plan goes
+                    prepared.drop()
                 continue  # cancelled by its producer while it waited
             wait = time.monotonic() - entry.submitted
             try:
@@ -196,14 +206,75 @@ class GradingQueue:
                     job.problem, job.dsl, job.kernel_path, writer=self.writer, config=self.config, pool=self.pool,
                     scope=job.scope, attempt_id=job.attempt_id, queue_wait_s=wait, pinned=pinned,
                     # a batch's first grading measures eager afresh; the others use that one timing
-                    fresh_eager=entry.batch and pinned is None, pair_id=pair_id if job.scope == "pair" else None)
+                    fresh_eager=entry.batch and pinned is None, pair_id=pair_id if job.scope == "pair" else None,
+                    prepared=prepared, on_compile=(lambda e=entry, k=i: self._prefetch_next(e, k)) if self.prefetch else None,
+                    on_plan=lambda foot, j=job: self._note_footprint(j, foot),
+                    device_idle_s=None if self._last_end is None else time.monotonic() - self._last_end)
             except BaseException as exc:  # noqa: BLE001 - the producer gets it through its future
+                if prepared is not None and not prepared.claimed:  # it raised before taking its worker (unreadable kernel)
+                    prepared.drop()
                 fut.set_exception(exc)
                 continue
+            finally:
+                self._last_end = time.monotonic()
             if entry.batch and pinned is None and fresh.get("eager"):
                 pinned = {"eager": fresh["eager"]}
             self.graded += 1
             fut.set_result(verdict)
+
+    # ---------------- prefetch (mkb.grader._prefetch) ----------------
+
+    def _claim_prepared(self, job: GradeJob) -> Prepared | None:
+        """The prefetch made for `job` (an equal job may take it: its plan needs nothing of the kernel), else None."""
+        with self._cv:
+            p = self._prepared
+            if p is None or p.job != job:
+                return None
+            self._prepared = None
+            return p
+
+    def _peek(self) -> GradeJob | None:
+        """The job `_next` would hand out now (the head of the first experiment in turn)."""
+        with self._cv:
+            for q in self._pending.values():
+                if q:
+                    return q[0].jobs[0]
+            return None
+
+    def _note_footprint(self, job: GradeJob, foot: PlanFootprint) -> None:
+        from mkb.grader._session import problem_identity
+
+        with self._cv:
+            self._footprints[(problem_identity(job.problem), self.config.size)] = foot
+
+    def _prefetch_next(self, entry: _Entry, index: int) -> None:
+        """Called when the grading of `entry.jobs[index]` starts its compile: hand the next job's plan to a ready spare.
+
+        Only on a ready spare of the next job's DSL (none is started cold for it), only one prefetch at a time, and on a
+        GPU only for a problem whose plan a previous grading here measured small beside the free memory it saw
+        (`PlanFootprint.fits`; the worker checks its own figures again)."""
+        from mkb.grader._grade import plan_job_fields
+        from mkb.grader._session import problem_identity
+
+        with self._cv:
+            if self._prepared is not None:
+                return
+        nxt = entry.jobs[index + 1] if index + 1 < len(entry.jobs) else self._peek()
+        if nxt is None:
+            return
+        phash = problem_identity(nxt.problem)
+        if device_kind(self.device) == "cuda":
+            with self._cv:
+                foot = self._footprints.get((phash, self.config.size))
+            if foot is None or not foot.fits(self.config.expectations):
+                return
+        w = self.pool.take_ready(nxt.dsl)
+        if w is None:
+            return
+        p = Prepared.for_job(w, nxt, plan_job_fields(nxt.problem, nxt.dsl, self.config, phash))
+        with self._cv:
+            self._prepared = p
+        p.start()
 
     # ---------------- lifecycle ----------------
 
@@ -214,6 +285,10 @@ class GradingQueue:
             self._cv.notify_all()
         if self._thread is not threading.current_thread():
             self._thread.join()
+        with self._cv:
+            left, self._prepared = self._prepared, None
+        if left is not None:  # made for a job that never came (drained without it): its spare goes
+            left.drop()
         self.pool.close()
         if self._own_writer:
             self.writer.close()

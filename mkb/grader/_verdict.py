@@ -118,6 +118,8 @@ class TimingFigures(_Figures):
     side_work_us: float | None = None
     quiet_wait_s: dict[str, float] | None = None
     quiet_windows_monotonic: dict[str, list[float]] | None = None
+    # grader 2.5: the candidate loop's clock warm-up: SM clock before it, rounds, seconds, ended by "clock" or "time"
+    clock_warm: dict[str, Any] | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -176,6 +178,14 @@ class Verdict:
     # grader 2.4: every second of wall_s by named phase, summing to wall_s; the phases outside `kernel.*` sum to
     # overhead_s (mkb.grader._phases). None for a verdict built without the parent's clock.
     phases_s: dict[str, float] | None = field(default=None, hash=False, compare=False)
+    # grader 2.5: how the trusted plan was made (mkb.grader._prefetch): state ("none": in its trusted phase, as
+    # before; "ready": made ahead and used, `plan_used` as the worker said; ...), the seconds the job waited for it (in
+    # phases_s as parent.prefetch_wait), the prepare's own seconds (before the job: not in wall_s). None: a verdict
+    # built outside `grade_with`
+    prefetch: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    # grader 2.5: seconds from the end of the previous grading on this queue's device to this one's start (None: the
+    # first, or not in a queue); beside the timing's `clock_warm`, whether a warm-up right after another can be cut
+    device_idle_s: float | None = None
 
     @property
     def r_at(self) -> dict[float, bool]:

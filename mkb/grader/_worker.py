@@ -3,7 +3,9 @@
 The warm start has two halves: the imports (CPU only) run at once and end with an `imported`
 message; the GPU half (CUDA init, profiler init, stream calibration) starts only when the parent
 sends `go` on the job pipe, which it does while no other worker of this process is timing (the
-quiet rule, mkb.grader._pool). The job's own GPU-sensitive phases send `hold` and wait for `go` too.
+quiet rule, mkb.grader._pool). The job's own GPU-sensitive phases send `hold` and wait for `go` too. A ready
+worker may get one `prepare` before its job (the job's trusted plan made ahead, mkb.grader._prefetch); the parent
+sends it under the same quiet rule and sends the job only once the `prepared` reply has come.
 
 Started by `WorkerPool` with subprocess (fork+exec of a fresh interpreter, never a fork of a process
 that imported tvm, which poisons CUDA in forked children), in its own process group so a hang is
@@ -83,7 +85,12 @@ def main(argv: list[str] | None = None) -> None:
                             "gpu_warm_started": gpu_warm_started, "gpu_warm_done": gpu_warm_done})
 
     try:
-        job = _read_msg(jobs, "job")
+        while True:  # at most one prepare (the next job's plan, mkb.grader._prefetch) may come before the job
+            job = _read_msg(jobs)
+            if job.get("type") == "job":
+                break
+            if job.get("type") == "prepare":  # no candidate exists here yet: the reply carries no nonce
+                write_msg(a.result_fd, {"type": "prepared", **harness.prepare(job)})
     except EOFError:
         os._exit(3)
     nonce = job.pop("nonce")
