@@ -408,6 +408,12 @@ def _f(x: float | None, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def _largest_phases(head: str, d: dict) -> list[str]:
+    """One line naming the six largest overhead phases of a section's DSL (nothing when it has no phases)."""
+    top = [p for p in d.get("phases", []) if not p["phase"].startswith("kernel.")][:6]
+    return [f"{head}, largest phases (median s): " + ", ".join(f"{p['phase']} {p['median_s']:.3f}" for p in top)] if top else []
+
+
 def summary(res: dict) -> str:
     """The figures the issue's targets name, one line each."""
     lines = []
@@ -416,10 +422,7 @@ def summary(res: dict) -> str:
         lines.append(f"FIGURE overhead per evaluation, warm queue, problem {o['problem']} {dsl}: "
                      f"median {_f(d['overhead_s_median'], '.3f')} s (max {_f(d['overhead_s_max'], '.3f')}; target < 0.5 s); "
                      f"candidate median {d['candidate_median_us']} us, spread {100 * (d['candidate_spread'] or 0):.2f}%")
-        top = [p for p in d.get("phases", []) if not p["phase"].startswith("kernel.")][:6]
-        if top:
-            lines.append(f"FIGURE overhead, problem {o['problem']} {dsl}, largest phases (median s): "
-                         + ", ".join(f"{p['phase']} {p['median_s']:.3f}" for p in top))
+        lines += _largest_phases(f"FIGURE overhead, problem {o['problem']} {dsl}", d)
     for o, dsl, d in [(o, dsl, d) for o in res.get("backlog") or [] for dsl, d in o.get("dsls", {}).items()]:
         lines.append(f"FIGURE overhead per evaluation, warm queue with a backlog of {o['repeats']}, problem {o['problem']} "
                      f"{dsl}: median {_f(d['overhead_s_median'], '.3f')} s (max {_f(d['overhead_s_max'], '.3f')}; target "
@@ -432,10 +435,7 @@ def summary(res: dict) -> str:
                          f"clock at >= 95% of its maximum before any work (longest idle before such: "
                          f"{_f(c['idle_s_max_first_at_max'], '.3f')} s); warm-up median {_f(c['s_median'], '.3f')} s, "
                          f"{_f(c['s_median_first_at_max'], '.3f')} s when at max; ended by the clock reading {c['by_clock']}")
-        top = [p for p in d.get("phases", []) if not p["phase"].startswith("kernel.")][:6]
-        if top:
-            lines.append(f"FIGURE backlog overhead, problem {o['problem']} {dsl}, largest phases (median s): "
-                         + ", ".join(f"{p['phase']} {p['median_s']:.3f}" for p in top))
+        lines += _largest_phases(f"FIGURE backlog overhead, problem {o['problem']} {dsl}", d)
     for c in res.get("committed") or []:
         top = sorted((d for d in c["warm_phases"] if not d["phase"].startswith("kernel.")), key=lambda d: -d["median_s"])[:6]
         lines.append(f"FIGURE committed {c['store']}: overhead median {_f(c['overhead_s_median'], '.3f')} s over "

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import math
 import os
 import resource
 import statistics
@@ -56,7 +55,7 @@ for _p in (REPO, REPO / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from timing_repeatability import boot_se, tau  # noqa: E402  (one definition of the between-grading statistics)
+from timing_repeatability import spread  # noqa: E402  (one definition of the between-grading statistics)
 
 KERNELS = ("23/cute", "23/tirx", "23/eager", "probe/sync", "28/cute")
 WARM, N, REPS = 10, 100, 2
@@ -666,10 +665,6 @@ class Row:
     sync_us: float | None = None  # probe/sync only: median copy + wake-up inside the window (the GPU's clock)
 
 
-def _rel(x: float, m: float) -> float:
-    return 100.0 * x / m if m else math.nan
-
-
 def table(res: dict) -> list[Row]:
     """Per kernel and arm, from the processes' gradings (stdlib: the GPU host summarises its own run)."""
     groups: dict[tuple[str, str], list[dict]] = {}
@@ -679,23 +674,13 @@ def table(res: dict) -> list[Row]:
     order = {k: i for i, k in enumerate(res.get("args", {}).get("kernels") or KERNELS)}
     rows = []
     for (k, arm), gs in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][0], kv[0][1])):
-        meds = [g["median_us"] for g in gs]
-        ses = [boot_se(g["times_us"], resamples=400) for g in gs]
-        m = statistics.fmean(meds)
-        per_proc: dict[int, list[float]] = {}
-        for g in gs:
-            per_proc.setdefault(g["process"], []).append(g["median_us"])
-        pm = [statistics.fmean(v) for v in per_proc.values()]
-        within = [statistics.variance(v) for v in per_proc.values() if len(v) > 1]
+        s = spread(gs)
         rows.append(Row(
-            kernel=k, arm=arm, n=len(gs), processes=len(per_proc), mean_us=m,
-            sd_pct=_rel(statistics.stdev(meds), m) if len(meds) > 1 else math.nan,
-            tau_pct=_rel(tau(meds, ses), m), sd_process_pct=_rel(statistics.stdev(pm), m) if len(pm) > 1 else math.nan,
-            sd_reps_pct=_rel(math.sqrt(statistics.fmean(within)), m) if within else math.nan,
-            se_within_pct=_rel(math.sqrt(statistics.fmean(s * s for s in ses)), m),
+            kernel=k, arm=arm, n=s.n, processes=s.processes, mean_us=s.mean_us, sd_pct=s.sd_pct, tau_pct=s.tau_pct,
+            sd_process_pct=s.sd_process_pct, sd_reps_pct=s.sd_reps_pct, se_within_pct=s.se_within_pct,
             host_us=statistics.median(g["host_us_median"] for g in gs),
             vcsw_per_call=statistics.fmean(g["vol_switches_per_call"] for g in gs),
-            min_us=min(meds), max_us=max(meds),
+            min_us=s.min_us, max_us=s.max_us,
             sync_us=statistics.median(syncs) if (syncs := [g["sync_us_median"] for g in gs
                                                            if g.get("sync_us_median") is not None]) else None))
     return rows

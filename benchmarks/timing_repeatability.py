@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,6 +116,41 @@ def tau_within(rr: list) -> float:
 
 def pct(x: float, ref: float) -> float:
     return 100.0 * x / ref
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Where a kernel's gradings spread (the GPU experiments' tables), in % of their mean: all of them, beyond each
+    grading's own noise (tau), between the processes' means, and between the reps of one process (pooled)."""
+
+    n: int
+    processes: int
+    mean_us: float
+    sd_pct: float
+    tau_pct: float
+    sd_process_pct: float
+    sd_reps_pct: float
+    se_within_pct: float
+    min_us: float
+    max_us: float
+
+
+def spread(gradings: list[dict]) -> Spread:
+    """`Spread` of gradings that each carry `median_us`, `times_us` and `process`."""
+    meds = [g["median_us"] for g in gradings]
+    ses = [boot_se(g["times_us"], resamples=400) for g in gradings]
+    m = statistics.fmean(meds)
+    per_proc: dict[int, list[float]] = {}
+    for g in gradings:
+        per_proc.setdefault(g["process"], []).append(g["median_us"])
+    pm = [statistics.fmean(v) for v in per_proc.values()]
+    within = [statistics.variance(v) for v in per_proc.values() if len(v) > 1]
+    return Spread(
+        n=len(gradings), processes=len(per_proc), mean_us=m,
+        sd_pct=pct(statistics.stdev(meds), m) if len(meds) > 1 else math.nan, tau_pct=pct(tau(meds, ses), m),
+        sd_process_pct=pct(statistics.stdev(pm), m) if len(pm) > 1 else math.nan,
+        sd_reps_pct=pct(math.sqrt(statistics.fmean(within)), m) if within else math.nan,
+        se_within_pct=pct(math.sqrt(statistics.fmean(s * s for s in ses)), m), min_us=min(meds), max_us=max(meds))
 
 
 def spearman(x: list[float], y: list[float]) -> tuple[float, float]:
@@ -740,20 +776,9 @@ def summarise(res: dict) -> None:
                 float(us or 0))
 
     for (k, h), gs in sorted(rows.items(), key=lambda kv: (kv[0][0], arm_order(kv[0][1]))):
-        meds = [g["median_us"] for g in gs]
-        ses = [boot_se(g["times_us"], resamples=400) for g in gs]
-        m = statistics.fmean(meds)
-        per_proc: dict[int, list[float]] = {}
-        for g in gs:
-            per_proc.setdefault(g["process"], []).append(g["median_us"])
-        pm = [statistics.fmean(v) for v in per_proc.values()]
-        within = [statistics.variance(v) for v in per_proc.values() if len(v) > 1]
-        sd_all = pct(statistics.stdev(meds), m) if len(meds) > 1 else math.nan
-        sd_pm = pct(statistics.stdev(pm), m) if len(pm) > 1 else math.nan
-        sd_in = pct(math.sqrt(statistics.fmean(within)), m) if within else math.nan
-        print(f"{k:10s} {h:12s}  {len(gs):2d}  {m:9.3f}  {sd_all:6.2f}%  {pct(tau(meds, ses), m):5.2f}%   {sd_pm:6.2f}%            "
-              f"{sd_in:6.2f}%                {pct(math.sqrt(statistics.fmean(s * s for s in ses)), m):5.2f}%   "
-              f"{min(meds):.2f}..{max(meds):.2f}")
+        s = spread(gs)
+        print(f"{k:10s} {h:12s}  {s.n:2d}  {s.mean_us:9.3f}  {s.sd_pct:6.2f}%  {s.tau_pct:5.2f}%   {s.sd_process_pct:6.2f}%            "
+              f"{s.sd_reps_pct:6.2f}%                {s.se_within_pct:5.2f}%   {s.min_us:.2f}..{s.max_us:.2f}")
     # the in-process ratio: does the eager baseline timed in the same process carry the same level?
     for h in HOLDS:
         cand = {(g["process"], g["rep"]): g["median_us"] for g in rows.get(("28/cute", h), [])}

@@ -49,3 +49,21 @@ def cpu_config():
 @pytest.fixture
 def store(tmp_path):
     return str(tmp_path / "events")
+
+
+@pytest.fixture
+def grader_bench(tmp_path, fake_dsl, monkeypatch, repo_script):
+    """benchmarks/grader_bench.py as a module whose every baseline (and memory-bound one) is one fake-DSL copy of
+    problem 28's torch baseline: the GPU run's code path on the CPU."""
+    from types import SimpleNamespace
+
+    import mkb.problems
+    from fake_dsl import TORCH_BASELINE_28
+
+    bench = repo_script("benchmarks/grader_bench.py")
+    good = tmp_path / "good.py"
+    good.write_text(TORCH_BASELINE_28)
+    base = [SimpleNamespace(problem=28, dsl=fake_dsl, path=good)]
+    monkeypatch.setattr(mkb.problems, "baselines", lambda problems=None, dsls=None: base)
+    monkeypatch.setattr(bench, "memory_bound_baselines", lambda dsls=None: base)
+    return bench

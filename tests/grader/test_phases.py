@@ -134,30 +134,10 @@ def test_a_worker_that_dies_sends_no_timeline_and_its_drive_loop_stays_one_phase
 
 # ---------------- the benchmark's sections on the CPU (the GPU run's code path, with the fake DSL) ----------------
 
-def _bench():
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "grader_bench.py"
-    spec = importlib.util.spec_from_file_location("grader_bench", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_grader_bench_sections_print_overhead_by_phase_and_respect_the_budget(tmp_path, fake_dsl, cpu_config, store,
-                                                                                monkeypatch):
+def test_grader_bench_sections_print_overhead_by_phase_and_respect_the_budget(grader_bench, fake_dsl, cpu_config, store):
     import time
-    from types import SimpleNamespace
 
-    import mkb.problems
-
-    bench = _bench()
-    good = tmp_path / "good.py"
-    good.write_text(TORCH_BASELINE_28)
-    base = [SimpleNamespace(problem=28, dsl=fake_dsl, path=good)]
-    monkeypatch.setattr(mkb.problems, "baselines", lambda problems=None, dsls=None: base)
-    monkeypatch.setattr(bench, "memory_bound_baselines", lambda dsls=None: base)
+    bench = grader_bench
     lines: list[str] = []
     o = bench.overhead(problem=28, repeats=2, config=cpu_config, store=store, device="cpu", log=lines.append)
     d = o["dsls"][fake_dsl]
@@ -180,10 +160,10 @@ def test_grader_bench_sections_print_overhead_by_phase_and_respect_the_budget(tm
     assert "FIGURE overhead per evaluation" in text and "largest phases" in text and "eager and reference timings cached" in text
 
 
-def test_grader_bench_attributes_a_committed_pre_2_4_store():
+def test_grader_bench_attributes_a_committed_pre_2_4_store(repo_script):
     from pathlib import Path
 
-    bench = _bench()
+    bench = repo_script("benchmarks/grader_bench.py")
     store = Path(__file__).resolve().parents[2] / "events" / "h200-checks-ab-2"
     if not store.is_dir():
         pytest.skip("the committed H200 dataset is not in this checkout")
@@ -197,19 +177,11 @@ def test_grader_bench_attributes_a_committed_pre_2_4_store():
     assert "FIGURE committed" in bench.summary({"committed": [c]})
 
 
-def test_grader_bench_main_writes_the_json_and_the_packed_store(tmp_path, fake_dsl, monkeypatch, capsys):
+def test_grader_bench_main_writes_the_json_and_the_packed_store(grader_bench, tmp_path, fake_dsl, capsys):
     import json
     import tarfile
-    from types import SimpleNamespace
 
-    import mkb.problems
-
-    bench = _bench()
-    good = tmp_path / "good.py"
-    good.write_text(TORCH_BASELINE_28)
-    base = [SimpleNamespace(problem=28, dsl=fake_dsl, path=good)]
-    monkeypatch.setattr(mkb.problems, "baselines", lambda problems=None, dsls=None: base)
-    monkeypatch.setattr(bench, "memory_bound_baselines", lambda dsls=None: base)
+    bench = grader_bench
     out = tmp_path / "out"
     bench.main(["--smoke", "--device", "cpu", "--problem", "28", "--repeats", "1", "--rounds", "1", "--depth", "2",
                 "--low-water", "1", "--budget-s", "600", "--out", str(out), "--name", "bench-test"])

@@ -352,17 +352,8 @@ def test_a_prepared_worker_that_dies_before_its_job_is_replaced(tmp_path, fake_d
         assert v.prefetch["plan_used"] is False and not v.prefetch["secret_used"]
 
 
-def test_grader_bench_main_runs_the_lead_s_sections(tmp_path, fake_dsl, monkeypatch, capsys, repo_script):
-    from types import SimpleNamespace
-
-    import mkb.problems
-
-    bench = repo_script("benchmarks/grader_bench.py")
-    good = tmp_path / "good.py"
-    good.write_text(TORCH_BASELINE_28)
-    base = [SimpleNamespace(problem=28, dsl=fake_dsl, path=good)]
-    monkeypatch.setattr(mkb.problems, "baselines", lambda problems=None, dsls=None: base)
-    monkeypatch.setattr(bench, "memory_bound_baselines", lambda dsls=None: base)
+def test_grader_bench_main_runs_the_lead_s_sections(grader_bench, tmp_path, fake_dsl, capsys):
+    bench = grader_bench
     out = tmp_path / "out"
     bench.main(["--smoke", "--device", "cpu", "--sections", "backlog,throughput", "--problem", "28", "--repeats", "2",
                 "--rounds", "2", "--depth", "3", "--low-water", "1", "--budget-s", "600", "--out", str(out)])
