@@ -105,9 +105,19 @@ class Tables:
 
 
 # what the lift, standing, contrast, power and report tables read of an attempt (`load_tables(columns="lift")`)
-LIFT_COLUMNS = ("attempt_id", "model", "problem", "family", "target_dsl", "source_dsl", "arm_kind", "replicate",
-                "skill_source_attempt", "skill_flagged", "served_model", "S", "passed", "speedup", "S_sol", "S_compile",
-                "excluded", "verdict_source", "s_mismatch", "stratum")
+LIFT_COLUMNS = ("model", "problem", "family", "target_dsl", "source_dsl", "arm_kind", "replicate", "skill_flagged",
+                "served_model", "S", "passed", "speedup", "S_sol", "S_compile", "excluded", "verdict_source", "s_mismatch",
+                "stratum")
+_LINKS = ("attempt_id", "skill_source_attempt")  # what build_pairs joins by; the lean attempts table leaves them out after
+
+
+class _KeyClash(Exception):
+    """Two distinct attempt ids (or one id twice) share a hashed key: the lean tables are built on the text ids instead."""
+
+
+def _id_key(col: str, seed: int) -> pl.Expr:
+    """A 64-bit hash of an attempt id (null for a null id): what the lean tables join attempts by (see load_tables)."""
+    return pl.when(pl.col(col).is_not_null()).then(pl.col(col).hash(seed))
 
 
 def load_tables(store: str | Store | None = None, *, stratify: bool = False, columns: str = "all",
@@ -121,20 +131,37 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
 
     `columns="lift"` builds the same pairs table without its attempt ids (`PAIR_IDS`: what links a pair to its
     attempts, which no lift, standing, power or report figure reads) and an attempts table of `LIFT_COLUMNS`
-    only: the columns nothing of it reads (token counts, errors, budgets, names) are not read from the store, and
+    only: the columns nothing of it reads (token counts, errors, budgets, names, ids) are not read from the store, and
     of a kernel hash only whether it is there, which at experiment scale is most of the memory and a third of the time.
+    Its attempts are joined by a 64-bit hash of their ids rather than the text (`_id_key`; a tenth of the cost per
+    join), and each joined row's second hash (another seed) must match too: two ids that share the first hash, or an
+    id started twice, make it build the tables on the text ids instead (the same tables; only ids that share both
+    hashes, probability ~n^2 / 2^129, could be mistaken for one).
     """
     if columns not in ("all", "lift"):
         raise ValueError(f"columns={columns!r}: 'all' or 'lift'")
     if score is not None and score not in SCORES:
         raise ScoreError(f"unknown score {score!r}\nhint: one of {', '.join(SCORES)}")
-    lean = columns == "lift"
+    if columns == "lift":
+        try:
+            return _load_tables(store, stratify=stratify, lean=True, hashed=True, score=score)
+        except _KeyClash:
+            pass
+    return _load_tables(store, stratify=stratify, lean=columns == "lift", hashed=False, score=score)
+
+
+def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str | None) -> Tables:
     store = store if isinstance(store, Store) else resolve_store(store)
     canon = {kind: schema_for(kind).polars() for kind in _KINDS}
     reports = {kind: ScanReport() for kind in _KINDS}
     # few-valued text as categoricals of this call's own categories (freed with the tables, not a process-wide map that
-    # only grows). The attempt ids stay text: casting 8M ids at 10M events cost more than the joins it would speed up
+    # only grows). The attempt ids stay text or become hashed keys (`hashed`): casting 8M ids to categoricals at 10M
+    # events cost more than the joins it would speed up
     coded = pl.Categorical(pl.Categories.random())
+
+    def key(name: str, check: str, alias: str = "attempt_id") -> list:
+        """An attempt id column: its text, or (`hashed`) its 64-bit key and, as `check`, its second hash."""
+        return [pl.col(name).alias(alias)] if not hashed else [_id_key(name, 0).alias(alias), _id_key(name, 1).alias(check)]
 
     def read(kind: str, cols: list[str], reduce) -> pl.DataFrame:
         """What `reduce` keeps of every row of `kind`, built batch by batch (the rows of a kind are never all held at once).
@@ -162,10 +189,10 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
                        lambda lf: lf.select(skill_sha256="sha256", skill_flagged=flag).filter(pl.col("skill_flagged")))
     skill_flags = skill_flags.group_by("skill_sha256").agg(pl.col("skill_flagged").any())
     started_cols = [
-        "attempt_id", "ts", "mkb_version", "experiment", "model", "problem",
+        *key("attempt_id", "_chk"), "ts", "mkb_version", "experiment", "model", "problem",
         col("attempt_started", "problem_name"), "family", "problem_hash", "target_dsl", "source_dsl", "arm_kind", "replicate",
         "gpu", *(col("attempt_started", c) for c in ("budget_submissions", "budget_turns", "budget_output_tokens", "budget_wall_s")),
-        "grader_version", "dsl_version", "doc_pack_version", "skill_sha256", "skill_source_attempt",
+        "grader_version", "dsl_version", "doc_pack_version", "skill_sha256", *key("skill_source_attempt", "_chk_src", "skill_source_attempt"),
         col("attempt_started", "skill_empty"), col("attempt_started", "wrong_source_problem"),
     ]
     flags = skill_flags.lazy()
@@ -177,21 +204,31 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         return lf.drop("skill_sha256") if lean else lf  # the lean tables need only the flag
 
     started = read("attempt_started", inputs(started_cols), started_rows)
+    if hashed:
+        # an id started twice (the text path keeps its first) or two ids of one key: built on the text ids instead
+        if started["attempt_id"].n_unique() != started.height:
+            raise _KeyClash
+        src = started.select("skill_source_attempt", "_chk_src").drop_nulls("skill_source_attempt").join(
+            started.select("attempt_id", "_chk"), left_on="skill_source_attempt", right_on="attempt_id", how="inner")
+        if (src["_chk_src"] != src["_chk"]).any():
+            raise _KeyClash
+        started = started.drop("_chk_src")
+        del src
     plans = read("plan", ["experiment", "ts", "score"], None)  # the score each experiment's plan names
     score, score_from = (score, "--score") if score is not None else _plan_score(
         store, started["experiment"].unique().to_list(), plans)
     sp_col, s_col = SCORES[score]
     served = pl.col("served_model") if "served_model" in canon["attempt_finished"] else pl.lit(None, pl.Utf8)  # attempt_finished >= 1.2
     fin_cols = [
-        "attempt_id", "ts", "status",
+        *key("attempt_id", "_chk_f"), "ts", "status",
         *(col("attempt_finished", c) for c in ("submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd", "wall_s")),
         present("attempt_finished", "final_kernel_sha256"), col("attempt_finished", "error"), served.alias("served_model")]
     fin = read("attempt_finished", inputs(fin_cols), lambda lf: lf.select(fin_cols))
     # the score's columns only (the plan's score is known by now), as `speedup` and `s`
-    ver_cols = ["attempt_id", "ts", pl.col("scope").cast(coded), "passed", col("verdict", "reason"),
+    ver_cols = [*key("attempt_id", "_chk_v"), "ts", pl.col("scope").cast(coded), "passed", col("verdict", "reason"),
                 present("verdict", "kernel_sha256"), "candidate_median_us", pl.col(sp_col).alias("speedup"), pl.col(s_col).alias("s")]
     ver = read("verdict", inputs(ver_cols), lambda lf: lf.filter(pl.col("scope").is_in(["attempt", "pair"])).select(ver_cols))
-    ann_cols = [pl.col("target_attempt_id").alias("attempt_id"), "ts", "label", col("annotation", "reason").alias("annotation_reason")]
+    ann_cols = [*key("target_attempt_id", "_chk_a"), "ts", "label", col("annotation", "reason").alias("annotation_reason")]
     ann = read("annotation", inputs(ann_cols), lambda lf: lf.select(ann_cols))
     char = read("characterisation", ["size", "ok", "ts", "problem", "gpu", "flops", "bytes", "peak"],
                 lambda lf: lf.filter((pl.col("size") == "full") & pl.col("ok").fill_null(False)).select(
@@ -250,12 +287,19 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
         # a counted verdict that recorded no score of this kind (every grader since it existed records it, null or not)
         score_unrecorded=(pl.col("verdict_source") != "none") & pl.col("v_s").is_null(),
     )
+    if hashed:  # a row joined to an attempt whose second hash differs: two ids of one key (checked before anything is reported)
+        a = a.with_columns(_clash=pl.any_horizontal((pl.col(c) != pl.col("_chk")).fill_null(False)
+                                                    for c in ("_chk_f", "pv__chk_v", "av__chk_v", "_chk_a"))).drop("_chk", "_chk_f", "_chk_a")
     a = a.drop([c for c in a.collect_schema().names() if c.startswith(("pv_", "av_"))] + ["v_passed", "v_speedup", "v_kernel", "v_candidate_us"])
     if lean:  # what the lift tables read, and what the version check and the strata need
-        a = a.select(*(c for c in LIFT_COLUMNS if c != "stratum"),
+        a = a.select(*_LINKS, *(c for c in LIFT_COLUMNS if c != "stratum"),
                      *(dict.fromkeys(c for k, within in VERSION_KEYS.items() for c in (k, *within) if c not in LIFT_COLUMNS) if mix else ()),
-                     "score_unrecorded")
+                     "score_unrecorded", *(["_clash"] if hashed else []))
     attempts = a.collect(engine=ENGINE)  # the categoricals stay until the pairs are built from them
+    if hashed:
+        if attempts["_clash"].any():
+            raise _KeyClash
+        attempts = attempts.drop("_clash")
     unrecorded = attempts.filter(pl.col("score_unrecorded") & pl.col("excluded").is_null()).height
     if unrecorded:
         counted = attempts.filter((pl.col("verdict_source") != "none") & pl.col("excluded").is_null()).height
@@ -276,9 +320,9 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     if mix:
         attempts = _text(attempts)
     attempts = _add_stratum(attempts, stratify=bool(mix))
+    pairs = build_pairs(attempts, ids=not lean)
     if lean:
         attempts = attempts.select(LIFT_COLUMNS)
-    pairs = build_pairs(attempts, ids=not lean)
     attempts = _text(attempts)
     return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts, score=score, score_from=score_from)
 

@@ -13,7 +13,7 @@ PAIR_KEY = ["stratum", "model", "problem", "replicate", "target_dsl", "arm_kind"
 def test_lean_tables_hold_the_same_pairs_and_lift_columns(planted_lift):
     full, lean = load_tables(planted_lift.store), load_tables(planted_lift.store, columns="lift")
     assert lean.attempts.columns == list(LIFT_COLUMNS) and len(full.attempts.columns) > len(LIFT_COLUMNS) + 20
-    assert_frame_equal(lean.attempts.sort("attempt_id"), full.attempts.select(LIFT_COLUMNS).sort("attempt_id"))
+    assert_frame_equal(lean.attempts.sort(LIFT_COLUMNS), full.attempts.select(LIFT_COLUMNS).sort(LIFT_COLUMNS))
     assert_frame_equal(lean.pairs.sort(PAIR_KEY), full.pairs.drop(PAIR_IDS).sort(PAIR_KEY))
     assert not set(PAIR_IDS) & set(lean.pairs.columns)
     assert lean.summary() == full.summary() and lean.verdict_note() == full.verdict_note()
@@ -41,3 +41,96 @@ def test_lean_tables_still_refuse_mixed_versions_and_stratify(tmp_path):
 def test_unknown_columns_mode_is_refused():
     with pytest.raises(ValueError, match="'all' or 'lift'"):
         load_tables("/nonexistent", columns="some")
+
+
+def _load_paths(monkeypatch):
+    """The key paths load_tables took: True for the hashed ids, False for the text ids."""
+    import mkb.analysis._tables as T
+
+    taken, inner = [], T._load_tables
+
+    def spy(*a, **k):
+        taken.append(k["hashed"])
+        return inner(*a, **k)
+
+    monkeypatch.setattr(T, "_load_tables", spy)
+    return taken
+
+
+def _text_tables(store, monkeypatch):
+    """The lean tables built on the text ids (the hashed path refused)."""
+    import mkb.analysis._tables as T
+
+    def clash(*a, **k):
+        raise T._KeyClash
+
+    with monkeypatch.context() as m:
+        m.setattr(T, "_id_key", clash)
+        return load_tables(store, columns="lift")
+
+
+def test_hashed_ids_build_the_tables_the_text_ids_build(planted_lift, monkeypatch):
+    taken = _load_paths(monkeypatch)
+    hashed = load_tables(planted_lift.store, columns="lift")
+    assert taken == [True]
+    text = _text_tables(planted_lift.store, monkeypatch)
+    assert taken[1:] == [True, False]
+    assert_frame_equal(hashed.attempts, text.attempts)
+    assert_frame_equal(hashed.pairs, text.pairs)
+    assert hashed.summary() == text.summary() and hashed.event_counts == text.event_counts
+
+
+def _dup_store(tmp_path, *, orphan: bool, twice: bool):
+    from tests.analysis.test_defects import _attempt
+    from mkb.events import EventWriter
+
+    store = str(tmp_path / f"ds-{orphan}-{twice}")
+    with EventWriter(store) as w:
+        for p in (1, 2, 3):
+            for r in (0, 1, 2):
+                _attempt(w, f"c{p}{r}", problem=p, tgt="cute", arm="solo", r=r, speedup=[0.6, 1.2, 2.5][(p + r) % 3])
+                _attempt(w, f"t{p}{r}", problem=p, tgt="tirx", arm="solo", r=r, speedup=[0.6, 1.2, 2.5][(p + 2 * r) % 3])
+                _attempt(w, f"x{p}{r}", problem=p, tgt="tirx", arm="transfer", r=r, src="cute", src_attempt=f"c{p}{r}",
+                         speedup=2.5 if p != 2 else None)
+        if orphan:  # a verdict and a finish of an attempt that never started (the text ids join it to nothing)
+            w.emit("attempt_finished", attempt_id="orphan", status="infra_error")
+            w.emit("verdict", attempt_id="orphan", scope="pair", problem=1, dsl="tirx", passed=False, s=0.0, gpu="H200")
+        if twice:  # an attempt started twice (a retried write): the text path keeps its first
+            _attempt(w, "x11", problem=1, tgt="tirx", arm="transfer", r=1, src="cute", src_attempt="c11", speedup=2.5)
+    return store
+
+
+def test_a_clash_of_the_first_hash_falls_back_to_the_text_ids(tmp_path, monkeypatch):
+    import mkb.analysis._tables as T
+
+    store = _dup_store(tmp_path, orphan=True, twice=False)
+    text = _text_tables(store, monkeypatch)
+    real = T._id_key
+
+    def weak(col, seed):  # the orphan's first hash is that of a started attempt's id; its second hash is its own
+        return pl.when(pl.col(col) == "orphan").then(pl.lit("x21").hash(seed)).otherwise(real(col, seed)) if seed == 0 else real(col, seed)
+
+    monkeypatch.setattr(T, "_id_key", weak)
+    taken = _load_paths(monkeypatch)
+    got = load_tables(store, columns="lift")
+    assert taken == [True, False]  # the clash was seen, and the text ids built the tables
+    assert_frame_equal(got.attempts, text.attempts)
+    assert_frame_equal(got.pairs, text.pairs)
+
+
+@pytest.mark.parametrize("case", ["weak", "twice"])
+def test_ids_that_share_a_key_or_start_twice_are_read_as_text(tmp_path, monkeypatch, case):
+    import mkb.analysis._tables as T
+
+    store = _dup_store(tmp_path, orphan=False, twice=case == "twice")
+    text = _text_tables(store, monkeypatch)
+    if case == "weak":  # every id of 7 keys: started ids share them
+        real = T._id_key
+        monkeypatch.setattr(T, "_id_key", lambda col, seed: real(col, seed) % 7 if seed == 0 else real(col, seed))
+    taken = _load_paths(monkeypatch)
+    got = load_tables(store, columns="lift")
+    assert taken == [True, False]
+    # (an attempt started twice leaves the rows' order to the de-duplication: compared as sets of rows)
+    assert_frame_equal(got.attempts.sort(pl.all()), text.attempts.sort(pl.all()))
+    assert_frame_equal(got.pairs.sort(pl.all()), text.pairs.sort(pl.all()))
+    assert got.attempts.height == 27
