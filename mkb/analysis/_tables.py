@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -320,7 +321,7 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
     if mix:
         attempts = _text(attempts)
     attempts = _add_stratum(attempts, stratify=bool(mix))
-    pairs = build_pairs(attempts, ids=not lean)
+    pairs = build_pairs(attempts, ids=not lean, text=not lean)
     if lean:
         attempts = attempts.select(LIFT_COLUMNS)
     attempts = _text(attempts)
@@ -328,7 +329,7 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
 
 
 def _text(df):
-    """The categoricals of `df` as text again: what the tables hold."""
+    """The categoricals of `df` as text again: what the tables hold (and every table made from lean pairs)."""
     return df.with_columns(pl.col(pl.Categorical).cast(pl.String))
 
 
@@ -396,8 +397,12 @@ def _add_sol(a: pl.LazyFrame, char: pl.DataFrame, tc: pl.DataFrame | None = None
                            schema={"gpu": pl.Utf8, "machine": pl.Utf8})
     comp = machine.join(ct.filter(pl.col("size") == "full").select("machine", "problem_hash", "compile_us"), on="machine").drop("machine")
     types = a.collect_schema()
-    a = a.join(sol.lazy().with_columns(pl.col(c).cast(types[c]) for c in ("gpu", "problem")), on=["gpu", "problem"], how="left")
-    a = a.join(comp.lazy().with_columns(pl.col(c).cast(types[c]) for c in ("gpu", "problem_hash")), on=["gpu", "problem_hash"], how="left")
+    for key, table in ((("gpu", "problem"), sol), (("gpu", "problem_hash"), comp)):
+        value = table.columns[-1]
+        if table.select(key).is_duplicated().any():  # never by construction; a join would repeat the attempt's row
+            a = a.join(table.lazy().with_columns(pl.col(c).cast(types[c]) for c in key), on=list(key), how="left")
+        else:
+            a = a.with_columns(_lookup(key, table, types).alias(value))
     cand = pl.when(pl.col("v_candidate_us") > 0).then(pl.col("v_candidate_us"))
     frac = pl.when(pl.col("sol_us") > 0).then(pl.col("sol_us") / cand)
     hits = [(pl.col("passed") & ((frac >= f).fill_null(False) if f > 0 else pl.lit(True))).cast(pl.Int32) for f in SOL_THRESHOLDS]
@@ -409,6 +414,23 @@ def _add_sol(a: pl.LazyFrame, char: pl.DataFrame, tc: pl.DataFrame | None = None
         speedup_compile=pl.when(pl.col("passed")).then(sc),
         S_compile=pl.when(pl.col("compile_us").is_not_null()).then(100.0 / len(THRESHOLDS) * pl.sum_horizontal(hits_c)),
     ).drop("compile_us")
+
+
+def _lookup(key: tuple[str, str], table: pl.DataFrame, types) -> pl.Expr:
+    """The last column of `table` at each row's (gpu, `key[1]`), null where it has none: the left join of a small table
+    of unique keys as an expression, a lookup per row where the join would copy every column of the 2M-row frame."""
+    gpu, k = key
+    out = pl.lit(None, table.schema[table.columns[-1]])
+    coded = isinstance(types[k], pl.Categorical)  # compared by code: the table's values cast into the frame's categories
+    at = pl.col(k).to_physical() if coded else pl.col(k)
+    for (g,), rows in table.partition_by(gpu, as_dict=True, maintain_order=True).items():
+        rows = rows.drop_nulls(k)  # a null key matches nothing in a join
+        if g is None or not rows.height:
+            continue
+        old = rows[k].cast(types[k])
+        out = pl.when(pl.col(gpu) == g).then(at.replace_strict(old.to_physical() if coded else old, rows[table.columns[-1]],
+                                                                 default=None)).otherwise(out)
+    return out
 
 
 def _version_mix(a: pl.DataFrame) -> dict[str, list[str]]:
@@ -441,35 +463,79 @@ def _add_stratum(a: pl.DataFrame, *, stratify: bool) -> pl.DataFrame:
                                             "dsl_version", "doc_pack_version", "problem_gen")).drop("problem_gen")
 
 
-def build_pairs(attempts: pl.DataFrame, *, ids: bool = True) -> pl.DataFrame:
+class _BlockKeys:
+    """A block (model, problem, replicate, DSL, stratum) and a group (the same without the replicate) as one join key each:
+    the five (four) values packed into one integer, exactly, when the ranges of the attempts' values fit in 63 bits
+    (always, short of billions of codes); else a struct of them (the same matches: a multi-column join's cost).
+
+    A block's key can be taken with another DSL or replicate column (a source DSL's solo, the noise floor's r+2): values
+    outside the attempts' range match nothing, like the columns they stand for.
+    """
+
+    def __init__(self, attempts: pl.DataFrame) -> None:
+        types = attempts.schema
+        cats = {c: types[c] for c in ("model", "target_dsl", "source_dsl", "stratum") if isinstance(types[c], pl.Categorical)}
+        # DSLs compared across the two columns: one code space (the frame's categories, or a local one for text)
+        self.local = pl.Categorical(pl.Categories.random())
+        same = len({cats.get("target_dsl"), cats.get("source_dsl")}) == 1 and "target_dsl" in cats
+        self.code = {c: (pl.col(c).to_physical() if c in cats and (same or c in ("model", "stratum")) else pl.col(c).cast(self.local).to_physical())
+                     .cast(pl.Int64) for c in ("model", "target_dsl", "source_dsl", "stratum")}
+        got = attempts.select(m=self.code["model"].max(), d=pl.max_horizontal(self.code["target_dsl"].max(), self.code["source_dsl"].max()),
+                              s=self.code["stratum"].max(), p0=pl.col("problem").min(), p1=pl.col("problem").max(),
+                              r0=pl.col("replicate").min(), r1=pl.col("replicate").max()).row(0, named=True)
+        self.packed = attempts.height > 0 and None not in got.values()
+        if self.packed:
+            self.p0, self.r0 = got["p0"], got["r0"]
+            self.n = [got["m"] + 1, got["p1"] - got["p0"] + 1, got["r1"] - got["r0"] + 1, got["d"] + 1, got["s"] + 1]
+            self.packed = math.prod(self.n) < 2**63
+
+    def block(self, *, replicate: str = "replicate", dsl: str = "target_dsl") -> pl.Expr:
+        if not self.packed:
+            return pl.struct("model", "problem", pl.col(replicate).alias("replicate"), pl.col(dsl).cast(pl.String).alias("dsl"),
+                             pl.col("stratum").cast(pl.String))
+        m, p, r, d, s = self.n
+        rep = pl.col(replicate).cast(pl.Int64) - self.r0
+        v = (((self.code["model"] * p + (pl.col("problem") - self.p0)) * r + rep) * d + self.code[dsl]) * s + self.code["stratum"]
+        return pl.when((rep >= 0) & (rep < r)).then(v)
+
+    def group(self) -> pl.Expr:
+        if not self.packed:
+            return pl.struct("model", "problem", pl.col("target_dsl").cast(pl.String), pl.col("stratum").cast(pl.String))
+        m, p, _, d, s = self.n
+        return ((self.code["model"] * p + (pl.col("problem") - self.p0)) * d + self.code["target_dsl"]) * s + self.code["stratum"]
+
+
+def build_pairs(attempts: pl.DataFrame, *, ids: bool = True, text: bool = True) -> pl.DataFrame:
     """Each non-solo arm against the solo of its target DSL (same model, problem, replicate, stratum), with standing.
 
     Standing compares the source's solo S with the mean S of the target DSL's *other* solo
     replicates: neither the solo the lift subtracts nor the source itself enters that mean, so no
     regression to the mean is built in. `standing_naive` (source vs the subtracted solo) is kept
     only to show the bias. Without `ids` the pairs leave out the attempt ids that link them to their attempts
-    (`PAIR_IDS`; a third of the table's memory at experiment scale).
+    (`PAIR_IDS`; a third of the table's memory at experiment scale). Without `text` their text columns are categoricals
+    (a quarter of the memory, and the tables' group-bys a quarter faster at scale); every table of mkb.analysis made
+    from them holds text, as from text pairs.
     """
-    # one lazy plan, collected once: polars shares the scans of `solos` and runs the independent joins in parallel
-    inc = attempts.lazy().filter(pl.col("excluded").is_null())
+    # one lazy plan, collected once: polars shares the scans of `solos` and runs the independent joins in parallel.
+    # Blocks and groups are joined by one key column each (`_BlockKeys`), not by their five and four columns
+    bk = _BlockKeys(attempts)
+    inc = attempts.lazy().filter(pl.col("excluded").is_null()).with_columns(_k=bk.block(), _g=bk.group())
     key = ["model", "problem", "replicate", "target_dsl", "stratum"]
-    grp = ["model", "problem", "target_dsl", "stratum"]
     solos = inc.filter(pl.col("arm_kind") == "solo")
-    base = solos.select(*key, base_attempt=pl.col("attempt_id"), S_solo="S", passed_solo="passed", speedup_solo="speedup",
+    base = solos.select("_k", base_attempt=pl.col("attempt_id"), S_solo="S", passed_solo="passed", speedup_solo="speedup",
                         S_sol_solo="S_sol", S_compile_solo="S_compile", served_solo="served_model")
     arms = inc.filter(pl.col("arm_kind") != "solo").select(
-        *key, "family", "arm_kind", "source_dsl", "attempt_id", "skill_source_attempt", "S", "passed", "speedup",
+        *key, "_k", "family", "arm_kind", "source_dsl", "attempt_id", "skill_source_attempt", "S", "passed", "speedup",
         "S_sol", "S_compile", "skill_flagged", "served_model")
     # a placebo may carry no source_dsl (the schema allows it: it has no source attempt); it belongs to the
     # direction of its block's transfer arm, whose source it stands in for
-    block_src = arms.filter(pl.col("arm_kind") == "transfer").group_by(key).agg(block_src=pl.col("source_dsl").drop_nulls().first())
-    arms = arms.join(block_src, on=key, how="left").with_columns(
+    block_src = arms.filter(pl.col("arm_kind") == "transfer").group_by("_k").agg(block_src=pl.col("source_dsl").drop_nulls().first())
+    arms = arms.join(block_src, on="_k", how="left").with_columns(
         source_dsl=pl.when(pl.col("arm_kind") == "placebo").then(pl.coalesce("source_dsl", "block_src"))
         .otherwise(pl.col("source_dsl"))).drop("block_src")
     # placebo carries no source attempt: its standing is that of the transfer arm's source (the other DSL's solo, same replicate)
-    solo_ids = solos.select("model", "problem", "replicate", "stratum", src_dsl="target_dsl", solo_id="attempt_id")
-    arms = arms.join(solo_ids, left_on=["model", "problem", "replicate", "stratum", "source_dsl"],
-                     right_on=["model", "problem", "replicate", "stratum", "src_dsl"], how="left")
+    solo_ids = solos.select(_kk="_k", solo_id="attempt_id")  # a solo by its block: the source DSL's solo is at (.., source_dsl, ..)
+    arms = arms.with_columns(_ks=bk.block(dsl="source_dsl")).join(solo_ids, left_on="_ks", right_on="_kk", how="left").drop("_ks")
     arms = arms.with_columns(source_attempt=pl.coalesce("skill_source_attempt",
                                                         pl.when(pl.col("arm_kind") == "placebo").then(pl.col("solo_id"))))
     arms = arms.drop("solo_id", "skill_source_attempt")
@@ -479,27 +545,27 @@ def build_pairs(attempts: pl.DataFrame, *, ids: bool = True) -> pl.DataFrame:
     # other than r and r+1 (so it includes r+2). A shock shared by every attempt of a replicate then enters the
     # pseudo-arm's lift (r+1 vs r) and its standing (r+2 vs a mean holding r+2) independently, as it enters a
     # transfer arm's lift (arm and solo both at r) and standing independently. Needs R >= 3.
-    nrep = solos.group_by(grp).agg(R=pl.col("replicate").max() + 1)
-    nxt = solos.join(nrep, on=grp).filter(pl.col("R") >= 3).with_columns(prev=(pl.col("replicate") - 1) % pl.col("R"))
+    nrep = solos.group_by("_g").agg(R=pl.col("replicate").max() + 1)
+    nxt = solos.join(nrep, on="_g").filter(pl.col("R") >= 3).with_columns(prev=(pl.col("replicate") - 1) % pl.col("R"))
     noise = nxt.select(pl.col("model"), pl.col("problem"), pl.col("prev").alias("replicate"), "target_dsl", "stratum", "family",
                        pl.lit(NOISE_ARM, attempts.schema["arm_kind"]).alias("arm_kind"), "attempt_id", "S", "passed", "speedup", "S_sol", "S_compile",
-                       "skill_flagged", "served_model", "R")
+                       "skill_flagged", "served_model", "R").with_columns(_k=bk.block())
     # the source DSL of a block: its transfer arm's (any DSL other than the target when there is none)
-    tsrc = arms.filter(pl.col("arm_kind") == "transfer").group_by(key).agg(source_dsl=pl.col("source_dsl").drop_nulls().first())
-    noise = noise.join(tsrc, on=key, how="left")
-    noise = noise.with_columns(src_rep=(pl.col("replicate") + 2) % pl.col("R")).join(
-        solo_ids, left_on=["model", "problem", "src_rep", "stratum", "source_dsl"],
-        right_on=["model", "problem", "replicate", "stratum", "src_dsl"], how="left")
-    noise = noise.rename({"solo_id": "source_attempt"}).drop("R", "src_rep")
+    tsrc = arms.filter(pl.col("arm_kind") == "transfer").group_by("_k").agg(source_dsl=pl.col("source_dsl").drop_nulls().first())
+    noise = noise.join(tsrc, on="_k", how="left")
+    noise = noise.with_columns(src_rep=(pl.col("replicate") + 2) % pl.col("R"))
+    noise = noise.with_columns(_ks=bk.block(replicate="src_rep", dsl="source_dsl")).join(
+        solo_ids, left_on="_ks", right_on="_kk", how="left")
+    noise = noise.rename({"solo_id": "source_attempt"}).drop("R", "src_rep", "_ks")
     noise = noise.select(arms.collect_schema().names())
-    pairs = pl.concat([arms, noise], how="vertical_relaxed").join(base, on=key, how="inner")
+    pairs = pl.concat([arms, noise], how="vertical_relaxed").join(base, on="_k", how="inner")
     # source S and whether the source is itself one of the target's solo replicates (same arm, noise floor)
     src = attempts.lazy().select(source_attempt="attempt_id", S_source="S", source_excluded="excluded",
                           src_model="model", src_problem="problem", src_tgt="target_dsl", src_kind="arm_kind",
                           src_rep="replicate")
     pairs = pairs.join(src, on="source_attempt", how="left")
-    tot = solos.group_by(grp).agg(sum_S=pl.col("S").sum(), n_solo=pl.len())
-    pairs = pairs.join(tot, on=grp, how="left")
+    tot = solos.group_by("_g").agg(sum_S=pl.col("S").sum(), n_solo=pl.len())
+    pairs = pairs.with_columns(_g=bk.group()).join(tot, on="_g", how="left")
     src_in_group = ((pl.col("src_kind") == "solo") & (pl.col("src_model") == pl.col("model")) & (pl.col("src_problem") == pl.col("problem"))
                     & (pl.col("src_tgt") == pl.col("target_dsl")) & (pl.col("src_rep") != pl.col("replicate"))).fill_null(False)
     # the noise floor's pseudo-arm is a target solo too: leave it out of the reference mean as well
@@ -522,6 +588,9 @@ def build_pairs(attempts: pl.DataFrame, *, ids: bool = True) -> pl.DataFrame:
                                lift_sol=pl.col("S_sol") - pl.col("S_sol_solo"),
                                # the served model changed between the block's solo and its skill arm (null: not recorded)
                                served_changed=pl.col("served_model") != pl.col("served_solo"))
-    pairs = pairs.drop("src_model", "src_problem", "src_tgt", "src_kind", "src_rep", "sum_S", "n_solo", "source_excluded",
+    pairs = pairs.drop("_k", "_g", "src_model", "src_problem", "src_tgt", "src_kind", "src_rep", "sum_S", "n_solo", "source_excluded",
                        *(() if ids else PAIR_IDS))
-    return _text(pairs).collect(engine=ENGINE)  # attempts may hold categoricals (load_tables): the pairs hold text
+    if text:
+        return _text(pairs).collect(engine=ENGINE)  # attempts may hold categoricals (load_tables): the pairs hold text
+    coded = next((ty for ty in attempts.schema.values() if isinstance(ty, pl.Categorical)), None) or pl.Categorical(pl.Categories.random())
+    return pairs.with_columns(pl.col(pl.String).cast(coded)).collect(engine=ENGINE)
