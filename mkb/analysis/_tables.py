@@ -172,16 +172,22 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
         """
         return read_batches(kind, store, columns=cols, reduce=reduce, report=reports[kind], dedupe=False, batch_rows=READ_BATCH_ROWS)
 
-    def col(kind: str, name: str) -> pl.Expr:
-        """A column the lean tables do not carry reads as a typed null (never read from the store) and is dropped below."""
-        return pl.lit(None, canon[kind][name]).alias(name) if lean else pl.col(name)
+    absent: dict[str, pl.DataType] = {}  # the columns the lean tables do not read: typed nulls after the joins
+
+    def col(kind: str, name: str, alias: str | None = None, *, joined_as: tuple[str, ...] = ()) -> pl.Expr | None:
+        """A column the lean tables do not carry is never read from the store (None here): it enters the plan after the joins
+        as a typed null (under `joined_as` where the joins rename it), where the lean select drops it unmaterialised."""
+        if not lean:
+            return pl.col(name).alias(alias or name)
+        absent.update({n: canon[kind][name] for n in joined_as or (alias or name,)})
+        return None
 
     def present(kind: str, name: str) -> pl.Expr:
         """A kernel hash: the lean tables need only whether it is there."""
         return pl.when(pl.col(name).is_not_null()).then(pl.lit("k", coded)).alias(name) if lean else pl.col(name)
 
     def inputs(exprs) -> list[str]:
-        return list(dict.fromkeys(n for e in exprs for n in (e.meta.root_names() if isinstance(e, pl.Expr) else [e])))
+        return list(dict.fromkeys(n for e in exprs if e is not None for n in (e.meta.root_names() if isinstance(e, pl.Expr) else [e])))
 
     # skills whose hygiene checks raised a flag the sensitivity row leaves out: only the flagged ones are kept, and every
     # attempt is marked by a left join to them (read first, so each batch of attempts is marked as it is read)
@@ -196,6 +202,7 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
         "grader_version", "dsl_version", "doc_pack_version", "skill_sha256", *key("skill_source_attempt", "_chk_src", "skill_source_attempt"),
         col("attempt_started", "skill_empty"), col("attempt_started", "wrong_source_problem"),
     ]
+    started_cols = [c for c in started_cols if c is not None]
     flags = skill_flags.lazy()
 
     def started_rows(lf: pl.LazyFrame) -> pl.LazyFrame:
@@ -223,13 +230,15 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
     fin_cols = [
         *key("attempt_id", "_chk_f"), "ts", "status",
         *(col("attempt_finished", c) for c in ("submissions_used", "turns_used", "input_tokens", "output_tokens", "cost_usd", "wall_s")),
-        present("attempt_finished", "final_kernel_sha256"), col("attempt_finished", "error"), served.alias("served_model")]
+        present("attempt_finished", "final_kernel_sha256"), col("attempt_finished", "error"), (served.cast(coded) if lean else served).alias("served_model")]
+    fin_cols = [c for c in fin_cols if c is not None]
     fin = read("attempt_finished", inputs(fin_cols), lambda lf: lf.select(fin_cols))
     # the score's columns only (the plan's score is known by now), as `speedup` and `s`
-    ver_cols = [*key("attempt_id", "_chk_v"), "ts", pl.col("scope").cast(coded), "passed", col("verdict", "reason"),
+    ver_cols = [*key("attempt_id", "_chk_v"), "ts", pl.col("scope").cast(coded), "passed", col("verdict", "reason", joined_as=("pv_reason", "av_reason")),
                 present("verdict", "kernel_sha256"), "candidate_median_us", pl.col(sp_col).alias("speedup"), pl.col(s_col).alias("s")]
+    ver_cols = [c for c in ver_cols if c is not None]
     ver = read("verdict", inputs(ver_cols), lambda lf: lf.filter(pl.col("scope").is_in(["attempt", "pair"])).select(ver_cols))
-    ann_cols = [*key("target_attempt_id", "_chk_a"), "ts", "label", col("annotation", "reason").alias("annotation_reason")]
+    ann_cols = [c for c in (*key("target_attempt_id", "_chk_a"), "ts", "label", col("annotation", "reason", "annotation_reason")) if c is not None]
     ann = read("annotation", inputs(ann_cols), lambda lf: lf.select(ann_cols))
     char = read("characterisation", ["size", "ok", "ts", "problem", "gpu", "flops", "bytes", "peak"],
                 lambda lf: lf.filter((pl.col("size") == "full") & pl.col("ok").fill_null(False)).select(
@@ -244,18 +253,18 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
     # one row per started attempt, as in `attempts` (the joins below add columns, never rows): the versions it mixes are
     # known here, and the lean tables then carry the version columns through the joins only when strata need them
     mix = _version_mix(started)
-    started = started.lazy()
-    fin = _latest(fin, keep="last").drop("ts").lazy()
-    ann = _latest(ann, keep="last").drop("ts").lazy()
+    fin = _latest(fin, keep="last").drop("ts")
+    ann = _latest(ann, keep="last").drop("ts")
     # one row per (attempt, scope): the latest verdict of each scope
-    v_pair = _latest(ver.filter(pl.col("scope") == "pair"), keep="last").drop("ts", "scope").lazy() \
+    v_pair = _latest(ver.filter(pl.col("scope") == "pair"), keep="last").drop("ts", "scope") \
         .rename(lambda c: c if c == "attempt_id" else f"pv_{c}")
     # an attempt's own verdict is read only where it has no pair re-grade: only those rows are joined
-    v_att = _latest(ver.filter(pl.col("scope") == "attempt"), keep="last").drop("ts", "scope").lazy() \
+    v_att = _latest(ver.filter(pl.col("scope") == "attempt"), keep="last").drop("ts", "scope") \
         .join(v_pair.select("attempt_id"), on="attempt_id", how="anti").rename(lambda c: c if c == "attempt_id" else f"av_{c}")
     del ver  # the verdicts kept are in v_pair and v_att: let the rest go before the joins
-    a = (started.join(fin, on="attempt_id", how="left").join(v_pair, on="attempt_id", how="left")
-         .join(v_att, on="attempt_id", how="left").join(ann, on="attempt_id", how="left"))
+    a = _join_unique(started, [fin, v_pair, v_att, ann]).lazy()
+    del fin, v_pair, v_att
+    a = a.with_columns(pl.lit(None, dtype).alias(name) for name, dtype in absent.items())
     has_pv = pl.col("pv_passed").is_not_null()
     has_av = pl.col("av_passed").is_not_null()
     pick = lambda c: pl.when(has_pv).then(pl.col(f"pv_{c}")).otherwise(pl.col(f"av_{c}"))  # noqa: E731
@@ -311,7 +320,7 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
     attempts = attempts.drop("score_unrecorded")
     # the frames read are in `attempts` now: let them go before the pairs are built (at experiment scale they are
     # gigabytes, and the peak would otherwise hold both)
-    del a, started, fin, ann, v_pair, v_att, skill_flags, char, tc
+    del a, started, ann, skill_flags, char, tc
     if mix and not stratify:
         lines = "\n".join(f"  {k}: {', '.join(v[:6])}{' ...' if len(v) > 6 else ''}" for k, v in mix.items())
         raise MixedVersionsError(
@@ -326,6 +335,18 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
         attempts = attempts.select(LIFT_COLUMNS)
     attempts = _text(attempts)
     return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts, score=score, score_from=score_from)
+
+
+def _join_unique(left: pl.DataFrame, rights: list[pl.DataFrame], on: str = "attempt_id") -> pl.DataFrame:
+    """`left` left-joined to each of `rights` on `on`, every right frame holding each key at most once (the latest row
+    per attempt): the same rows and order as the chain of left joins, but the key columns alone are joined and each
+    right frame's columns gathered once, where each join of the chain copied every column joined so far."""
+    keys = left.select(on)
+    parts = [left]
+    for right in rights:
+        at = keys.join(right.select(on).with_row_index("_at"), on=on, how="left", maintain_order="left")["_at"]
+        parts.append(right.drop(on).select(pl.all().gather(at)))  # a null position (no such key) gathers nulls
+    return pl.concat(parts, how="horizontal")
 
 
 def _text(df):
