@@ -262,8 +262,16 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
     v_att = _latest(ver.filter(pl.col("scope") == "attempt"), keep="last").drop("ts", "scope") \
         .join(v_pair.select("attempt_id"), on="attempt_id", how="anti").rename(lambda c: c if c == "attempt_id" else f"av_{c}")
     del ver  # the verdicts kept are in v_pair and v_att: let the rest go before the joins
-    a = _join_unique(started, [fin, v_pair, v_att, ann]).lazy()
+    if lean and not mix:  # the versions and the experiment have been read off: the lean tables carry them no further
+        started = started.drop("mkb_version", "grader_version", "dsl_version", "doc_pack_version", "experiment")
+    a = _join_unique(started, [fin, v_pair, v_att, ann])
     del fin, v_pair, v_att
+    if hashed:  # a row joined to an attempt whose second hash differs: two ids of one key (checked before anything is derived)
+        checks = ("_chk_f", "pv__chk_v", "av__chk_v", "_chk_a")
+        if a.select(pl.any_horizontal((pl.col(c) != pl.col("_chk")).fill_null(False) for c in checks).any()).item():
+            raise _KeyClash
+        a = a.drop("_chk", *checks)
+    a = a.lazy()
     a = a.with_columns(pl.lit(None, dtype).alias(name) for name, dtype in absent.items())
     has_pv = pl.col("pv_passed").is_not_null()
     has_av = pl.col("av_passed").is_not_null()
@@ -297,19 +305,12 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
         # a counted verdict that recorded no score of this kind (every grader since it existed records it, null or not)
         score_unrecorded=(pl.col("verdict_source") != "none") & pl.col("v_s").is_null(),
     )
-    if hashed:  # a row joined to an attempt whose second hash differs: two ids of one key (checked before anything is reported)
-        a = a.with_columns(_clash=pl.any_horizontal((pl.col(c) != pl.col("_chk")).fill_null(False)
-                                                    for c in ("_chk_f", "pv__chk_v", "av__chk_v", "_chk_a"))).drop("_chk", "_chk_f", "_chk_a")
     a = a.drop([c for c in a.collect_schema().names() if c.startswith(("pv_", "av_"))] + ["v_passed", "v_speedup", "v_kernel", "v_candidate_us"])
     if lean:  # what the lift tables read, and what the version check and the strata need
         a = a.select(*_LINKS, *(c for c in LIFT_COLUMNS if c != "stratum"),
                      *(dict.fromkeys(c for k, within in VERSION_KEYS.items() for c in (k, *within) if c not in LIFT_COLUMNS) if mix else ()),
-                     "score_unrecorded", *(["_clash"] if hashed else []))
+                     "score_unrecorded")
     attempts = a.collect(engine=ENGINE)  # the categoricals stay until the pairs are built from them
-    if hashed:
-        if attempts["_clash"].any():
-            raise _KeyClash
-        attempts = attempts.drop("_clash")
     unrecorded = attempts.filter(pl.col("score_unrecorded") & pl.col("excluded").is_null()).height
     if unrecorded:
         counted = attempts.filter((pl.col("verdict_source") != "none") & pl.col("excluded").is_null()).height
