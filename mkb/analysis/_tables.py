@@ -85,18 +85,14 @@ class Tables:
         return self.attempts.filter(pl.col("excluded").is_null())
 
     def summary(self) -> dict[str, int]:
-        a = self.attempts
-        vs = a.filter(pl.col("excluded").is_null())["verdict_source"].value_counts()
-        by = dict(zip(vs["verdict_source"].to_list(), vs["count"].to_list()))
-        ex = a["excluded"].drop_nulls().str.split(":").list.first().value_counts()
-        exc = dict(zip(ex["excluded"].to_list(), ex["count"].to_list()))
-        return {
-            "attempts": a.height, "included": a.height - sum(exc.values()),
-            "verdict_pair": by.get("pair", 0), "verdict_attempt": by.get("attempt", 0), "verdict_none": by.get("none", 0),
-            "infra_error": exc.get("infra_error", 0), "unfinished": exc.get("unfinished", 0),
-            "annotated": exc.get("annotated", 0), "ungraded": exc.get("ungraded", 0),
-            "s_mismatch": int(a["s_mismatch"].sum() or 0),
-        }
+        # counts in one pass, no filtered copy of the attempts (at experiment scale, 150 MB a copy)
+        counted, why = pl.col("excluded").is_null(), pl.col("excluded").str.split(":").list.first()
+        got = self.attempts.select(
+            attempts=pl.len(), included=counted.sum(),
+            **{f"verdict_{v}": (counted & (pl.col("verdict_source") == v)).sum() for v in ("pair", "attempt", "none")},
+            **{k: (why == k).sum() for k in ("infra_error", "unfinished", "annotated", "ungraded")},
+            s_mismatch=pl.col("s_mismatch").sum()).row(0, named=True)
+        return {k: int(v or 0) for k, v in got.items()}
 
     def verdict_note(self) -> str:
         s = self.summary()
