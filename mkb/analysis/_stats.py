@@ -421,13 +421,14 @@ def lift_table(pairs: pl.DataFrame, *, by: tuple[str, ...] = (), spec: Bootstrap
     characterises the problems. `pooled` adds a row per model and arm pooled over directions (direction
     "pooled"; a problem's pairs from both directions form one cluster).
     """
-    pairs = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
-    if pairs.height == 0:  # solos alone (or arms without their solo): no cell to report
+    arm = pl.col("arm_kind") != NOISE_ARM
+    if not pairs.select(arm.any()).item():  # solos alone (or arms without their solo): no cell to report
         return pl.DataFrame()
-    out = _lift_cells(pairs, by=by, spec=spec, tests=tests)
+    arms = pairs.lazy().filter(arm)  # filtered inside each group-by's plan: no copy of the (2M-row) pairs
+    out = _lift_cells(arms, by=by, spec=spec, tests=tests)
     if pooled:
         # the pooled cell's labels in the pairs' own types (a categorical's 4 bytes a row, not text's 16, at 2M pairs)
-        pp = pairs.with_columns(direction=pl.lit("pooled", pairs.schema["direction"]), source_dsl=pl.lit("*", pairs.schema["source_dsl"]),
+        pp = arms.with_columns(direction=pl.lit("pooled", pairs.schema["direction"]), source_dsl=pl.lit("*", pairs.schema["source_dsl"]),
                                 target_dsl=pl.lit("*", pairs.schema["target_dsl"]))
         out = pl.concat([out, _lift_cells(pp, by=by, spec=spec, tests=tests)], how="diagonal_relaxed")
     cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
@@ -436,15 +437,14 @@ def lift_table(pairs: pl.DataFrame, *, by: tuple[str, ...] = (), spec: Bootstrap
                             _p=pl.col("direction") == "pooled").sort("_o", "_p", *cell).drop("_o", "_p")
 
 
-def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
+def _lift_cells(lp: pl.LazyFrame, *, by, spec, tests) -> pl.DataFrame:
     cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
     # one pass over the pairs per grouping, both collected together (in-memory engine: see _tables.ENGINE)
-    lp = pairs.lazy()
     has_sol = pl.col("S_sol").is_not_null() & pl.col("S_sol_solo").is_not_null()
     # a problem's pair lifts in S steps enter only the noise floor, through their multiset: counted per step size
     # (a handful of sums) rather than gathered into a list per problem
     step = (pl.col("lift").abs() / 20.0).round().cast(pl.Int64)
-    top = int(pairs.select(step.max()).item() or 0)
+    top = int(lp.select(step.max()).collect(engine=ENGINE).item() or 0)
     steps = [f"_steps{k}" for k in range(top + 1)]
     per_problem_q = lp.group_by(*cell, "problem").agg(
         SA=pl.col("S").sum(), SB=pl.col("S_solo").sum(), n=pl.len(),

@@ -89,7 +89,7 @@ def _need_arms(t) -> None:
     """Lift, standing and reports compare arms with solos: a store of solos alone has nothing to compare."""
     import polars as pl
 
-    if t.pairs.filter(pl.col("arm_kind") != "solo_noise").height == 0:
+    if not t.pairs.select((pl.col("arm_kind") != "solo_noise").any()).item():  # no filtered copy of the pairs
         kinds = sorted(t.included["arm_kind"].unique().to_list())
         what = ("holds only solo attempts: there is no arm to compare with a solo" if kinds == ["solo"] else
                 f"has no arm paired with a solo of its target DSL, same model, problem and replicate (arms: {', '.join(kinds)})")
