@@ -86,7 +86,7 @@ class Tables:
 
     def summary(self) -> dict[str, int]:
         # counts in one pass, no filtered copy of the attempts (at experiment scale, 150 MB a copy)
-        counted, why = pl.col("excluded").is_null(), pl.col("excluded").str.split(":").list.first()
+        counted, why = pl.col("excluded").is_null(), pl.col("excluded").cast(pl.String).str.split(":").list.first()
         got = self.attempts.select(
             attempts=pl.len(), included=counted.sum(),
             **{f"verdict_{v}": (counted & (pl.col("verdict_source") == v)).sum() for v in ("pair", "attempt", "none")},
@@ -130,6 +130,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     attempts, which no lift, standing, power or report figure reads) and an attempts table of `LIFT_COLUMNS`
     only: the columns nothing of it reads (token counts, errors, budgets, names, ids) are not read from the store, and
     of a kernel hash only whether it is there, which at experiment scale is most of the memory and a third of the time.
+    Both lean tables hold their text as categoricals (`_text` gives the text; every table made from them holds text).
     Its attempts are joined by a 64-bit hash of their ids rather than the text (`_id_key`; a tenth of the cost per
     join), and each joined row's second hash (another seed) must match too: two ids that share the first hash, or an
     id started twice, make it build the tables on the text ids instead (the same tables; only ids that share both
@@ -328,9 +329,8 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
         attempts = _text(attempts)
     attempts = _add_stratum(attempts, stratify=bool(mix))
     pairs = build_pairs(attempts, ids=not lean, text=not lean)
-    if lean:
-        attempts = attempts.select(LIFT_COLUMNS)
-    attempts = _text(attempts)
+    # the lean tables keep their text as categoricals (what lift reads at scale: a quarter of the memory), the full ones text
+    attempts = _coded(attempts.select(LIFT_COLUMNS)) if lean else _text(attempts)
     return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts, score=score, score_from=score_from)
 
 
@@ -344,6 +344,12 @@ def _join_unique(left: pl.DataFrame, rights: list[pl.DataFrame], on: str = "atte
         at = keys.join(right.select(on).with_row_index("_at"), on=on, how="left", maintain_order="left")["_at"]
         parts.append(right.drop(on).select(pl.all().gather(at)))  # a null position (no such key) gathers nulls
     return pl.concat(parts, how="horizontal")
+
+
+def _coded(df: pl.DataFrame) -> pl.DataFrame:
+    """The text columns of `df` as categoricals, of the categories its categoricals already use (else its own)."""
+    coded = next((ty for ty in df.schema.values() if isinstance(ty, pl.Categorical)), None) or pl.Categorical(pl.Categories.random())
+    return df.with_columns(pl.col(pl.String).cast(coded))
 
 
 def _text(df):
@@ -610,5 +616,4 @@ def build_pairs(attempts: pl.DataFrame, *, ids: bool = True, text: bool = True) 
                        *(() if ids else PAIR_IDS))
     if text:
         return _text(pairs).collect(engine=ENGINE)  # attempts may hold categoricals (load_tables): the pairs hold text
-    coded = next((ty for ty in attempts.schema.values() if isinstance(ty, pl.Categorical)), None) or pl.Categorical(pl.Categories.random())
-    return pairs.with_columns(pl.col(pl.String).cast(coded)).collect(engine=ENGINE)
+    return _coded(pairs.collect(engine=ENGINE))
