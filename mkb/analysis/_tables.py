@@ -15,6 +15,9 @@ SCORED_STATUSES = ("finished", "budget_exhausted")
 NOISE_ARM = "solo_noise"  # the solo-vs-solo pseudo-arm that measures the noise floor (see build_pairs)
 SENSITIVE_FLAGS = ("code_block", "problem_identity")  # skill hygiene flags the sensitivity row leaves out
 PAIR_IDS = ("attempt_id", "base_attempt", "source_attempt")  # a pair's attempts: the arm's, its solo's, its skill source's
+# what no lift, standing, contrast, power or report table reads of a pair (the two-part table of `models`, which reads the
+# full tables, reads the speedups); the lean pairs leave them out
+PAIR_UNREAD = ("speedup", "speedup_solo", "served_solo", "S_source", "ref_mean")
 READ_BATCH_ROWS = BATCH_ROWS  # rows of a kind read (and reduced to what the tables keep) at a time
 
 # started's text columns of a few distinct values, held as categoricals (4 bytes a row, not a 16-byte view and the text)
@@ -127,7 +130,7 @@ def load_tables(store: str | Store | None = None, *, stratify: bool = False, col
     store (never read as 0).
 
     `columns="lift"` builds the same pairs table without its attempt ids (`PAIR_IDS`: what links a pair to its
-    attempts, which no lift, standing, power or report figure reads) and an attempts table of `LIFT_COLUMNS`
+    attempts, which no lift, standing, power or report figure reads) and the columns those tables do not read (`PAIR_UNREAD`) and an attempts table of `LIFT_COLUMNS`
     only: the columns nothing of it reads (token counts, errors, budgets, names, ids) are not read from the store, and
     of a kernel hash only whether it is there, which at experiment scale is most of the memory and a third of the time.
     Both lean tables hold their text as categoricals (`_text` gives the text; every table made from them holds text).
@@ -328,7 +331,7 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
     if mix:
         attempts = _text(attempts)
     attempts = _add_stratum(attempts, stratify=bool(mix))
-    pairs = build_pairs(attempts, ids=not lean, text=not lean)
+    pairs = build_pairs(attempts, ids=not lean, text=not lean, unread=not lean)
     # the lean tables keep their text as categoricals (what lift reads at scale: a quarter of the memory), the full ones text
     attempts = _coded(attempts.select(LIFT_COLUMNS)) if lean else _text(attempts)
     return Tables(attempts, pairs, store.url, bool(mix), mix, skipped, counts, score=score, score_from=score_from)
@@ -529,7 +532,7 @@ class _BlockKeys:
         return ((self.code["model"] * p + (pl.col("problem") - self.p0)) * d + self.code["target_dsl"]) * s + self.code["stratum"]
 
 
-def build_pairs(attempts: pl.DataFrame, *, ids: bool = True, text: bool = True) -> pl.DataFrame:
+def build_pairs(attempts: pl.DataFrame, *, ids: bool = True, text: bool = True, unread: bool = True) -> pl.DataFrame:
     """Each non-solo arm against the solo of its target DSL (same model, problem, replicate, stratum), with standing.
 
     Standing compares the source's solo S with the mean S of the target DSL's *other* solo
@@ -538,7 +541,7 @@ def build_pairs(attempts: pl.DataFrame, *, ids: bool = True, text: bool = True) 
     only to show the bias. Without `ids` the pairs leave out the attempt ids that link them to their attempts
     (`PAIR_IDS`; a third of the table's memory at experiment scale). Without `text` their text columns are categoricals
     (a quarter of the memory, and the tables' group-bys a quarter faster at scale); every table of mkb.analysis made
-    from them holds text, as from text pairs.
+    from them holds text, as from text pairs. Without `unread` they leave out `PAIR_UNREAD`.
     """
     # one lazy plan, collected once: polars shares the scans of `solos` and runs the independent joins in parallel.
     # Blocks and groups are joined by one key column each (`_BlockKeys`), not by their five and four columns
@@ -613,7 +616,7 @@ def build_pairs(attempts: pl.DataFrame, *, ids: bool = True, text: bool = True) 
                                # the served model changed between the block's solo and its skill arm (null: not recorded)
                                served_changed=pl.col("served_model") != pl.col("served_solo"))
     pairs = pairs.drop("_k", "_g", "src_model", "src_problem", "src_tgt", "src_kind", "src_rep", "sum_S", "n_solo", "source_excluded",
-                       *(() if ids else PAIR_IDS))
+                       *(() if ids else PAIR_IDS), *(() if unread else PAIR_UNREAD))
     if text:
         return _text(pairs).collect(engine=ENGINE)  # attempts may hold categoricals (load_tables): the pairs hold text
     return _coded(pairs.collect(engine=ENGINE))

@@ -5,7 +5,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from mkb.analysis import BootstrapSpec, lift_table, load_tables, standing_table
-from mkb.analysis._tables import LIFT_COLUMNS, PAIR_IDS, _text
+from mkb.analysis._tables import LIFT_COLUMNS, PAIR_IDS, PAIR_UNREAD, _text
 
 PAIR_KEY = ["stratum", "model", "problem", "replicate", "target_dsl", "arm_kind"]  # one pair per block and arm
 
@@ -14,22 +14,21 @@ def test_lean_tables_hold_the_same_pairs_and_lift_columns(planted_lift):
     full, lean = load_tables(planted_lift.store), load_tables(planted_lift.store, columns="lift")
     assert lean.attempts.columns == list(LIFT_COLUMNS) and len(full.attempts.columns) > len(LIFT_COLUMNS) + 20
     assert_frame_equal(_text(lean.attempts).sort(LIFT_COLUMNS), full.attempts.select(LIFT_COLUMNS).sort(LIFT_COLUMNS))
-    assert_frame_equal(_text(lean.pairs).sort(PAIR_KEY), full.pairs.drop(PAIR_IDS).sort(PAIR_KEY))
-    assert not set(PAIR_IDS) & set(lean.pairs.columns)
+    assert_frame_equal(_text(lean.pairs).sort(PAIR_KEY), full.pairs.drop(*PAIR_IDS, *PAIR_UNREAD).sort(PAIR_KEY))
+    assert not set(PAIR_IDS) & set(lean.pairs.columns) and not set(PAIR_UNREAD) & set(lean.pairs.columns)
     assert not any(ty == pl.String for ty in lean.pairs.schema.values())  # the lean pairs' text is categoricals
     assert lean.summary() == full.summary() and lean.verdict_note() == full.verdict_note()
     spec = BootstrapSpec(seed=4, resamples=300)
     assert_frame_equal(lift_table(lean.pairs, spec=spec, pooled=True), lift_table(full.pairs, spec=spec, pooled=True))
     assert_frame_equal(standing_table(lean.pairs, spec=spec), standing_table(full.pairs, spec=spec))
     # every table made from the lean (categorical) pairs holds the text the full pairs give
-    from mkb.analysis import contrast_table, power_table, problem_table, two_part_table, variance_components
+    from mkb.analysis import contrast_table, power_table, problem_table, variance_components
 
     assert_frame_equal(lift_table(lean.pairs, by=("family",), spec=spec, tests=False),
                        lift_table(full.pairs, by=("family",), spec=spec, tests=False))
     assert_frame_equal(standing_table(lean.pairs, spec=spec, pooled=False, naive=True, over_directions=True),
                        standing_table(full.pairs, spec=spec, pooled=False, naive=True, over_directions=True))
-    for fn in (contrast_table, two_part_table):
-        assert_frame_equal(fn(lean.pairs, spec=spec), fn(full.pairs, spec=spec))
+    assert_frame_equal(contrast_table(lean.pairs, spec=spec), contrast_table(full.pairs, spec=spec))
     for fn in (problem_table, variance_components):
         assert_frame_equal(fn(lean.pairs), fn(full.pairs))
     lt = lift_table(full.pairs, spec=spec, tests=False)
@@ -49,7 +48,7 @@ def test_lean_tables_still_refuse_mixed_versions_and_stratify(tmp_path):
     full, lean = load_tables(store, stratify=True), load_tables(store, stratify=True, columns="lift")
     assert lean.stratified and sorted(lean.attempts["stratum"].unique()) == sorted(full.attempts["stratum"].unique())
     assert any("grader=grader-2" in x for x in lean.attempts["stratum"].unique())
-    assert_frame_equal(_text(lean.pairs).sort(PAIR_KEY), full.pairs.drop(PAIR_IDS).sort(PAIR_KEY))
+    assert_frame_equal(_text(lean.pairs).sort(PAIR_KEY), full.pairs.drop(*PAIR_IDS, *PAIR_UNREAD).sort(PAIR_KEY))
 
 
 def test_unknown_columns_mode_is_refused():
