@@ -58,12 +58,13 @@ def ensure_store(events: int, replicates: int, folder: str) -> tuple[str, int]:
     return store, int(marker.read_text())
 
 
-def run_child(cmd: list[str], env: dict) -> tuple[float, float, float, str, str, int]:
-    """(wall s, CPU s, peak RSS MiB, stdout, stderr, exit code) of one whole-process run."""
+def run_child(cmd: list[str], env: dict, cwd: str | None = None) -> tuple[float, float, float, str, str, int]:
+    """(wall s, CPU s, peak RSS MiB, stdout, stderr, exit code) of one whole-process run (in `cwd`: `python -m` imports
+    mkb from its working directory before PYTHONPATH, so a tree's runs start in that tree)."""
     # output to files, not pipes: the tables outgrow a pipe's buffer and the child would block writing them
     with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, env=env)
+        proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, env=env, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         fo.seek(0), fe.seek(0)
@@ -118,16 +119,17 @@ def phases_child(argv: list[str]) -> None:
     sys.exit(code)
 
 
-def same_output(stores: list[str], envs: dict[str, dict]) -> bool:
-    """Whether every code tree prints the same bytes for `mkb-analyze lift` (stdout, --json and exit code) on each store."""
+def same_output(stores: list[str], envs: dict[str, tuple[dict, str]]) -> bool:
+    """Whether every code tree ({name: (env, root)}) prints the same bytes for `mkb-analyze lift` (stdout, --json and
+    exit code) on each store (absolute paths: each tree runs in its own root)."""
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for store in stores:
             got = {}
-            for name, env in envs.items():
+            for name, (env, root) in envs.items():
                 js = os.path.join(tmp, f"{name}.json")
                 proc = subprocess.run([sys.executable, "-m", "mkb.cli.analyze", "lift", "--store", store, "--json", js],
-                                      capture_output=True, env=env, cwd=ROOT)
+                                      capture_output=True, env=env, cwd=root)
                 got[name] = (proc.returncode, proc.stdout, Path(js).read_bytes() if os.path.exists(js) else b"")
                 Path(js).unlink(missing_ok=True)
             first, *rest = got.values()
@@ -180,14 +182,14 @@ def bench(store: str, events: int, runs: int, env: dict) -> None:
     print(f"load average now {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
 
 
-def alternate(store: str, events: int, runs: int, envs: dict[str, dict]) -> None:
+def alternate(store: str, events: int, runs: int, envs: dict[str, tuple[dict, str]]) -> None:
     """Whole-process runs of each code tree in turn (A B A B ...): the machine's load falls on both alike."""
     cmd = [sys.executable, "-m", "mkb.cli.analyze", "lift", "--store", store, "--json", os.devnull]
     got = {name: [] for name in envs}
     print(f"\n== store {store}: {events:,} events; load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     for _ in range(runs):
-        for name, env in envs.items():
-            wall, cpu, peak, out, err, code = run_child(cmd, env)
+        for name, (env, root) in envs.items():
+            wall, cpu, peak, out, err, code = run_child(cmd, env, cwd=root)
             if code != 0:
                 raise SystemExit(f"{name}: mkb-analyze lift failed (exit {code}): {err[-2000:]}")
             got[name].append((wall, cpu, peak))
@@ -213,8 +215,9 @@ def main() -> None:
     stores = [ensure_store(int(x), args.replicates, args.dir) for x in args.events.split(",")]
     if args.against:
         other = str(Path(args.against).resolve())
-        envs = {"this": env, "against": dict(os.environ, PYTHONPATH=other + os.pathsep + os.environ.get("PYTHONPATH", ""))}
-        committed = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "events").iterdir() if p.is_dir())
+        envs = {"this": (env, str(ROOT)),
+                "against": (dict(os.environ, PYTHONPATH=other + os.pathsep + os.environ.get("PYTHONPATH", "")), other)}
+        committed = sorted(str(p) for p in (ROOT / "events").iterdir() if p.is_dir())
         print(f"`mkb-analyze lift`, this tree ({ROOT}) against {other}: the same bytes on every store?", flush=True)
         if not same_output(committed + [s for s, _ in stores], envs):
             raise SystemExit("the outputs differ: the figures below would compare different computations")
