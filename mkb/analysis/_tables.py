@@ -349,10 +349,14 @@ def _join_unique(left: pl.DataFrame, rights: list[pl.DataFrame], on: str = "atte
     return pl.concat(parts, how="horizontal")
 
 
-def _coded(df: pl.DataFrame) -> pl.DataFrame:
+def _categories(df: pl.DataFrame) -> pl.Categorical:
+    """The categorical type `df`'s categoricals use (a new one where it has none)."""
+    return next((ty for ty in df.schema.values() if isinstance(ty, pl.Categorical)), None) or pl.Categorical(pl.Categories.random())
+
+
+def _coded(df: pl.DataFrame, coded: pl.Categorical | None = None) -> pl.DataFrame:
     """The text columns of `df` as categoricals, of the categories its categoricals already use (else its own)."""
-    coded = next((ty for ty in df.schema.values() if isinstance(ty, pl.Categorical)), None) or pl.Categorical(pl.Categories.random())
-    return df.with_columns(pl.col(pl.String).cast(coded))
+    return df.with_columns(pl.col(pl.String).cast(coded or _categories(df)))
 
 
 def _text(df):
@@ -602,16 +606,20 @@ def build_pairs(attempts: pl.DataFrame, *, ids: bool = True, text: bool = True, 
     den = pl.col("n_solo") - 1 - src_in_group.cast(pl.Int64) - arm_in_group.cast(pl.Int64)
     pairs = pairs.with_columns(ref_mean=pl.when(den > 0).then(num / den.cast(pl.Float64)), lift=pl.col("S") - pl.col("S_solo"))
     usable = pl.col("S_source").is_not_null() & pl.col("source_excluded").is_null()
+    # the labels as the pairs will hold them: text, or categoricals made as such (2M rows of text never materialised)
+    coded = None if text else _categories(attempts)
+    lit = (lambda v: pl.lit(v)) if text else (lambda v: pl.lit(v, coded))  # noqa: E731
 
     def cls(ref):
         d = pl.col("S_source") - ref
-        return (pl.when(~usable | ref.is_null()).then(None).when(d > 1e-9).then(pl.lit("above"))
-                .when(d < -1e-9).then(pl.lit("below")).otherwise(pl.lit("tie")))
+        return (pl.when(~usable | ref.is_null()).then(None).when(d > 1e-9).then(lit("above"))
+                .when(d < -1e-9).then(lit("below")).otherwise(lit("tie")))
 
+    direction = pl.format("{}->{}", pl.col("source_dsl").fill_null("-"), pl.col("target_dsl"))
     pairs = pairs.with_columns(standing=cls(pl.col("ref_mean")), standing_naive=cls(pl.col("S_solo")),
-                               outcome=pl.when(pl.col("lift") > 1e-9).then(pl.lit("improve"))
-                               .when(pl.col("lift") < -1e-9).then(pl.lit("regress")).otherwise(pl.lit("tie")),
-                               direction=pl.format("{}->{}", pl.col("source_dsl").fill_null("-"), pl.col("target_dsl")),
+                               outcome=pl.when(pl.col("lift") > 1e-9).then(lit("improve"))
+                               .when(pl.col("lift") < -1e-9).then(lit("regress")).otherwise(lit("tie")),
+                               direction=direction if text else direction.cast(coded),
                                lift_sol=pl.col("S_sol") - pl.col("S_sol_solo"),
                                # the served model changed between the block's solo and its skill arm (null: not recorded)
                                served_changed=pl.col("served_model") != pl.col("served_solo"))
@@ -619,4 +627,4 @@ def build_pairs(attempts: pl.DataFrame, *, ids: bool = True, text: bool = True, 
                        *(() if ids else PAIR_IDS), *(() if unread else PAIR_UNREAD))
     if text:
         return _text(pairs).collect(engine=ENGINE)  # attempts may hold categoricals (load_tables): the pairs hold text
-    return _coded(pairs.collect(engine=ENGINE))
+    return _coded(pairs.collect(engine=ENGINE), coded)
