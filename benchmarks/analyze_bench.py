@@ -13,6 +13,11 @@ Usage: python benchmarks/analyze_bench.py [--events 1000000,10000000] [--runs K]
 Each dataset is generated once (not timed) under DIR (default: the temp dir) and reused while its
 `.complete` marker is there (the 10M store takes several minutes to write). The machine may be shared:
 K runs, min and median reported, with the load average before and after.
+
+`--against ROOT` (a checkout of another mkb, e.g. `git worktree add /tmp/main main`) runs that code and this one
+alternately, run for run, on the same stores in the same minutes (each figure beside the other's), and first checks
+that both print the same bytes: `mkb-analyze lift` on every committed store under events/ and on the benchmark's
+stores, stdout and `--json` compared (an optimisation must change no figure).
 """
 
 from __future__ import annotations
@@ -53,12 +58,13 @@ def ensure_store(events: int, replicates: int, folder: str) -> tuple[str, int]:
     return store, int(marker.read_text())
 
 
-def run_child(cmd: list[str], env: dict) -> tuple[float, float, float, str, str, int]:
-    """(wall s, CPU s, peak RSS MiB, stdout, stderr, exit code) of one whole-process run."""
+def run_child(cmd: list[str], env: dict, cwd: str | None = None) -> tuple[float, float, float, str, str, int]:
+    """(wall s, CPU s, peak RSS MiB, stdout, stderr, exit code) of one whole-process run (in `cwd`: `python -m` imports
+    mkb from its working directory before PYTHONPATH, so a tree's runs start in that tree)."""
     # output to files, not pipes: the tables outgrow a pipe's buffer and the child would block writing them
     with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, env=env)
+        proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, env=env, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         fo.seek(0), fe.seek(0)
@@ -113,6 +119,27 @@ def phases_child(argv: list[str]) -> None:
     sys.exit(code)
 
 
+def same_output(stores: list[str], envs: dict[str, tuple[dict, str]]) -> bool:
+    """Whether every code tree ({name: (env, root)}) prints the same bytes for `mkb-analyze lift` (stdout, --json and
+    exit code) on each store (absolute paths: each tree runs in its own root)."""
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        for store in stores:
+            got = {}
+            for name, (env, root) in envs.items():
+                js = os.path.join(tmp, f"{name}.json")
+                proc = subprocess.run([sys.executable, "-m", "mkb.cli.analyze", "lift", "--store", store, "--json", js],
+                                      capture_output=True, env=env, cwd=root)
+                got[name] = (proc.returncode, proc.stdout, Path(js).read_bytes() if os.path.exists(js) else b"")
+                Path(js).unlink(missing_ok=True)
+            first, *rest = got.values()
+            same = all(r == first for r in rest)
+            ok &= same
+            print(f"  {'same' if same else 'DIFFERENT'}: {store} (exit {first[0]}, stdout {len(first[1]):,} bytes, json {len(first[2]):,} bytes)",
+                  flush=True)
+    return ok
+
+
 def bench(store: str, events: int, runs: int, env: dict) -> None:
     size = sum(f.stat().st_size for f in Path(store).rglob("*.parquet"))
     print(f"\n== store {store}: {events:,} events, {size / 2**20:.0f} MiB; cpus {os.cpu_count()}, load average "
@@ -155,6 +182,24 @@ def bench(store: str, events: int, runs: int, env: dict) -> None:
     print(f"load average now {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
 
 
+def alternate(store: str, events: int, runs: int, envs: dict[str, tuple[dict, str]]) -> None:
+    """Whole-process runs of each code tree in turn (A B A B ...): the machine's load falls on both alike."""
+    cmd = [sys.executable, "-m", "mkb.cli.analyze", "lift", "--store", store, "--json", os.devnull]
+    got = {name: [] for name in envs}
+    print(f"\n== store {store}: {events:,} events; load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    for _ in range(runs):
+        for name, (env, root) in envs.items():
+            wall, cpu, peak, out, err, code = run_child(cmd, env, cwd=root)
+            if code != 0:
+                raise SystemExit(f"{name}: mkb-analyze lift failed (exit {code}): {err[-2000:]}")
+            got[name].append((wall, cpu, peak))
+    for name, rows in got.items():
+        walls, cpus, peaks = zip(*rows)
+        print(f"  {name:<8} wall min {min(walls):.2f} median {statistics.median(walls):.2f} s; CPU min {min(cpus):.2f} median "
+              f"{statistics.median(cpus):.2f} s; peak RSS max {max(peaks):.0f} MiB ({runs} runs: wall {', '.join(f'{w:.2f}' for w in walls)})")
+    print(f"load average now {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--phases-child":
         return phases_child(sys.argv[2:])
@@ -164,11 +209,24 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="whole-process runs per dataset up to 1.5M events")
     ap.add_argument("--runs-large", type=int, default=2, help="whole-process runs per larger dataset")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where the datasets are generated (once) and kept")
+    ap.add_argument("--against", default=None, help="another mkb checkout: check the same output, then alternate runs with it")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    for events in (int(x) for x in args.events.split(",")):
-        store, n = ensure_store(events, args.replicates, args.dir)
-        bench(store, n, args.runs if events <= 1_500_000 else args.runs_large, env)
+    stores = [ensure_store(int(x), args.replicates, args.dir) for x in args.events.split(",")]
+    if args.against:
+        other = str(Path(args.against).resolve())
+        envs = {"this": (env, str(ROOT)),
+                "against": (dict(os.environ, PYTHONPATH=other + os.pathsep + os.environ.get("PYTHONPATH", "")), other)}
+        committed = sorted(str(p) for p in (ROOT / "events").iterdir() if p.is_dir())
+        print(f"`mkb-analyze lift`, this tree ({ROOT}) against {other}: the same bytes on every store?", flush=True)
+        if not same_output(committed + [s for s, _ in stores], envs):
+            raise SystemExit("the outputs differ: the figures below would compare different computations")
+    for store, n in stores:
+        runs = args.runs if n <= 1_500_000 else args.runs_large
+        if args.against:
+            alternate(store, n, runs, envs)
+        else:
+            bench(store, n, runs, env)
     print(f"\n(datasets kept under {args.dir} for re-runs; delete the mkb-bench-* folders when done)")
 
 

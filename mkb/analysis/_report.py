@@ -186,6 +186,11 @@ def write_report(tables: Tables, out_dir: str | Path, *, spec: BootstrapSpec = B
     from altair.utils._importers import import_vl_convert
     from altair.utils.html import vl_version_for_vl_convert
 
+    from dataclasses import replace
+
+    from mkb.analysis._tables import _text
+
+    tables = replace(tables, pairs=_text(tables.pairs))  # the charts' data as text, whichever pairs were read
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lift_all = lift_table(tables.pairs, spec=spec, pooled=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import polars as pl
 
-from mkb.analysis._tables import ENGINE, NOISE_ARM
+from mkb.analysis._tables import ENGINE, NOISE_ARM, _text
 
 DEFAULT_SEED = 20261129
 DEFAULT_RESAMPLES = 10_000
@@ -421,28 +421,30 @@ def lift_table(pairs: pl.DataFrame, *, by: tuple[str, ...] = (), spec: Bootstrap
     characterises the problems. `pooled` adds a row per model and arm pooled over directions (direction
     "pooled"; a problem's pairs from both directions form one cluster).
     """
-    pairs = pairs.filter(pl.col("arm_kind") != NOISE_ARM)
-    if pairs.height == 0:  # solos alone (or arms without their solo): no cell to report
+    arm = pl.col("arm_kind") != NOISE_ARM
+    if not pairs.select(arm.any()).item():  # solos alone (or arms without their solo): no cell to report
         return pl.DataFrame()
-    out = _lift_cells(pairs, by=by, spec=spec, tests=tests)
+    arms = pairs.lazy().filter(arm)  # filtered inside each group-by's plan: no copy of the (2M-row) pairs
+    out = _lift_cells(arms, by=by, spec=spec, tests=tests)
     if pooled:
-        pp = pairs.with_columns(direction=pl.lit("pooled"), source_dsl=pl.lit("*"), target_dsl=pl.lit("*"))
+        # the pooled cell's labels in the pairs' own types (a categorical's 4 bytes a row, not text's 16, at 2M pairs)
+        pp = arms.with_columns(direction=pl.lit("pooled", pairs.schema["direction"]), source_dsl=pl.lit("*", pairs.schema["source_dsl"]),
+                                target_dsl=pl.lit("*", pairs.schema["target_dsl"]))
         out = pl.concat([out, _lift_cells(pp, by=by, spec=spec, tests=tests)], how="diagonal_relaxed")
     cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
     order = {k: i for i, k in enumerate(ARM_ORDER)}
-    return out.with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99),
+    return _text(out).with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99),
                             _p=pl.col("direction") == "pooled").sort("_o", "_p", *cell).drop("_o", "_p")
 
 
-def _lift_cells(pairs: pl.DataFrame, *, by, spec, tests) -> pl.DataFrame:
+def _lift_cells(lp: pl.LazyFrame, *, by, spec, tests) -> pl.DataFrame:
     cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
     # one pass over the pairs per grouping, both collected together (in-memory engine: see _tables.ENGINE)
-    lp = pairs.lazy()
     has_sol = pl.col("S_sol").is_not_null() & pl.col("S_sol_solo").is_not_null()
     # a problem's pair lifts in S steps enter only the noise floor, through their multiset: counted per step size
     # (a handful of sums) rather than gathered into a list per problem
     step = (pl.col("lift").abs() / 20.0).round().cast(pl.Int64)
-    top = int(pairs.select(step.max()).item() or 0)
+    top = int(lp.select(step.max()).collect(engine=ENGINE).item() or 0)
     steps = [f"_steps{k}" for k in range(top + 1)]
     per_problem_q = lp.group_by(*cell, "problem").agg(
         SA=pl.col("S").sum(), SB=pl.col("S_solo").sum(), n=pl.len(),
@@ -695,6 +697,7 @@ def _wilcoxon_lists(lists: pl.Series) -> np.ndarray:
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def mcnemar_exact(b: int, c: int) -> float:
     """Exact two-sided McNemar p-value: binomial test of c successes in b + c discordant pairs at 1/2."""
     n = b + c
@@ -770,7 +773,7 @@ def standing_table(pairs: pl.DataFrame, *, naive: bool = False, pooled: bool = T
                         how="diagonal_relaxed")
     cell = ["stratum", "arm_kind", "direction"] + ([] if pooled else ["model"])
     order = {k: i for i, k in enumerate(ARM_ORDER)}
-    out = out.with_columns(classified_against=pl.lit("solo the lift subtracts (naive)" if naive else "mean of other target solo replicates"))
+    out = _text(out).with_columns(classified_against=pl.lit("solo the lift subtracts (naive)" if naive else "mean of other target solo replicates"))
     return out.with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99),
                             _p=pl.col("direction") == "pooled").sort("_o", "_p", *cell).drop("_o", "_p")
 
@@ -855,7 +858,7 @@ def contrast_table(pairs: pl.DataFrame, *, against: tuple[str, ...] = ("placebo"
     (rel, rlo, rhi), (ml, mlo, mhi) = boot["rel"], boot["mean"]
     out = cells.with_columns(diff=pl.Series(ml), diff_lo=pl.Series(mlo), diff_hi=pl.Series(mhi), rel_diff=pl.Series(rel),
                              rel_lo=pl.Series(rlo), rel_hi=pl.Series(rhi)).with_columns(pl.col(pl.Float64).fill_nan(None))
-    out = out.join(info, on=cell, how="left", nulls_equal=True)
+    out = _text(out.join(info, on=cell, how="left", nulls_equal=True))
     return out.with_columns(_p=pl.col("direction") == "pooled").sort("contrast", "_p", *cell).drop("_p")
 
 
@@ -879,7 +882,7 @@ def two_part_table(pairs: pl.DataFrame, *, spec: BootstrapSpec = BootstrapSpec()
         gm_speedup_solo_given_pass=pl.col("speedup_solo").filter(pl.col("passed_solo") & (pl.col("speedup_solo") > 0)).log().mean().exp())
     out = cells.with_columns(pass_diff=pl.Series(est), pass_diff_lo=pl.Series(lo), pass_diff_hi=pl.Series(hi)) \
         .with_columns(pl.col(pl.Float64).fill_nan(None))
-    return out.join(sp, on=cell, how="left", nulls_equal=True)
+    return _text(out.join(sp, on=cell, how="left", nulls_equal=True))
 
 
 def problem_table(pairs: pl.DataFrame) -> pl.DataFrame:
@@ -892,7 +895,7 @@ def problem_table(pairs: pl.DataFrame) -> pl.DataFrame:
                                S_arm=pl.col("S").mean(), lift=pl.col("lift").mean(), lift_sol=pl.col("lift_sol").mean(),
                                pass_solo=pl.col("passed_solo").mean(), pass_arm=pl.col("passed").mean())
     order = {k: i for i, k in enumerate(ARM_ORDER)}
-    return out.with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99)).sort("_o", *cell).drop("_o")
+    return _text(out).with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99)).sort("_o", *cell).drop("_o")
 
 
 def power_table(lift: pl.DataFrame, pairs: pl.DataFrame, *, target: float = DETECT_LIFT, power: float = 0.80) -> pl.DataFrame:
@@ -914,7 +917,7 @@ def power_table(lift: pl.DataFrame, pairs: pl.DataFrame, *, target: float = DETE
     comp = pairs.filter(pl.col("arm_kind") != NOISE_ARM).sort("replicate").group_by(*cell, "problem").agg(
         v=pl.col("lift").var(ddof=1), n=pl.len(), d=pl.col("lift").mean()).group_by(cell).agg(
         sigma2=pl.col("v").sort_by("problem").mean(), R=pl.col("n").median(), var_d=pl.col("d").sort_by("problem").var(ddof=1), P=pl.len())
-    out = cells.select(*cell, "n_problems", "rel_lift", "rel_halfwidth").join(comp, on=cell, how="left", nulls_equal=True)
+    out = _text(cells.select(*cell, "n_problems", "rel_lift", "rel_halfwidth")).join(_text(comp), on=cell, how="left", nulls_equal=True)
     rows = []
     for r in out.iter_rows(named=True):
         se = (r["rel_halfwidth"] or float("nan")) / 1.959963984540054
@@ -997,7 +1000,7 @@ def variance_components(pairs: pl.DataFrame) -> pl.DataFrame:
                                                              b=pl.col("S_solo").mean()) \
         .group_by(cell).agg(sigma2=pl.col("v").sort_by("problem").mean(), R=pl.col("n").median(),
                             var_u=pl.col("u").sort_by("problem").var(ddof=1), P=pl.len(), s_solo=pl.col("b").sort_by("problem").mean())
-    comp = comp.with_columns(sigma2=pl.col("sigma2").fill_null(0.0))
+    comp = _text(comp).with_columns(sigma2=pl.col("sigma2").fill_null(0.0))
     return comp.with_columns(tau2=pl.max_horizontal(pl.lit(0.0), pl.col("var_u") - pl.col("sigma2") / pl.col("R")).fill_null(0.0)).sort(cell)
 
 

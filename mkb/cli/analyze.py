@@ -89,7 +89,7 @@ def _need_arms(t) -> None:
     """Lift, standing and reports compare arms with solos: a store of solos alone has nothing to compare."""
     import polars as pl
 
-    if t.pairs.filter(pl.col("arm_kind") != "solo_noise").height == 0:
+    if not t.pairs.select((pl.col("arm_kind") != "solo_noise").any()).item():  # no filtered copy of the pairs
         kinds = sorted(t.included["arm_kind"].unique().to_list())
         what = ("holds only solo attempts: there is no arm to compare with a solo" if kinds == ["solo"] else
                 f"has no arm paired with a solo of its target DSL, same model, problem and replicate (arms: {', '.join(kinds)})")
@@ -193,13 +193,30 @@ def _emit(tables: dict, *, json_path: str | None, csv_path: str | None, meta: di
                 out = [{c: clean(x) for c, x in row.items()} for row in out]
             return out
 
-        doc = {**(meta or {}), "tables": {k: rows(df) for k, df in tables.items()}}
-        text = json.dumps(doc, default=str)  # no indent: the C encoder, several times faster on large tables
+        def write(out) -> None:
+            """json.dumps({**meta, "tables": {name: rows}}, default=str), written a slice of rows at a time: the same text
+            without a table's rows all held as dicts and the document as one string (the output's peak memory at scale)."""
+            enc = lambda v: json.dumps(v, default=str)  # noqa: E731  (no indent: the C encoder, several times faster)
+            head = {k: v for k, v in (meta or {}).items() if k != "tables"}
+            out.write("{" + "".join(f"{enc(k)}: {enc(v)}, " for k, v in head.items()) + '"tables": {')
+            for i, (name, df) in enumerate(tables.items()):
+                out.write((", " if i else "") + enc(name) + ": [")
+                sep = ""
+                for part in df.iter_slices(4096):
+                    body = enc(rows(part))[1:-1]  # a slice's rows as the list's encoder writes them, brackets off
+                    if body:
+                        out.write(sep + body)
+                        sep = ", "
+                out.write("]")
+            out.write("}}")
+
         if json_path == "-":
             console.quiet = False
-            sys.stdout.write(text + "\n")
+            write(sys.stdout)
+            sys.stdout.write("\n")
         else:
-            Path(json_path).write_text(text)
+            with open(json_path, "w") as f:
+                write(f)
     if csv_path:
         base = Path(csv_path)
         for i, (name, df) in enumerate(tables.items()):
