@@ -20,6 +20,21 @@ def _behaviour(fn) -> str:
     return plan.get(str(meta.number) if meta is not None else "warm", "ok")
 
 
+def _timed_row_in(folder: str) -> bool:
+    """Whether a recorded row has a median: a task whose timing windows ran (this busy task has no row yet)."""
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    for f in Path(folder).glob("*.parquet"):
+        try:
+            if any(m is not None for m in pq.read_table(f, columns=["median_us"]).column("median_us").to_pylist()):
+                return True
+        except OSError:  # a file being renamed into place: seen on the next poll
+            continue
+    return False
+
+
 def fake(fn, *, mode: str, backend: str):
     how = _behaviour(fn)
     if how == "raise":
@@ -45,10 +60,15 @@ def fake(fn, *, mode: str, backend: str):
             if first[0]:  # the first call is the compile (torch.compile is lazy)
                 first[0] = False
                 beats = os.environ.get("MKB_FAKE_HEARTBEAT")
-                n = 0
-                while how == "hang" or n < 1000:  # 1000 x 10 ms of sleeps: ~10 s of active time, however long it is paused
-                    time.sleep(0.01)
+                # busy at least until another task's timed row is in the store (so its timing windows ran while this
+                # compile was alive, however slowly a loaded machine started them), or 120 s of active time
+                until = os.environ.get("MKB_FAKE_BUSY_UNTIL_ROWS_IN")
+                n, seen = 0, not until
+                while how == "hang" or n < 1000 or (not seen and n < 12000):
+                    time.sleep(0.01)  # 1000 x 10 ms of sleeps: ~10 s of active time, however long it is paused
                     n += 1
+                    if not seen and n % 50 == 0:
+                        seen = _timed_row_in(until)
                     if beats:
                         with open(beats, "a") as fh:
                             fh.write(f"{time.monotonic()}\n")
