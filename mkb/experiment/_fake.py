@@ -36,6 +36,7 @@ class FakeRunner:
     _tries: dict[str, int] = field(default_factory=dict)
     active: int = 0
     max_active: int = 0  # most attempts running at once (the concurrency tests)
+    announce: str | None = None  # printed (flushed) when the first attempt starts: the kill tests' clock starts there
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __getstate__(self) -> dict:  # sent to Ray tasks: the lock stays behind, each process gets its own
@@ -53,6 +54,8 @@ class FakeRunner:
             n = self._tries.get(label, 0)
             self._tries[label] = n + 1
             self.log.append((time.time(), spec.attempt_id, label))
+            if self.announce is not None and len(self.log) == 1:
+                print(self.announce, flush=True)
             self.active += 1
             self.max_active = max(self.max_active, self.active)
         try:
@@ -140,7 +143,7 @@ class FakeGrader:
         return out
 
 
-READY = "mkb-fake-executor: ready"
+READY = "mkb-fake-executor: first attempt started"  # a kill's delay counts from here (_killtest)
 
 
 def demo_config(name: str = "fake", *, problems: tuple[int, ...] = (28, 72), replicates: int = 2, concurrency: int = 4,
@@ -170,9 +173,8 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicates", type=int, default=2)
     a = ap.parse_args(argv)
     cfg = demo_config(problems=tuple(int(p) for p in a.problems.split(",")), replicates=a.replicates, concurrency=a.concurrency)
-    ex = Executor(build_plan(cfg), store=a.store, runner=FakeRunner(sleep_s=a.sleep), versions={"fake": 1}, ttl_s=a.ttl,
+    ex = Executor(build_plan(cfg), store=a.store, runner=FakeRunner(sleep_s=a.sleep, announce=READY), versions={"fake": 1}, ttl_s=a.ttl,
                   poll_s=min(0.5, a.ttl / 2), pair_regrade=False)
-    print(READY, flush=True)  # imports and the plan done: a kill's delay counts from here (_killtest)
     rep = ex.run()
     print("\n".join(rep.lines()), flush=True)
     return 0 if rep.complete else 1

@@ -41,16 +41,17 @@ def start(store: str, *, sleep_s: float, ttl_s: float, env: dict | None = None, 
 
 def kill_cycles(store: str, *, cycles: int, seed: int = 0, sleep_s: float = 0.3, ttl_s: float = 1.0,
                 kill_after: tuple[float, float] = (1.0, 4.0), log=print) -> list[float]:
-    """`cycles` runs each SIGKILLed after a seeded random delay, counted from the moment the run is ready to claim
-    (its imports done: on a loaded machine they alone can outlast the delay, and a run killed while importing tests
-    nothing); returns the delays used."""
+    """`cycles` runs each SIGKILLed after a seeded random delay, counted from the moment the run's first attempt
+    starts (its imports, store reads and first claim done: on a fresh or loaded machine they alone can outlast the
+    delay, and a run killed before it claims anything tests nothing); returns the delays used. A run with nothing
+    left to claim never announces, and is killed after the delay counted from the wait's timeout."""
     from mkb.experiment._fake import READY
 
     rng = random.Random(seed)
     delays = []
     for i in range(cycles):
         p = start(store, sleep_s=sleep_s, ttl_s=ttl_s)
-        _wait_for_line(p, READY, timeout_s=300)
+        _wait_for_line(p, READY, timeout_s=60)
         d = rng.uniform(*kill_after)
         try:
             p.wait(timeout=d)
