@@ -223,23 +223,19 @@ def recorded(store: Any, *, size: str, ctx: Context, backend: str) -> dict[tuple
     version, size and backend. pyarrow only (the GPU host has no polars); torn files are skipped and named."""
     cols = ["problem_hash", "mode", "size", "gpu", "gpu_model", "torch_version", "backend", "status", "error_class", "compile_cap_s",
             "error"]
+    from mkb.measure import machine_of
+
     out: dict[tuple[str, str], list] = {}
     for r in _read_rows(store, "torch_compile", cols):
         if (r["size"], r["torch_version"], r["backend"]) != (size, ctx.torch_version, backend):
             continue
-        if _machine_of(r["gpu"], r["gpu_model"]) != ctx.machine:  # the one machine rule, shared with peak_evidence
+        if machine_of(r["gpu"], r["gpu_model"]) != ctx.machine:  # the one machine rule, shared with peak_evidence
             continue
         out.setdefault((r["problem_hash"], r["mode"]), []).append((r["status"], r["error_class"], r["compile_cap_s"], r["error"]))
     return out
 
 
 # --------------------------------------------------------------------------------------------- GPU memory admission
-
-
-def _machine_of(gpu: str | None, gpu_model: str | None = None) -> str | None:
-    from mkb.measure import machine_of
-
-    return machine_of(gpu, gpu_model)
 
 
 @dataclass(frozen=True)
@@ -255,11 +251,13 @@ def peak_evidence(store: Any | None, peak_stores: Sequence[Any], *, size: str, c
     """problem_hash -> PeakEvidence from `store`'s torch_compile rows (this backend) and the characterisation rows of
     `store` and `peak_stores`, for this GPU model and size (any torch version: memory moves little between them).
     `store` None: the characterisations of `peak_stores` only."""
+    from mkb.measure import machine_of
+
     measured: dict[str, dict[str, int]] = {}
     need: dict[str, int] = {}
     cols = ["problem_hash", "mode", "size", "gpu", "gpu_model", "backend", "status", "error_class", "error", "peak_memory_bytes"]
     for r in _read_rows(store, "torch_compile", cols) if store is not None else []:
-        if r["size"] != size or r["backend"] != backend or _machine_of(r["gpu"], r["gpu_model"]) != ctx.machine:
+        if r["size"] != size or r["backend"] != backend or machine_of(r["gpu"], r["gpu_model"]) != ctx.machine:
             continue
         h = r["problem_hash"]
         if is_oom(r["error_class"], r["error"]):
@@ -272,7 +270,7 @@ def peak_evidence(store: Any | None, peak_stores: Sequence[Any], *, size: str, c
     eager: dict[str, tuple[Any, int]] = {}
     for st in [x for x in (store, *peak_stores) if x is not None]:
         for r in _read_rows(st, "characterisation", ["problem_hash", "size", "gpu", "peak_memory_bytes", "ts"]):
-            if r["size"] != size or r["peak_memory_bytes"] is None or _machine_of(r["gpu"]) != ctx.machine:
+            if r["size"] != size or r["peak_memory_bytes"] is None or machine_of(r["gpu"]) != ctx.machine:
                 continue
             prev = eager.get(r["problem_hash"])
             if prev is None or (r["ts"] is not None and (prev[0] is None or r["ts"] > prev[0])):
