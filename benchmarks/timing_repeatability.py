@@ -602,7 +602,10 @@ DEFAULT_HOLDS = ("hold",)
 # `recycle` (the third experiment, after `h200-eager-level`: a worker that timed the eager first is 1-4% faster): the
 # grading's input sets are made once, dropped to the caching allocator (no empty_cache), and made again, so the timed
 # sets lie in recycled blocks, as a candidate's do after the eager's sets were freed in its worker.
-PLACEMENTS = ("fixed", "pad", "jitter", "recycle")
+# `eager` (with `recycle`, it tells allocation history from prior GPU work): the problem's eager is timed first on its own
+# fresh sets through the same windows, its sets dropped to the caching allocator, then the kernel's sets are made: the
+# state of a grading worker that timed the eager (arm B of `h200-eager-level`), in a bare process.
+PLACEMENTS = ("fixed", "pad", "jitter", "recycle", "eager")
 PAD_STEP = 1 << 21  # 2 MiB: the caching allocator's large-block granularity
 HOLD_US = 300.0  # the grader sets 150-500 us for these kernels (twice the warm-ups' longest dispatch): one value for all
 _QUIET_SRC = r"""
@@ -625,10 +628,11 @@ def _child(a: argparse.Namespace) -> None:
 
     dev = torch.device("cuda")
     t_start = time.monotonic()
-    fns, makes = {}, {}
+    fns, makes, eagers = {}, {}, {}
     for spec in a.kernels:
         p, name = spec.split("/")
         mod = load_problem(find_problem(int(p)))
+        eagers[spec] = getattr(mod, "eager", None) or mod.reference
         makes[spec] = make = (lambda s, mod=mod: tuple(mod.make_inputs(s, device=dev, size="full")))
         if name == "eager":
             fns[spec] = getattr(mod, "eager", None) or mod.reference
@@ -639,6 +643,8 @@ def _child(a: argparse.Namespace) -> None:
             fns[spec] = backend.load(b.path).solve
         x = make(1)
         fns[spec](*x)  # compile outside every timing
+        if "eager" in a.placements:
+            eagers[spec](*x)
         torch.cuda.synchronize()
         del x
     mhz = SmClock(dev).max_mhz or 1980.0
@@ -691,6 +697,16 @@ def _child(a: argparse.Namespace) -> None:
                         first_sets(i)
                     torch.cuda.synchronize()
                     del first_sets  # back to the caching allocator, not to the driver
+                    gc.collect()
+                if placement == "eager":
+                    e_sets = InputStream(makes[spec], n_calls=a.warm + a.n, base_seed=seed + 700,
+                                         max_bytes=torch.cuda.mem_get_info(dev)[0] // 4)
+                    for i in range(a.warm + a.n):
+                        e_args = e_sets(i)
+                        e_out, _, _ = stream_window(lambda: eagers[spec](*e_args), flush=flusher.flush, device=dev, hold=holds[h])
+                        del e_out, e_args
+                    torch.cuda.synchronize()
+                    del e_sets  # as the grader drops the eager's stream before the candidate's is made
                     gc.collect()
                 stream = InputStream(makes[spec], n_calls=a.warm + a.n, base_seed=seed,
                                      max_bytes=torch.cuda.mem_get_info(dev)[0] // 4)
