@@ -50,6 +50,62 @@ def test_a_bounded_ring_still_gives_fresh_values_and_never_repeats_recent_addres
     assert len(values) == 200
 
 
+def _recording_make(calls: list, alive: list):
+    import weakref
+
+    def make(seed):
+        calls.append((seed, sum(r() is not None for r in alive)))  # the seed, and how many earlier sets still live
+        x = _make(seed)
+        alive.append(weakref.ref(x[0]))
+        return x
+    return make
+
+
+@pytest.mark.parametrize("n_calls,max_bytes,cap", [(20, None, 20), (200, 4 * 4000, 4)])
+def test_recycled_sets_are_made_once_dropped_and_made_again(monkeypatch, n_calls, max_bytes, cap):
+    """Policy v5: the first `capacity` sets are made, all dropped, then made again from the same seeds."""
+    import mkb.measure._timing as timing
+
+    monkeypatch.setattr(timing, "_on_cuda", lambda inputs: True)  # the placement step runs only for GPU tensors
+    calls, alive = [], []
+    s = InputStream(_recording_make(calls, alive), n_calls=n_calls, base_seed=50, max_bytes=max_bytes)
+    assert s.recycled and s.capacity == cap
+    seeds = [c[0] for c in calls]
+    once = list(range(50, 50 + cap))
+    assert seeds[:cap] == once and seeds[cap] == 50  # made once, then again from the first seed
+    assert seeds[cap:] == (once if s.premade else [50])
+    assert calls[cap][1] == 0, "every set of the first pass is dropped before the second pass starts"
+    for i in range(min(n_calls, 6)):
+        assert torch.equal(s(i)[0], _make(50 + i)[0])  # the values are the seeds', whichever pass made them
+
+
+def test_cpu_sets_are_made_once():
+    calls, alive = [], []
+    s = InputStream(_recording_make(calls, alive), n_calls=20, base_seed=7)
+    assert not s.recycled and [c[0] for c in calls] == list(range(7, 27))
+    assert not InputStream(_make, n_calls=3, recycle=False).recycled
+
+
+@pytest.mark.gpu
+def test_gpu_recycled_sets_lie_in_blocks_the_allocator_already_had():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    torch.cuda.empty_cache()
+    seen: dict = {}
+
+    def make(seed):
+        if seed == 0 and "first" in seen:  # the second pass begins: the first pass's blocks are cached, not freed
+            seen["reserved_before_second"] = torch.cuda.memory_reserved()
+        seen.setdefault("first", True)
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        return (torch.randn(3_000_000, device="cuda", generator=g), torch.randn(1000, device="cuda", generator=g))
+
+    s = InputStream(make, n_calls=30, base_seed=0)
+    assert s.recycled and s.premade
+    assert torch.cuda.memory_reserved() == seen["reserved_before_second"]  # no new segment for the timed sets
+    del s
+
+
 def test_time_problem_fn_times_a_function_on_cpu():
     t = time_problem_fn(lambda x: x * 2, _make, warmup=10, timed=50, device="cpu")
     assert t.n_timed == 50 and t.median_us > 0 and t.input_sets == 60
