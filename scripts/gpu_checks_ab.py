@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="B is: rules = without grader 2.x's in-loop bookkeeping (issue #9); eager = the grader as shipped, "
                          "but the worker times the eager itself (an empty trusted cache for that grading), as a problem's "
                          "first grading in a session does")
+    ap.add_argument("--depth", type=int, default=3, help="the pool's warm spares (2 left gradings waiting for a worker's start)")
     ap.add_argument("--rounds", type=int, default=1, help="ABBA rounds per baseline (each adds one A and one B grading per pass pair)")
     ap.add_argument("--problems", default="", help="comma-separated problem numbers to grade (default: every baseline)")
     ap.add_argument("--against", default="", help="an earlier run's summary.json: print the within-arm spreads beside it")
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         keep = {int(x) for x in a.problems.split(",") if x.strip()}
         found = [b for b in found if b.problem in keep]
     log(f"{len(found)} baselines: {[f'{b.problem}/{b.dsl}' for b in found]}")
-    with WorkerPool(device=a.device, depth=2) as pool:
+    with WorkerPool(device=a.device, depth=a.depth) as pool:
         for pair in tags(a.rounds, first="B" if a.b_arm == "eager" else "A"):
             for b in found:
                 key = f"{b.problem}/{b.dsl}"
