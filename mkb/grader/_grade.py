@@ -60,7 +60,7 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
     keys = {}
     hit: dict[str, dict] = {}
     if cache is not None and isinstance(job.get("problem"), int):
-        for what in ("eager", "reference", f"floor:{job['dsl']}"):
+        for what in ("eager", "reference", f"floor:{job['dsl']}"):  # the floor's key has the DSL, not the problem
             keys[what.split(":")[0]] = trusted_key(what, problem=job["problem"], problem_hash=problem_hash,
                                                    ready=worker.ready, cfg=cfg, grader_version=GRADER_VERSION)
         hit = {k: v for k, v in ((k, cache.get(key)) for k, key in keys.items() if not (fresh_eager and k == "eager"))
