@@ -46,6 +46,7 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
     nonce = secrets.token_hex(16)
     book: dict[str, Any] = {"worker_pid": worker.pid}
     t_wait = time.monotonic()
+    worker.quiet.urge(worker)  # if it is still starting, this grading waits for it: its `go` is never deferred
     if not worker.wait_ready(cfg.start_limit_s):
         clock.mark("worker_wait")
         worker.kill()

@@ -26,8 +26,8 @@ and has not yet ended its timing phase (its trusted phase, compile, verification
 end, for at most `DEFER_GO_S` after its imports. Why: a warm-up started late in the gap before a timing phase
 overruns it and the timing waits (H200, grader 2.5: `run.quiet_wait` 0.25 s per grading, mean, up to 1.4 s); one
 started as a timing phase ends has the whole next gap (the rest of that grading, the next one's trusted phase,
-compile and verification). Bounded, so a long compile still finds its spares warm, and it only ever delays a
-`go`: nothing of the rule above is loosened.
+compile and verification). Bounded, so a long compile still finds its spares warm; never for a worker a grading
+already took and waits for (`urge`); and it only ever delays a `go`: nothing of the rule above is loosened.
 
 Per device: a warm-up on one GPU does not disturb a timing loop on another, so each device
 ("cuda:0", "cuda:1", ...) has its own coordinator and one process can drive every GPU of a host.
@@ -135,8 +135,16 @@ class GpuQuiet:
         """Whether `w`'s `go` waits for a grading's timing phase to end (module docstring; under `_cv`)."""
         if not self._untimed or self.defer_s <= 0:
             return False
+        if getattr(w, "_urgent", False):  # a grading waits for this very worker: never deferred
+            return False
         since = getattr(w, "imported_at", None)
         return since is None or time.monotonic() - since < self.defer_s
+
+    def urge(self, w: "Worker") -> None:
+        """A grading took `w` before its warm start ended and waits for it: its `go` is no longer deferred."""
+        with self._cv:
+            w._urgent = True
+            self._wake()
 
     def grading_started(self, token: object, *, pid: int = 0) -> None:
         """A grading of this device took its (ready) worker: new spares' `go`s wait for its timing phase to end."""
@@ -300,6 +308,7 @@ class Worker:
         self.imported_at: float | None = None  # parent's monotonic clock
         self.go_at: float | None = None
         self._forgotten = False
+        self._urgent = False  # taken by a grading that waits for it (GpuQuiet.urge)
         self._reaped = False
         self._state_lock = threading.Lock()
         self._started = threading.Event()

@@ -246,6 +246,7 @@ class _Spare:
 
     def __init__(self, pid: int) -> None:
         self.pid, self._forgotten, self.go_at, self.imported_at, self.sent = pid, False, None, time.monotonic(), []
+        self._urgent = False
 
     def _send(self, msg: dict) -> None:
         self.sent.append(msg)
@@ -296,6 +297,12 @@ def test_a_deferred_go_runs_out_but_never_past_a_hold():
     c = _Spare(3)
     q.want_go(c)
     assert c.go_at is not None
+    q.defer_s = 60.0
+    d = _Spare(4)
+    q.want_go(d)
+    assert d.go_at is None
+    q.urge(d)  # a grading took it and waits for it: its go is not deferred
+    assert d.go_at is not None
     q.forget(grading)  # a killed grading's worker ends its deferral too
     assert q.busy()["untimed"] == 0
 
