@@ -129,7 +129,14 @@ class GpuQuiet:
             if not self._holds and not self._pending and not self._defers(w):
                 self._go(w)
             else:
-                self._waiting.append(w)
+                self._wait(w)
+
+    def _wait(self, w: "Worker") -> None:
+        """`w` waits for `go`; noted once as `deferred` when only the deferral keeps it (for the benchmark)."""
+        self._waiting.append(w)
+        if not self._holds and not self._pending and not getattr(w, "_deferred", False):
+            w._deferred = True
+            self._note("deferred", w.pid)
 
     def _defers(self, w: "Worker") -> bool:
         """Whether `w`'s `go` waits for a grading's timing phase to end (module docstring; under `_cv`)."""
@@ -233,7 +240,7 @@ class GpuQuiet:
             if w._forgotten:
                 continue
             if self._defers(w):
-                self._waiting.append(w)
+                self._wait(w)
             else:
                 self._go(w)
         self._cv.notify_all()
@@ -309,6 +316,7 @@ class Worker:
         self.go_at: float | None = None
         self._forgotten = False
         self._urgent = False  # taken by a grading that waits for it (GpuQuiet.urge)
+        self._deferred = False  # its `go` was deferred behind a grading's timing phase (GpuQuiet's history says so)
         self._reaped = False
         self._state_lock = threading.Lock()
         self._started = threading.Event()

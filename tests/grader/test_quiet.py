@@ -270,6 +270,8 @@ def test_a_spare_imported_before_a_gradings_timing_phase_goes_when_that_phase_en
     q.timing_ended(grading)  # idempotent
     for w in (a, b):
         q.warmed(w)
+    noted = [(e, p) for _, e, p in q.history if e == "deferred"]
+    assert noted == [("deferred", 1)]  # once, and only for the spare the deferral kept (the benchmark counts these)
 
 
 def test_a_deferred_go_runs_out_but_never_past_a_hold():
