@@ -22,6 +22,12 @@ wall time, mkb.grader._phases): median, mean and max seconds per phase, largest 
     # the recorded H200 run (<= 200 s): a budget, the store packed as events.tar.gz under $OUT
     python benchmarks/grader_bench.py --sections overhead,backlog,throughput --problem 72 --repeats 4 --rounds 2 \
         --depth 4 --low-water 2 --budget-s 170 --out $OUT --name h200-grader-bench-2-5 2>&1 | tee $OUT/grader_bench.log
+    # issue #10's next run: spares for a backlog of 4 plus the one graded first (--depth 6), refilled 4 at a time
+    timeout 280 python3 benchmarks/grader_bench.py --sections backlog,throughput --problem 72 --repeats 4 --rounds 2 \
+        --depth 6 --low-water 2 --budget-s 150 --out $OUT --name h200-grader-bench-tput > $OUT/grader_bench.log 2>&1
+
+Each section also prints the quiet rule's record (`FIGURE ... quiet rule`): how long spares' GPU warm-ups and
+prefetches ran and how many spares' `go` waited for a grading's timing phase to end (mkb.grader._pool).
 """
 
 from __future__ import annotations
