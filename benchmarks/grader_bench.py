@@ -22,6 +22,12 @@ wall time, mkb.grader._phases): median, mean and max seconds per phase, largest 
     # the recorded H200 run (<= 200 s): a budget, the store packed as events.tar.gz under $OUT
     python benchmarks/grader_bench.py --sections overhead,backlog,throughput --problem 72 --repeats 4 --rounds 2 \
         --depth 4 --low-water 2 --budget-s 170 --out $OUT --name h200-grader-bench-2-5 2>&1 | tee $OUT/grader_bench.log
+    # issue #10's next run: spares for a backlog of 4 plus the one graded first (--depth 6), refilled 4 at a time
+    timeout 280 python3 benchmarks/grader_bench.py --sections backlog,throughput --problem 72 --repeats 4 --rounds 2 \
+        --depth 6 --low-water 2 --budget-s 150 --out $OUT --name h200-grader-bench-tput > $OUT/grader_bench.log 2>&1
+
+Each section also prints the quiet rule's record (`FIGURE ... quiet rule`): how long spares' GPU warm-ups and
+prefetches ran and how many spares' `go` waited for a grading's timing phase to end (mkb.grader._pool).
 """
 
 from __future__ import annotations
@@ -165,9 +171,12 @@ def backlog(*, problem: int = 72, dsls: tuple[str, ...] | None = None, repeats: 
     from mkb.grader import GradeJob, GraderConfig, GradingQueue
     from mkb.problems import baselines
 
+    from mkb.grader._pool import quiet_for
+
     found = {b.dsl: b.path for b in baselines([problem], dsls=dsls)}
     cfg = config or GraderConfig()
     out: dict = {"problem": problem, "repeats": repeats, "dsls": {}}
+    since = time.monotonic()
     with GradingQueue(device=device, store=store, writer=writer, config=cfg, dsls=tuple(found),
                       depth=depth, low_water=low_water) as q:
         for dsl, path in found.items():
@@ -217,7 +226,48 @@ def backlog(*, problem: int = 72, dsls: tuple[str, ...] | None = None, repeats: 
             }
             log(f"[bench] backlog, problem {problem} {dsl}: prefetch {states}; overhead by phase ({len(rows)} gradings):\n"
                 + format_phases(out["dsls"][dsl]["phases"]))
+    out["quiet"] = quiet_table(quiet_for(device).history, since)
     return out
+
+
+def quiet_table(history, since: float) -> dict:
+    """The device's quiet coordinator's record (mkb.grader._pool.GpuQuiet.history: (monotonic, event, pid)) from
+    `since`: how long spares' GPU warm-ups (`go` -> `warmed`) and prefetches (`prepare` -> `warmed`) ran, which a
+    timing phase waits behind (`run.quiet_wait`), and how many spares' `go` waited for a grading's timing phase to
+    end (`deferred`; from their imports to their `go`). The data for judging the warm-up schedule, not a decision."""
+    warm, prep, deferred = [], [], []
+    started: dict[int, tuple[str, float]] = {}
+    imported: dict[int, float] = {}
+    waits_deferred: set[int] = set()
+    for t, event, pid in list(history):
+        if t < since:
+            continue
+        if event == "imported":
+            imported[pid] = t
+        elif event == "deferred":
+            waits_deferred.add(pid)
+        elif event in ("go", "prepare"):
+            started[pid] = (event, t)
+            if event == "go" and pid in waits_deferred and pid in imported:
+                deferred.append(t - imported[pid])
+        elif event == "warmed" and pid in started:
+            kind, t0 = started.pop(pid)
+            (warm if kind == "go" else prep).append(t - t0)
+
+    def stats(xs: list[float]) -> dict:
+        return {"n": len(xs), "median_s": statistics.median(xs) if xs else None, "max_s": max(xs) if xs else None}
+
+    return {"warm_ups": stats(warm), "prepares": stats(prep), "deferred_go": stats(deferred)}
+
+
+def _quiet_line(head: str, q: dict | None) -> list[str]:
+    if not q:
+        return []
+    w, p, d = q["warm_ups"], q["prepares"], q["deferred_go"]
+    return [f"{head}: spares' GPU warm-ups {w['n']} (median {_f(w['median_s'], '.3f')} s, max {_f(w['max_s'], '.3f')}), "
+            f"prefetches {p['n']} (median {_f(p['median_s'], '.3f')} s, max {_f(p['max_s'], '.3f')}); go deferred behind a "
+            f"grading's timing phase for {d['n']} spares (imports to go: median {_f(d['median_s'], '.3f')} s, "
+            f"max {_f(d['max_s'], '.3f')})"]
 
 
 def clock_warm_table(rows: list[dict]) -> dict:
@@ -243,8 +293,11 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
     a session times each problem's eager baseline once)."""
     from mkb.grader import GradeJob, GraderConfig, GradingQueue
 
+    from mkb.grader._pool import quiet_for
+
     base = memory_bound_baselines(dsls)
     cfg = config or GraderConfig()
+    since = time.monotonic()
     jobs = [GradeJob(b.problem, b.dsl, b.path, experiment=f"producer{i % 2}") for r in range(rounds) for i, b in enumerate(base)]
     with GradingQueue(device=device, store=store, writer=writer, config=cfg, dsls=tuple(dict.fromkeys(b.dsl for b in base)),
                       depth=depth, low_water=low_water) as q:
@@ -289,7 +342,8 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
            "worker_wait_s_median": statistics.median([r["worker_wait_s"] or 0.0 for r in rows]) if rows else None,
            "phases": phase_table(rows), "cancelled": cancelled, "prefetch_states": states,
            "steady_gradings": len(steady),
-           "steady_gradings_per_gpu_hour": 3600.0 / statistics.fmean(steady) if steady else None}
+           "steady_gradings_per_gpu_hour": 3600.0 / statistics.fmean(steady) if steady else None,
+           "quiet": quiet_table(quiet_for(device).history, since)}
     log("[bench] throughput: overhead by phase (every grading):\n" + format_phases(res["phases"]))
     log(f"[bench] throughput: {len(rows)} gradings of {len(base)} memory-bound baselines in {elapsed:.1f} s: "
         f"{_f(per_hour, '.0f')} gradings per GPU-hour; overhead median {_f(res['overhead_s_median'], '.3f')} s")
@@ -436,6 +490,8 @@ def summary(res: dict) -> str:
                          f"{_f(c['idle_s_max_first_at_max'], '.3f')} s); warm-up median {_f(c['s_median'], '.3f')} s, "
                          f"{_f(c['s_median_first_at_max'], '.3f')} s when at max; ended by the clock reading {c['by_clock']}")
         lines += _largest_phases(f"FIGURE backlog overhead, problem {o['problem']} {dsl}", d)
+    for o in res.get("backlog") or []:
+        lines += _quiet_line(f"FIGURE backlog quiet rule, problem {o['problem']}", o.get("quiet"))
     for c in res.get("committed") or []:
         top = sorted((d for d in c["warm_phases"] if not d["phase"].startswith("kernel.")), key=lambda d: -d["median_s"])[:6]
         lines.append(f"FIGURE committed {c['store']}: overhead median {_f(c['overhead_s_median'], '.3f')} s over "
@@ -456,6 +512,7 @@ def summary(res: dict) -> str:
         if top:
             lines.append("FIGURE throughput overhead, largest phases (mean s): "
                          + ", ".join(f"{d['phase']} {d['mean_s']:.3f}" for d in top))
+        lines += _quiet_line("FIGURE throughput quiet rule", t.get("quiet"))
     return "\n".join(lines)
 
 

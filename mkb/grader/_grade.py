@@ -46,6 +46,7 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
     nonce = secrets.token_hex(16)
     book: dict[str, Any] = {"worker_pid": worker.pid}
     t_wait = time.monotonic()
+    worker.quiet.urge(worker)  # if it is still starting, this grading waits for it: its `go` is never deferred
     if not worker.wait_ready(cfg.start_limit_s):
         clock.mark("worker_wait")
         worker.kill()
@@ -54,13 +55,14 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
         return [], Reason.INFRA_ERROR, f"worker did not start: {worker.ready_error}", book
     book["worker_wait_s"] = time.monotonic() - t_wait
     clock.mark("worker_wait")
+    worker.quiet.grading_started(worker, pid=worker.pid)  # spares importing from now on warm up after its timing phase
     book["worker_start_s"] = worker.ready.get("start_s")
     book["gpu"] = worker.ready.get("gpu")
     book["worker_quiet_wait_s"] = worker.ready.get("quiet_wait_s")
     keys = {}
     hit: dict[str, dict] = {}
     if cache is not None and isinstance(job.get("problem"), int):
-        for what in ("eager", "reference", f"floor:{job['dsl']}"):
+        for what in ("eager", "reference", f"floor:{job['dsl']}"):  # the floor's key has the DSL, not the problem
             keys[what.split(":")[0]] = trusted_key(what, problem=job["problem"], problem_hash=problem_hash,
                                                    ready=worker.ready, cfg=cfg, grader_version=GRADER_VERSION)
         hit = {k: v for k, v in ((k, cache.get(key)) for k, key in keys.items() if not (fresh_eager and k == "eager"))
@@ -74,6 +76,7 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
         return _drive(worker, job, cfg, cache, keys, nonce, book, clock, on_compile=on_compile, on_plan=on_plan)
     finally:
         worker.quiet.release(worker, pid=worker.pid)  # a hold never outlives its grading (crash, timeout, forged message)
+        worker.quiet.timing_ended(worker, pid=worker.pid)  # nor does a deferral of spares' `go`s
 
 
 def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | None, keys: dict, nonce: str,
@@ -88,6 +91,7 @@ def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | N
     failure: str | None = None
     notes: list[str] = []
     done = False
+    holding: str | None = None  # the GPU-sensitive phase the worker announced last
     while True:
         msg = worker.reader.read(deadline)
         if msg == "timeout":
@@ -114,12 +118,16 @@ def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | N
         elif kind == "hold":
             # a GPU-sensitive phase (eager timing, the timing loop): spares' GPU warm-ups wait until it ends
             if msg.get("on"):
-                waited = worker.quiet.hold(worker, str(msg.get("what", "")), pid=worker.pid,
+                holding = str(msg.get("what", ""))
+                waited = worker.quiet.hold(worker, holding, pid=worker.pid,
                                     timeout=min(WARM_WAIT_S, max(0.0, wall_deadline - time.monotonic())))
                 book["hold_wait_s"] = book.get("hold_wait_s", 0.0) + waited
                 worker.send_go()
             else:
                 worker.quiet.release(worker, pid=worker.pid)
+                if holding == "timing":  # the candidate's timing loop is over: deferred spares go now
+                    worker.quiet.timing_ended(worker, pid=worker.pid)
+                holding = None
         elif kind == "plan":
             # the trusted plan's footprint and whether it was prefetched, sent before the compile phase message
             if phase == "setup" and "plan" not in book:

@@ -17,7 +17,17 @@ have `go` (never on a waiting spare, and a pending hold stops further `go`s, so 
 and a warm-up waits on nothing. Every hold dies with its worker: `_run_worker` releases it in a
 `finally`, and killing / reaping a worker releases it too (crash, timeout, forged messages alike).
 A grading that takes a spare still waiting for `go` never waits on itself: it holds nothing while
-it waits for the worker to be ready, so `go` comes as soon as the others' phases end.
+it waits for the worker to be ready, so `go` comes as soon as the others' phases end. The deferral
+below waits on nothing either: it runs out `DEFER_GO_S` after the spare's imports (its start watcher
+rechecks every 0.5 s), and a grading counts as untimed only after it has its own worker ready.
+
+When a spare's `go` comes (issue #10): a spare whose imports end while a grading of the device is in flight
+and has not yet ended its timing phase (its trusted phase, compile, verification) waits for that timing phase to
+end, for at most `DEFER_GO_S` after its imports. Why: a warm-up started late in the gap before a timing phase
+overruns it and the timing waits (H200, grader 2.5: `run.quiet_wait` 0.25 s per grading, mean, up to 1.4 s); one
+started as a timing phase ends has the whole next gap (the rest of that grading, the next one's trusted phase,
+compile and verification). Bounded, so a long compile still finds its spares warm; never for a worker a grading
+already took and waits for (`urge`); and it only ever delays a `go`: nothing of the rule above is loosened.
 
 Per device: a warm-up on one GPU does not disturb a timing loop on another, so each device
 ("cuda:0", "cuda:1", ...) has its own coordinator and one process can drive every GPU of a host.
@@ -46,6 +56,9 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 # longer than WARM_LIMIT_S after its `go` is treated as failed (and no longer blocks holds)
 WARM_WAIT_S = 60.0
 WARM_LIMIT_S = 120.0
+# a spare that finished its imports while a grading is before the end of its timing phase waits at most this long
+# for that phase to end before its GPU warm-up may start (module docstring; 0 turns the deferral off)
+DEFER_GO_S = 3.0
 
 
 def normalize_device(device: str) -> str:
@@ -94,6 +107,8 @@ class GpuQuiet:
         self._pending = 0
         self._waiting: list[Worker] = []
         self._warming: set[Worker] = set()
+        self._untimed: set[object] = set()  # gradings in flight whose timing phase has not ended (defer new `go`s)
+        self.defer_s = DEFER_GO_S
         self.history: collections.deque[tuple[float, str, int]] = collections.deque(maxlen=2000)
 
     def _note(self, event: str, pid: int) -> None:
@@ -103,7 +118,7 @@ class GpuQuiet:
         """What is going on now (for tests and logs)."""
         with self._cv:
             return {"holds": dict(self._holds), "pending": self._pending, "waiting": [w.pid for w in self._waiting],
-                    "warming": sorted(w.pid for w in self._warming)}
+                    "warming": sorted(w.pid for w in self._warming), "untimed": len(self._untimed)}
 
     def want_go(self, w: "Worker") -> None:
         """`w` finished its imports: `go` now if quiet, else when the last hold ends."""
@@ -111,10 +126,51 @@ class GpuQuiet:
             if w._forgotten:
                 return
             self._note("imported", w.pid)
-            if not self._holds and not self._pending:
+            if not self._holds and not self._pending and not self._defers(w):
                 self._go(w)
             else:
-                self._waiting.append(w)
+                self._wait(w)
+
+    def _wait(self, w: "Worker") -> None:
+        """`w` waits for `go`; noted once as `deferred` when only the deferral keeps it (for the benchmark)."""
+        self._waiting.append(w)
+        if not self._holds and not self._pending and not getattr(w, "_deferred", False):
+            w._deferred = True
+            self._note("deferred", w.pid)
+
+    def _defers(self, w: "Worker") -> bool:
+        """Whether `w`'s `go` waits for a grading's timing phase to end (module docstring; under `_cv`)."""
+        if not self._untimed or self.defer_s <= 0:
+            return False
+        if getattr(w, "_urgent", False):  # a grading waits for this very worker: never deferred
+            return False
+        since = getattr(w, "imported_at", None)
+        return since is None or time.monotonic() - since < self.defer_s
+
+    def urge(self, w: "Worker") -> None:
+        """A grading took `w` before its warm start ended and waits for it: its `go` is no longer deferred."""
+        with self._cv:
+            w._urgent = True
+            self._wake()
+
+    def grading_started(self, token: object, *, pid: int = 0) -> None:
+        """A grading of this device took its (ready) worker: new spares' `go`s wait for its timing phase to end."""
+        with self._cv:
+            self._untimed.add(token)
+            self._note("grading", pid)
+
+    def timing_ended(self, token: object, *, pid: int = 0) -> None:
+        """The grading's timing phase ended, or the grading did (idempotent): deferred spares may go."""
+        with self._cv:
+            if token in self._untimed:
+                self._untimed.discard(token)
+                self._note("timed", pid)
+            self._wake()
+
+    def recheck(self) -> None:
+        """Send the `go`s whose deferral ran out (a waiting spare's start watcher calls this every 0.5 s)."""
+        with self._cv:
+            self._wake()
 
     def _go(self, w: "Worker") -> None:
         try:
@@ -181,7 +237,11 @@ class GpuQuiet:
             return
         waiting, self._waiting = self._waiting, []
         for w in waiting:
-            if not w._forgotten:
+            if w._forgotten:
+                continue
+            if self._defers(w):
+                self._wait(w)
+            else:
                 self._go(w)
         self._cv.notify_all()
 
@@ -192,6 +252,7 @@ class GpuQuiet:
             if w in self._waiting:
                 self._waiting.remove(w)
             self._warming.discard(w)
+            self._untimed.discard(w)
             if self._holds.pop(w, None) is not None:
                 self._note("release", w.pid)
             self._wake()
@@ -254,6 +315,8 @@ class Worker:
         self.imported_at: float | None = None  # parent's monotonic clock
         self.go_at: float | None = None
         self._forgotten = False
+        self._urgent = False  # taken by a grading that waits for it (GpuQuiet.urge)
+        self._deferred = False  # its `go` was deferred behind a grading's timing phase (GpuQuiet's history says so)
         self._reaped = False
         self._state_lock = threading.Lock()
         self._started = threading.Event()
@@ -292,6 +355,7 @@ class Worker:
                 msg = self.reader.read(time.monotonic() + 0.5)
                 if msg != "timeout":
                     break
+                self.quiet.recheck()  # a `go` deferred behind a grading's timing phase runs out after DEFER_GO_S
         if isinstance(msg, dict) and msg.get("type") == "ready":
             self._finish_start(msg, None)
             return

@@ -14,6 +14,14 @@ Keys cannot cross problems, GPUs or versions: a key holds the problem number and
 or fp8 helper invalidates the eager timing too), the GPU name and visible-device id the worker reported, the torch/mkb/grader versions,
 the timing-policy id, and every config field the figure depends on. Entries also expire after
 `max_age_s` (clocks and temperature drift over a long session) and die with the pool.
+
+The launch floors (`floor:<dsl>`) are the exception, and only in what they do not depend on: the window floor
+is the median of 30 stream windows around an empty call with the device's L2 flusher (`L2Flusher("cuda")`, sized
+by the device), the DSL floor the same around the backend's `empty_kernel()`; neither reads the problem, its plan
+or a config field (mkb.grader._harness, `trusted()`). So their key holds the DSL, GPU, visible device and versions
+and no problem or config (`problem=0`, `problem_hash="*"`, neutral config fields): each DSL pays them once per
+GPU and session instead of once per problem (H200, grader 2.5: 0.25-0.83 s per problem's first grading, and a
+quiet wait before them). They are recorded beside the timing (`launch_floor_us`), never used in a check.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ MAX_AGE_S = 900.0
 class TrustedKey:
     """Everything a cached eager timing or launch floor depends on."""
 
-    what: str  # "eager" or "floor:<dsl>"
+    what: str  # "eager", "reference" or "floor:<dsl>" (a floor's key holds no problem and no config: module docstring)
     problem: int
     problem_hash: str
     gpu: str
@@ -57,21 +65,29 @@ def problem_identity(spec: Any) -> str:
         return "unknown"
 
 
+def is_floor(what: str) -> bool:
+    """Whether `what` is a launch-floor figure (keyed without the problem and the config: module docstring)."""
+    return what.startswith("floor:")
+
+
 def trusted_key(what: str, *, problem: int, problem_hash: str, ready: dict, cfg: Any, grader_version: str) -> TrustedKey | None:
     """The key for `what`, or None when the worker did not report what the key needs (then nothing is cached)."""
     from mkb.measure import TIMING_POLICY
 
     gpu, torch_v = ready.get("gpu"), ready.get("torch")
-    if not gpu or not torch_v or problem_hash == "unknown":
+    floor = is_floor(what)
+    if not gpu or not torch_v or (problem_hash == "unknown" and not floor):
         return None
     try:
         from mkb import __version__ as mkb_v
     except ImportError:
         mkb_v = "unknown"
+    common = dict(what=what, gpu=str(gpu), visible_devices=str(ready.get("visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES", ""))),
+                  torch=str(torch_v), mkb=str(mkb_v), grader=grader_version, timing_policy=TIMING_POLICY)
+    if floor:  # the empty call's windows: nothing of the problem or the config (the DSL is in `what`)
+        return TrustedKey(**common, problem=0, problem_hash="*", size="*", n_warmup=0, n_timed=0, clock_warm_s=0.0)
     return TrustedKey(
-        what=what, problem=int(problem), problem_hash=problem_hash, gpu=str(gpu),
-        visible_devices=str(ready.get("visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES", ""))),
-        torch=str(torch_v), mkb=str(mkb_v), grader=grader_version, timing_policy=TIMING_POLICY,
+        **common, problem=int(problem), problem_hash=problem_hash,
         size=cfg.size, n_warmup=cfg.n_warmup, n_timed=int(cfg.eager_timed or cfg.n_timed), clock_warm_s=cfg.clock_warm_s,
     )
 

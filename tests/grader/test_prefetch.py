@@ -324,6 +324,20 @@ def test_grader_bench_clock_warm_table_counts_warm_ups_that_found_the_clock_at_m
                  "idle_s_max_first_at_max": 0.4, "by_clock": 2}
 
 
+def test_grader_bench_quiet_table_times_warm_ups_prefetches_and_deferred_gos(repo_script):
+    bench = repo_script("benchmarks/grader_bench.py")
+    history = [(0.5, "imported", 9), (0.6, "go", 9), (1.0, "warmed", 9),  # before `since`: not counted
+               (10.0, "imported", 1), (10.0, "go", 1), (12.0, "warmed", 1),  # a warm-up of 2 s, no wait
+               (10.5, "imported", 2), (10.5, "deferred", 2), (11.5, "hold:timing", 7), (11.8, "release", 7),
+               (11.9, "timed", 7), (11.9, "go", 2), (13.4, "warmed", 2),  # deferred 1.4 s, warm-up 1.5 s
+               (12.0, "prepare", 3), (12.25, "warmed", 3), (12.5, "imported", 4)]  # a prefetch; a spare still waiting
+    q = bench.quiet_table(history, since=5.0)
+    assert q["warm_ups"] == {"n": 2, "median_s": pytest.approx(1.75), "max_s": pytest.approx(2.0)}
+    assert q["prepares"] == {"n": 1, "median_s": pytest.approx(0.25), "max_s": pytest.approx(0.25)}
+    assert q["deferred_go"] == {"n": 1, "median_s": pytest.approx(1.4), "max_s": pytest.approx(1.4)}
+    assert "go deferred behind a grading's timing phase for 1 spares" in bench._quiet_line("FIGURE x", q)[0]
+
+
 def test_a_prepared_worker_that_dies_before_its_job_is_replaced(tmp_path, fake_dsl, cpu_config, store):
     from mkb.events import EventWriter
 
@@ -360,6 +374,7 @@ def test_grader_bench_main_runs_the_lead_s_sections(grader_bench, tmp_path, fake
     printed = capsys.readouterr().out
     assert "FIGURE overhead per evaluation, warm queue with a backlog of 2" in printed
     assert "FIGURE gradings per GPU-hour" in printed and "prefetch {" in printed
+    assert "FIGURE throughput quiet rule: spares' GPU warm-ups" in printed and "FIGURE backlog quiet rule" in printed
     res = json.loads((out / "grader_bench.json").read_text())
     assert res["backlog"][0]["dsls"][fake_dsl]["all_passed"] and res["throughput"]["all_passed"]
     assert "overhead" not in res

@@ -45,6 +45,21 @@ def solve(x, residual, weight):
     return (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(x.dtype)
 '''
 
+# blocks its compile (the module's import) until the spare has imported: the spare's imports end before the timing phase
+_COMPILES_UNTIL = '''import os
+import time
+import torch
+
+_deadline = time.monotonic() + 120
+while not os.path.exists({sentinel!r}) and time.monotonic() < _deadline:
+    time.sleep(0.02)
+
+
+def solve(x, residual, weight):
+    s = x.float() + residual.float()
+    return (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(x.dtype)
+'''
+
 _DIES_IN_TIMING = '''import logging
 import time
 
@@ -66,7 +81,7 @@ def solve(x, residual, weight):
 def _no_hold_left_behind():
     yield
     busy = QUIET.busy()
-    assert not busy["holds"] and not busy["pending"], busy
+    assert not busy["holds"] and not busy["pending"] and not busy["untimed"], busy  # nor a deferral past its grading
 
 
 def _events(pid: int) -> list[tuple[float, str]]:
@@ -224,3 +239,122 @@ def test_killing_a_worker_that_holds_releases_the_hold_and_lets_waiting_spares_g
         if spare is not None:
             spare.kill()
             spare.cleanup()
+
+
+class _Spare:
+    """What `GpuQuiet` reads of a spare worker (its `go` goes to `sent`)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self._forgotten, self.go_at, self.imported_at, self.sent = pid, False, None, time.monotonic(), []
+        self._urgent = False
+
+    def _send(self, msg: dict) -> None:
+        self.sent.append(msg)
+
+
+def test_a_spare_imported_before_a_gradings_timing_phase_goes_when_that_phase_ends():
+    q = quiet_for("cpu:91")
+    grading = object()
+    q.grading_started(grading)
+    a = _Spare(1)
+    q.want_go(a)
+    assert a.go_at is None and q.busy()["waiting"] == [1]  # no hold, but a grading in flight has not timed yet
+    q.hold(grading, "timing")
+    q.release(grading)  # a hold's end alone does not end the deferral (the trusted phase's eager timing is one too)
+    assert a.go_at is None
+    q.timing_ended(grading)
+    assert a.go_at is not None and a.sent == [{"type": "go"}] and q.busy()["untimed"] == 0
+    b = _Spare(2)
+    q.want_go(b)  # nothing in flight: at once
+    assert b.go_at is not None
+    q.timing_ended(grading)  # idempotent
+    for w in (a, b):
+        q.warmed(w)
+    noted = [(e, p) for _, e, p in q.history if e == "deferred"]
+    assert noted == [("deferred", 1)]  # once, and only for the spare the deferral kept (the benchmark counts these)
+
+
+def test_a_deferred_go_runs_out_but_never_past_a_hold():
+    q = quiet_for("cpu:92")
+    q.defer_s = 0.2
+    grading, timing = _Spare(90), object()  # the grading's token is its worker (forget() marks it)
+    q.grading_started(grading)
+    a = _Spare(1)
+    q.want_go(a)
+    q.recheck()
+    assert a.go_at is None
+    time.sleep(0.25)
+    q.hold(timing, "timing")  # another worker's timing phase: the rule's hold still wins
+    q.recheck()
+    assert a.go_at is None
+    q.release(timing)  # its end sends the `go` whose deferral has run out, with the grading still untimed
+    assert a.go_at is not None
+    q.warmed(a)
+    b = _Spare(2)
+    b.imported_at -= 1.0  # imported longer ago than the deferral
+    q.want_go(b)
+    assert b.go_at is not None
+    q.warmed(b)
+    q.defer_s = 0.0  # off: no deferral at all
+    c = _Spare(3)
+    q.want_go(c)
+    assert c.go_at is not None
+    q.defer_s = 60.0
+    d = _Spare(4)
+    q.want_go(d)
+    assert d.go_at is None
+    q.urge(d)  # a grading took it and waits for it: its go is not deferred
+    assert d.go_at is not None
+    q.forget(grading)  # a killed grading's worker ends its deferral too
+    assert q.busy()["untimed"] == 0
+
+
+def test_the_start_watcher_sends_a_deferred_go_once_it_runs_out(fake_dsl, monkeypatch):
+    monkeypatch.setattr(QUIET, "defer_s", 1.0)
+    grading = object()
+    QUIET.grading_started(grading)
+    w = Worker(fake_dsl, device="cpu")
+    try:
+        assert w.wait_ready(120), w.ready_error  # nobody ends the grading's timing: the deferral runs out by itself
+        assert w.go_at - w.imported_at >= 1.0
+        assert w.go_at - w.imported_at < 30  # promptly once it ran out (loose: loaded CI)
+    finally:
+        QUIET.timing_ended(grading)
+        w.kill()
+        w.cleanup()
+
+
+def test_a_spare_that_imports_during_a_compile_warms_up_after_the_timing_phase(tmp_path, fake_dsl, cpu_config, store,
+                                                                                monkeypatch):
+    monkeypatch.setattr(QUIET, "defer_s", 600.0)  # only the timing phase's end may send it (however slow the machine)
+    k = tmp_path / "kernel.py"
+    sentinel = tmp_path / "spare-imported"
+    k.write_text(_COMPILES_UNTIL.format(sentinel=str(sentinel)))
+    with WorkerPool((fake_dsl,), device="cpu", refill_on_take=False) as pool:
+        pool.wait_warm(60)
+
+        def spawn_during_the_compile() -> None:
+            deadline = time.monotonic() + 60
+            while not QUIET.busy()["untimed"] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            pool.refill()
+            with pool._lock:
+                spare = pool._ready[fake_dsl][-1]
+            deadline = time.monotonic() + 120
+            while spare.imported_at is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            sentinel.touch()
+
+        spawner = threading.Thread(target=spawn_during_the_compile, daemon=True)
+        spawner.start()
+        v = grade(28, fake_dsl, k, store=store, config=cpu_config, pool=pool)
+        spawner.join(60)
+        assert v.passed, v.message
+        assert sentinel.exists(), "the spare never imported"
+        t_begin, t_end = v.stage("timing").figures["quiet_windows_monotonic"]["timing"]
+        spare = pool.take(fake_dsl)
+        assert spare.wait_ready(60), spare.ready_error
+        assert spare.imported_at < t_begin, "the spare did not finish importing before the timing phase"
+        assert spare.ready["gpu_warm_started"] >= t_end  # no hold when it imported, yet it warmed up after the timing
+        spare.kill()
+        spare.cleanup()
