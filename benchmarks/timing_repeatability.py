@@ -605,7 +605,10 @@ DEFAULT_HOLDS = ("hold",)
 # `eager` (with `recycle`, it tells allocation history from prior GPU work): the problem's eager is timed first on its own
 # fresh sets through the same windows, its sets dropped to the caching allocator, then the kernel's sets are made: the
 # state of a grading worker that timed the eager (arm B of `h200-eager-level`), in a bare process.
-PLACEMENTS = ("fixed", "pad", "jitter", "recycle", "eager")
+# `reserve` / `touch` (after v5 cost the grader a second `make` per set): the first pass allocates the sets' tensors with
+# `empty_like` (no values; `touch` also zero-fills them on the GPU) and drops them, so the sets are made once, into blocks
+# that were allocated (and, for `touch`, written) before: which property of the recycled blocks sets the level.
+PLACEMENTS = ("fixed", "pad", "jitter", "recycle", "eager", "reserve", "touch")
 PAD_STEP = 1 << 21  # 2 MiB: the caching allocator's large-block granularity
 HOLD_US = 300.0  # the grader sets 150-500 us for these kernels (twice the warm-ups' longest dispatch): one value for all
 _QUIET_SRC = r"""
@@ -623,7 +626,7 @@ def _child(a: argparse.Namespace) -> None:
     import torch
 
     from mkb.dsl import get_backend
-    from mkb.measure import InputStream, L2Flusher, SmClock, gpu_state, sm_hold, stream_window
+    from mkb.measure import InputStream, L2Flusher, SmClock, gpu_state, sm_hold, stream_window, tensor_bytes
     from mkb.problems import baselines, find_problem, load_problem
 
     dev = torch.device("cuda")
@@ -697,6 +700,18 @@ def _child(a: argparse.Namespace) -> None:
                         first_sets(i)
                     torch.cuda.synchronize()
                     del first_sets  # back to the caching allocator, not to the driver
+                    gc.collect()
+                if placement in ("reserve", "touch"):
+                    shape = makes[spec](seed + 900)
+                    n_sets = min(a.warm + a.n, max(1, (torch.cuda.mem_get_info(dev)[0] // 4) // max(1, tensor_bytes(shape))))
+                    blanks = [tuple(torch.empty_like(t) if isinstance(t, torch.Tensor) else t for t in shape) for _ in range(n_sets)]
+                    if placement == "touch":
+                        for b in blanks:
+                            for t in b:
+                                if isinstance(t, torch.Tensor):
+                                    t.zero_()
+                    torch.cuda.synchronize()
+                    del shape, blanks  # back to the caching allocator
                     gc.collect()
                 if placement == "eager":
                     e_sets = InputStream(makes[spec], n_calls=a.warm + a.n, base_seed=seed + 700,
