@@ -232,8 +232,11 @@ def main(argv: list[str] | None = None) -> int:
                         "passed": v.passed, "reason": v.reason, "median_us": v.candidate_median_us,
                         "eager_median_us": v.eager_median_us, "timed_calls": v.timed_calls,
                         "n_timed_planned": t.figures.get("n_timed_planned") if t else None,
-                        "cv": t.figures.get("cv") if t else None, "evaluation_id": v.evaluation_id}
-                    log(f"{tag:2s} {key:10s} -> {v.reason or 'passed'} median={v.candidate_median_us} calls={v.timed_calls}")
+                        "cv": t.figures.get("cv") if t else None, "evaluation_id": v.evaluation_id,
+                        "new_segments": t.figures.get("input_sets_new_segments") if t else None,
+                        "eager_new_segments": t.figures.get("eager_input_sets_new_segments") if t else None}
+                    log(f"{tag:2s} {key:10s} -> {v.reason or 'passed'} median={v.candidate_median_us} calls={v.timed_calls}"
+                        f" new_segments={t.figures.get('input_sets_new_segments') if t else None}")
                     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))  # kept if cut short
     writer.close()
     cmp = compare(summary["rows"])

@@ -606,12 +606,13 @@ class _Evaluation:
             ph.mark("clock_warm")
             rec = timed_loop(eager_fn, e_stream, warmup=plan.n_warm, timed=eager_n,
                              window=lambda f: dev.window(f, self.flush), hold=dev.hold())
+            e_segments = e_stream.new_segments
             del e_stream
             eager = summarize(rec.times_us, n_warmup=plan.n_warm)
             eager_fig = self.fresh["eager"] = {"median_us": eager.median_us, "iqr_us": eager.iqr_us, "cv": eager.cv,
                                                "n_timed": eager.n_timed, "n_warmup": plan.n_warm, "measured_unix": time.time(),
                                                "host_us_median": statistics.median(rec.host_us) if rec.host_us else None,
-                                               "hold_us": rec.hold_us}
+                                               "hold_us": rec.hold_us, "input_sets_new_segments": e_segments}
             ph.mark("eager_timing")
         if floor_fig is None:
             floor_times = sorted(dev.window(lambda: None, self.flush)[1] for _ in range(30))
@@ -859,7 +860,7 @@ class _Evaluation:
         # profiler's host-side work behind): the side-work check compares against the later of the two
         floor_tails_after = [dev.window(lambda: None, flush)[2] for _ in range(30)]
         quiet.release()
-        cap = c_stream.capacity
+        cap, new_segments = c_stream.capacity, c_stream.new_segments
         del c_stream
         ph.mark("timing_loop")
         bad = guard.check()
@@ -912,7 +913,8 @@ class _Evaluation:
             gpu=self.gpu_before.get("name"), gpu_model=gm.model if gm else None, gpu_arch=gm.arch if gm else None,
             clocks={"before": self.gpu_before, "after": gpu_after},
             rechecked=state["rechecked"] + 1, timed_s=state["t_timed"], times_us=[round(t, 3) for t in times],
-            input_sets_alive=cap, run_phases_s=dict(ph.s),
+            input_sets_alive=cap, input_sets_new_segments=new_segments,
+            eager_input_sets_new_segments=eager.get("input_sets_new_segments"), run_phases_s=dict(ph.s),
             tail_us_median=float(sorted(tails)[len(tails) // 2]) if tails else None,
             floor_tail_us_median=float(sorted(floor_tails)[len(floor_tails) // 2]) if floor_tails else None,
             floor_tail_after_us_median=statistics.median(floor_tails_after) if floor_tails_after else None,

@@ -108,6 +108,9 @@ class TimingFigures(_Figures):
     timed_s: float | None = None
     times_us: list[float] | None = None
     input_sets_alive: int | None = None
+    # policy v5: device segments created while the timed sets were made (0: all in recycled blocks); the eager's in eager_*
+    input_sets_new_segments: int | None = None
+    eager_input_sets_new_segments: int | None = None
     run_phases_s: dict[str, float] | None = None
     tail_us_median: float | None = None
     floor_tail_us_median: float | None = None

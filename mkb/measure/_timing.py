@@ -336,17 +336,24 @@ class InputStream:
         cap = n_calls if max_bytes is None else max(min_capacity, min(n_calls, max_bytes // per_set))
         self.capacity = max(1, min(cap, n_calls))
         self.set_bytes = per_set
-        self.recycled = recycle and _on_cuda(first)
+        cuda = _on_cuda(first)
+        self.recycled = recycle and cuda
         if self.recycled:  # made once and dropped (to the caching allocator), then made again below
             once = [first] + [tuple(make(base_seed + i)) for i in range(1, self.capacity)]
             del first
             once.clear()
+        seg0 = _segments_allocated() if cuda else None
+        if self.recycled:
             first = tuple(make(base_seed))
         self._ring: deque[tuple[int, tuple]] = deque([(0, first)])
         self.premade = self.capacity >= n_calls
         if self.premade:
             for i in range(1, n_calls):
                 self._ring.append((i, tuple(make(base_seed + i))))
+        seg1 = _segments_allocated() if cuda else None
+        # the device segments the allocator had to create for the sets made here (besides the first one when not
+        # recycled): 0 means every timed set lies in blocks it already had (policy v5's aim); None off the GPU
+        self.new_segments: int | None = seg1 - seg0 if seg0 is not None and seg1 is not None else None
 
     def __call__(self, i: int) -> tuple:
         for j, inputs in self._ring:
@@ -361,6 +368,14 @@ class InputStream:
 
 def _on_cuda(inputs: Sequence[Any]) -> bool:
     return any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+
+
+def _segments_allocated() -> int | None:
+    """How many device segments the caching allocator has created in this process so far (cudaMalloc calls)."""
+    try:
+        return int(torch.cuda.memory_stats().get("segment.all.allocated", 0))
+    except Exception:  # noqa: BLE001 - a figure for the record, never a reason to fail a timing
+        return None
 
 
 @dataclass

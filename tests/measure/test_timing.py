@@ -79,6 +79,27 @@ def test_recycled_sets_are_made_once_dropped_and_made_again(monkeypatch, n_calls
         assert torch.equal(s(i)[0], _make(50 + i)[0])  # the values are the seeds', whichever pass made them
 
 
+@pytest.mark.parametrize("recycle,expected", [(True, 20), (False, 19)])
+def test_new_segments_counts_what_the_timed_sets_took(monkeypatch, recycle, expected):
+    """The window is the making of the sets that are timed: the second pass when recycled, after the first set if not."""
+    import mkb.measure._timing as timing
+
+    count = [0]
+
+    def make(seed):
+        count[0] += 1  # a stand-in allocator that creates one segment per set
+        return _make(seed)
+
+    monkeypatch.setattr(timing, "_on_cuda", lambda inputs: True)
+    monkeypatch.setattr(timing, "_segments_allocated", lambda: count[0])
+    s = InputStream(make, n_calls=20, recycle=recycle)
+    assert s.new_segments == expected and count[0] == (40 if recycle else 20)
+
+
+def test_new_segments_is_none_off_the_gpu():
+    assert InputStream(_make, n_calls=5).new_segments is None
+
+
 def test_cpu_sets_are_made_once():
     calls, alive = [], []
     s = InputStream(_recording_make(calls, alive), n_calls=20, base_seed=7)
@@ -103,7 +124,11 @@ def test_gpu_recycled_sets_lie_in_blocks_the_allocator_already_had():
     s = InputStream(make, n_calls=30, base_seed=0)
     assert s.recycled and s.premade
     assert torch.cuda.memory_reserved() == seen["reserved_before_second"]  # no new segment for the timed sets
+    assert s.new_segments == 0
     del s
+    torch.cuda.empty_cache()
+    fresh = InputStream(make, n_calls=30, base_seed=100, recycle=False)
+    assert fresh.new_segments and fresh.new_segments > 0  # fresh blocks: the state v5 avoids, and the figure says so
 
 
 def test_time_problem_fn_times_a_function_on_cpu():
