@@ -68,7 +68,7 @@ def sources(kind: str, make, n: int, seed0: int):
         return (lambda i: sets[i]), time.perf_counter() - t0
     if kind == "ring3":
         first = make(seed0)
-        s = InputStream(make, n_calls=n, base_seed=seed0, max_bytes=3 * tensor_bytes(first), recycle=False)  # as recorded before policy v5
+        s = InputStream(make, n_calls=n, base_seed=seed0, max_bytes=3 * tensor_bytes(first), first_pass=None)  # as recorded before policy v5
         del first
         return s, time.perf_counter() - t0
     if kind == "same":

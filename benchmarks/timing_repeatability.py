@@ -695,7 +695,7 @@ def _child(a: argparse.Namespace) -> None:
                 pad = torch.empty(rng.randrange(1, 257) * PAD_STEP, dtype=torch.uint8, device=dev) if placement == "pad" else None
                 if placement == "recycle":
                     first_sets = InputStream(makes[spec], n_calls=a.warm + a.n, base_seed=seed + 500,
-                                             max_bytes=torch.cuda.mem_get_info(dev)[0] // 4, recycle=False)
+                                             max_bytes=torch.cuda.mem_get_info(dev)[0] // 4, first_pass=None)
                     for i in range(a.warm + a.n):
                         first_sets(i)
                     torch.cuda.synchronize()
@@ -715,7 +715,7 @@ def _child(a: argparse.Namespace) -> None:
                     gc.collect()
                 if placement == "eager":
                     e_sets = InputStream(makes[spec], n_calls=a.warm + a.n, base_seed=seed + 700,
-                                         max_bytes=torch.cuda.mem_get_info(dev)[0] // 4, recycle=False)
+                                         max_bytes=torch.cuda.mem_get_info(dev)[0] // 4, first_pass=None)
                     for i in range(a.warm + a.n):
                         e_args = e_sets(i)
                         e_out, _, _ = stream_window(lambda: eagers[spec](*e_args), flush=flusher.flush, device=dev, hold=holds[h])
@@ -724,7 +724,7 @@ def _child(a: argparse.Namespace) -> None:
                     del e_sets  # as the grader drops the eager's stream before the candidate's is made
                     gc.collect()
                 stream = InputStream(makes[spec], n_calls=a.warm + a.n, base_seed=seed,
-                                     max_bytes=torch.cuda.mem_get_info(dev)[0] // 4, recycle=False)  # each arm places its own
+                                     max_bytes=torch.cuda.mem_get_info(dev)[0] // 4, first_pass=None)  # each arm places its own
                 out_addrs: set[int] = set()
                 times, tails = [], []
                 for i in range(a.warm + a.n):

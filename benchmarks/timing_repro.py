@@ -71,7 +71,7 @@ def smi() -> dict:
 
 def grading(fn, make, *, n: int, warm: int, seed0: int, variant: str, flusher: L2Flusher) -> dict:
     """One independent grading-like timing: fresh pre-made input sets, `warm` + `n` calls."""
-    stream = InputStream(make, n_calls=warm + n, base_seed=seed0, max_bytes=torch.cuda.mem_get_info(DEV)[0] // 4, recycle=False)  # as recorded before policy v5
+    stream = InputStream(make, n_calls=warm + n, base_seed=seed0, max_bytes=torch.cuda.mem_get_info(DEV)[0] // 4, first_pass=None)  # as recorded before policy v5
     host: list[float] = []
     times: list[float] = []
 

@@ -172,10 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="h200-checks-ab")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--budget-s", type=float, default=240.0, help="start no new baseline after this many seconds")
-    ap.add_argument("--b-arm", choices=("rules", "eager"), default="rules",
+    ap.add_argument("--b-arm", choices=("rules", "eager", "allocate"), default="rules",
                     help="B is: rules = without grader 2.x's in-loop bookkeeping (issue #9); eager = the grader as shipped, "
                          "but the worker times the eager itself (an empty trusted cache for that grading), as a problem's "
-                         "first grading in a session does")
+                         "first grading in a session does; allocate = the grader with set_first_pass='allocate' (timing "
+                         "policy v5's cheap form: the timed sets' first pass only allocates)")
     ap.add_argument("--depth", type=int, default=3, help="the pool's warm spares (2 left gradings waiting for a worker's start)")
     ap.add_argument("--rounds", type=int, default=1, help="ABBA rounds per baseline (each adds one A and one B grading per pass pair)")
     ap.add_argument("--problems", default="", help="comma-separated problem numbers to grade (default: every baseline)")
@@ -202,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     from mkb.problems import baselines
 
     configs = {"A": GraderConfig(),
-               "B": GraderConfig() if a.b_arm == "eager" else GraderConfig(early_stop=False, n_profiled=0)}
+               "B": GraderConfig() if a.b_arm == "eager" else GraderConfig(set_first_pass="allocate") if a.b_arm == "allocate"
+               else GraderConfig(early_stop=False, n_profiled=0)}
     summary: dict = {"versions": versions(), "configs": {k: v.as_dict() for k, v in configs.items()},
                      "rows": {}, "errors": [], "skipped": [], "b_arm": a.b_arm}
     log("versions", json.dumps(summary["versions"]))

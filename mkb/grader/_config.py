@@ -46,6 +46,9 @@ class GraderConfig:
     # where the whole ones do not fit the device (`mkb.grader._harness.needs_sampling`); "auto" never samples on the CPU
     expectations: str = "auto"
     sample_positions: int = 2**24  # mkb.measure.SAMPLE_POSITIONS; tests lower it to sample smoke-size outputs
+    # the timed input sets' first pass (mkb.measure.InputStream): "make" (timing policy v5), "allocate" (its cheap form,
+    # under test: the blocks only), "none" (v4's fresh blocks); anything but "make" is an A/B arm, recorded as an override
+    set_first_pass: str = "make"
 
     def __post_init__(self) -> None:
         if self.draws < 1 or self.n_timed < 1 or self.n_warmup < 0:
@@ -54,8 +57,15 @@ class GraderConfig:
             raise ValueError(f"GraderConfig.device must be 'cuda' or 'cpu', not {self.device!r}")
         if self.expectations not in ("auto", "whole", "sampled"):
             raise ValueError(f"GraderConfig.expectations must be 'auto', 'whole' or 'sampled', not {self.expectations!r}")
+        if self.set_first_pass not in ("make", "allocate", "none"):
+            raise ValueError(f"GraderConfig.set_first_pass must be 'make', 'allocate' or 'none', not {self.set_first_pass!r}")
         if self.sample_positions < 1:
             raise ValueError(f"GraderConfig.sample_positions must be >= 1, not {self.sample_positions}")
+
+    @property
+    def first_pass(self) -> str | None:
+        """`set_first_pass` as `InputStream` takes it."""
+        return None if self.set_first_pass == "none" else self.set_first_pass
 
     @property
     def n_expectations(self) -> int:

@@ -600,7 +600,8 @@ class _Evaluation:
             ph.mark("quiet_wait")
         if eager_fig is None:
             eager_n = cfg.eager_timed or plan.n_timed
-            e_stream = InputStream(lambda i: make(self.fresh_seed()), n_calls=plan.n_warm + eager_n, max_bytes=self.budget)
+            e_stream = InputStream(lambda i: make(self.fresh_seed()), n_calls=plan.n_warm + eager_n, max_bytes=self.budget,
+                                   first_pass=cfg.first_pass)
             ph.mark("eager_inputs")
             dev.warm_clocks(cfg.clock_warm_s)
             ph.mark("clock_warm")
@@ -833,7 +834,7 @@ class _Evaluation:
 
         quiet.hold("timing")
         ph.mark("quiet_wait")
-        c_stream = InputStream(source, n_calls=n_warm + n_timed, base_seed=0, max_bytes=self.budget)
+        c_stream = InputStream(source, n_calls=n_warm + n_timed, base_seed=0, max_bytes=self.budget, first_pass=cfg.first_pass)
         ph.mark("timing_inputs")
         clock_warm = dev.warm_clocks(cfg.clock_warm_s)
         ph.mark("clock_warm")

@@ -53,6 +53,7 @@ class TrustedKey:
     n_warmup: int
     n_timed: int
     clock_warm_s: float
+    set_first_pass: str = "make"  # how the eager's timed sets were placed (GraderConfig.set_first_pass)
 
 
 def problem_identity(spec: Any) -> str:
@@ -85,10 +86,12 @@ def trusted_key(what: str, *, problem: int, problem_hash: str, ready: dict, cfg:
     common = dict(what=what, gpu=str(gpu), visible_devices=str(ready.get("visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES", ""))),
                   torch=str(torch_v), mkb=str(mkb_v), grader=grader_version, timing_policy=TIMING_POLICY)
     if floor:  # the empty call's windows: nothing of the problem or the config (the DSL is in `what`)
-        return TrustedKey(**common, problem=0, problem_hash="*", size="*", n_warmup=0, n_timed=0, clock_warm_s=0.0)
+        return TrustedKey(**common, problem=0, problem_hash="*", size="*", n_warmup=0, n_timed=0, clock_warm_s=0.0,
+                          set_first_pass="*")
     return TrustedKey(
         **common, problem=int(problem), problem_hash=problem_hash,
         size=cfg.size, n_warmup=cfg.n_warmup, n_timed=int(cfg.eager_timed or cfg.n_timed), clock_warm_s=cfg.clock_warm_s,
+        set_first_pass=str(getattr(cfg, "set_first_pass", "make")),
     )
 
 

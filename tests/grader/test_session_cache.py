@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from fake_dsl import TORCH_BASELINE_28, torch_baseline_25
 from mkb.grader import GraderConfig, WorkerPool, grade
 from mkb.grader._session import TrustedCache, trusted_key
@@ -94,3 +96,17 @@ def test_launch_floors_are_measured_once_per_dsl_across_problems(tmp_path, fake_
     assert "eager_timing" in p2  # the second problem's own eager timing is still measured
     t1, t2 = v1.stage("timing").figures, v2.stage("timing").figures
     assert t2["window_floor_us"] == t1["window_floor_us"]
+
+
+def test_the_eager_key_names_how_its_sets_were_placed():
+    """An eager timed with another first pass (an A/B arm) is another figure: never read from the other's cache entry."""
+    from mkb.grader import GraderConfig
+    from mkb.grader._session import trusted_key
+
+    ready = {"gpu": "NVIDIA H200", "torch": "2.11.0"}
+    k = lambda cfg, what="eager": trusted_key(what, problem=25, problem_hash="h", ready=ready, cfg=cfg, grader_version="x")  # noqa: E731
+    assert k(GraderConfig()) != k(GraderConfig(set_first_pass="allocate"))
+    assert k(GraderConfig(), "floor:cute") == k(GraderConfig(set_first_pass="allocate"), "floor:cute")
+    with pytest.raises(ValueError, match="set_first_pass"):
+        GraderConfig(set_first_pass="twice")
+    assert GraderConfig(set_first_pass="none").first_pass is None and GraderConfig().first_pass == "make"

@@ -92,7 +92,7 @@ def test_new_segments_counts_what_the_timed_sets_took(monkeypatch, recycle, expe
 
     monkeypatch.setattr(timing, "_on_cuda", lambda inputs: True)
     monkeypatch.setattr(timing, "_segments_allocated", lambda: count[0])
-    s = InputStream(make, n_calls=20, recycle=recycle)
+    s = InputStream(make, n_calls=20, first_pass="make" if recycle else None)
     assert s.new_segments == expected and count[0] == (40 if recycle else 20)
 
 
@@ -100,11 +100,25 @@ def test_new_segments_is_none_off_the_gpu():
     assert InputStream(_make, n_calls=5).new_segments is None
 
 
+def test_an_allocating_first_pass_makes_each_set_once_into_dropped_blocks(monkeypatch):
+    """The cheap form: the first set is made, `capacity` blank copies of it allocated, all dropped, then the sets made."""
+    import mkb.measure._timing as timing
+
+    monkeypatch.setattr(timing, "_on_cuda", lambda inputs: True)
+    calls, alive = [], []
+    s = InputStream(_recording_make(calls, alive), n_calls=10, base_seed=3, first_pass="allocate")
+    assert s.recycled and [c[0] for c in calls] == [3] + list(range(3, 13))
+    assert calls[1][1] == 0, "the first set and the blanks are dropped before the sets are made"
+    assert torch.equal(s(4)[0], _make(7)[0])
+    with pytest.raises(ValueError, match="first_pass"):
+        InputStream(_make, n_calls=3, first_pass="twice")
+
+
 def test_cpu_sets_are_made_once():
     calls, alive = [], []
     s = InputStream(_recording_make(calls, alive), n_calls=20, base_seed=7)
     assert not s.recycled and [c[0] for c in calls] == list(range(7, 27))
-    assert not InputStream(_make, n_calls=3, recycle=False).recycled
+    assert not InputStream(_make, n_calls=3, first_pass=None).recycled
 
 
 @pytest.mark.gpu
@@ -127,7 +141,7 @@ def test_gpu_recycled_sets_lie_in_blocks_the_allocator_already_had():
     assert s.new_segments == 0
     del s
     torch.cuda.empty_cache()
-    fresh = InputStream(make, n_calls=30, base_seed=100, recycle=False)
+    fresh = InputStream(make, n_calls=30, base_seed=100, first_pass=None)
     assert fresh.new_segments and fresh.new_segments > 0  # fresh blocks: the state v5 avoids, and the figure says so
 
 
