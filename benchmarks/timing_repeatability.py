@@ -559,10 +559,49 @@ def _band(t: float) -> float:
     return lo
 
 
-SECTIONS = ("levels", "abba", "sets", "covariates", "cupti", "policies", "eager", "implications")
+def section_repeat(events: Path) -> None:
+    """Every committed shipped-config grading of today's baseline files, by timing policy: how far the gradings of one
+    kernel lie apart (the repeat the grader promises, DESIGN: 0.5% for calls that only work on the device)."""
+    import polars as pl
+
+    from mkb.events import read
+    from mkb.problems import baselines
+    from mkb.problems._speed import kernel_sha256
+
+    shas = {kernel_sha256(b.path): (b.problem, b.dsl) for b in baselines()}
+    rows = []
+    for d in sorted(events.glob("h200-*")):
+        if not (d / "kind=timing").is_dir() or not (d / "kind=verdict").is_dir():
+            continue
+        t = read("timing", str(d)).filter(pl.col("ok") & pl.col("kernel_sha256").is_in(list(shas)))
+        v = read("verdict", str(d)).select("evaluation_id", "details")
+        ov = pl.col("details").str.json_path_match("$.config_overrides")
+        v = v.filter(ov.is_null() | (ov == "{}")).select("evaluation_id")
+        t = t.join(v, on="evaluation_id").select("kernel_sha256", "timing_policy", "median_us")
+        rows += [(shas[r[0]], r[1], r[2], d.name) for r in t.iter_rows()]
+    print("\n## repeat: every shipped-config grading of today's baseline files, per timing policy (committed h200-* datasets)")
+    print("policy  kernel     n   median us   sd       range            within 0.5% of the median")
+    by: dict[tuple, list[float]] = {}
+    for (p, dsl), pol, us, _ in rows:
+        if us is not None and pol:
+            by.setdefault((pol.rsplit("/", 1)[-1], p, dsl), []).append(float(us))
+    for (pol, p, dsl), xs in sorted(by.items()):
+        if len(xs) < 2:
+            continue
+        xs.sort()
+        med = statistics.median(xs)
+        near = sum(abs(x / med - 1) <= TOL for x in xs)
+        print(f"{pol:6s}  {p:>3} {dsl:4s}  {len(xs):3d}  {med:10.2f}  {pct(statistics.stdev(xs), statistics.fmean(xs)):5.2f}%  "
+              f"{xs[0]:.2f}-{xs[-1]:.2f}   {near}/{len(xs)}")
+
+
+SECTIONS = ("levels", "abba", "sets", "covariates", "cupti", "policies", "eager", "implications", "repeat")
 
 
 def datasets_main(events: Path, sections: list[str]) -> None:
+    if sections == ["repeat"]:  # reads every dataset itself: no need for the v3 study's gradings
+        section_repeat(events)
+        return
     gs = load(events, HOLD_DATASETS, policy=HOLD_POLICY)
     print(f"{len(gs)} passed timing events under {HOLD_POLICY} in {', '.join(HOLD_DATASETS)}; "
           f"bootstrap: {BOOT} resamples, seed {SEED}")
@@ -584,6 +623,8 @@ def datasets_main(events: Path, sections: list[str]) -> None:
             section_eager(gs)
         elif s == "implications":
             section_implications(taus if taus is not None else section_levels(gs))
+        elif s == "repeat":
+            section_repeat(events)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -49,3 +49,20 @@ def test_several_hold_lengths_are_separate_arms_and_an_old_result_still_prints(r
     old["processes"][0]["jiterator_hold"] = old["processes"][0].pop("grader_hold")
     tr.summarise(old)
     assert "jiterator" in capsys.readouterr().out
+
+
+def test_the_repeat_section_reads_the_shipped_gradings_by_policy(repo_script, capsys) -> None:
+    """`--section repeat` over the committed datasets: per timing policy, today's baseline files' shipped-config gradings
+    (A/B arms left out: an arm's verdict records its config overrides)."""
+    from pathlib import Path
+
+    tr = repo_script("benchmarks/timing_repeatability.py")
+    tr.section_repeat(Path(tr.__file__).resolve().parents[1] / "events")
+    rows = {tuple(line.split()[:3]): line.split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("v4 ", "v5 "))}
+    n_v5_28 = int(rows[("v5", "28", "cute")][3])
+    assert n_v5_28 >= 9  # h200-checks-ab-v5's A gradings (not its B arm), h200-grader-2-6's two, the bench's
+    assert ("v4", "25", "cute") in rows
+    for r in rows.values():  # "k/n": k gradings of n within 0.5% of their median
+        k, n = map(int, r[-1].split("/"))
+        assert n == int(r[3]) and 0 <= k <= n
