@@ -258,14 +258,16 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
     # one row per (attempt, scope): the latest verdict of each scope
     v_pair = _latest(ver.filter(pl.col("scope") == "pair"), keep="last").drop("ts", "scope") \
         .rename(lambda c: c if c == "attempt_id" else f"pv_{c}")
+    ver = ver.filter(pl.col("scope") == "attempt")  # the pair verdicts kept are in v_pair: the rest let go at once
     # an attempt's own verdict is read only where it has no pair re-grade: only those rows are joined
-    v_att = _latest(ver.filter(pl.col("scope") == "attempt"), keep="last").drop("ts", "scope") \
+    v_att = _latest(ver, keep="last").drop("ts", "scope") \
         .join(v_pair.select("attempt_id"), on="attempt_id", how="anti").rename(lambda c: c if c == "attempt_id" else f"av_{c}")
     del ver  # the verdicts kept are in v_pair and v_att: let the rest go before the joins
     if lean and not mix:  # the versions and the experiment have been read off: the lean tables carry them no further
         started = started.drop("mkb_version", "grader_version", "dsl_version", "doc_pack_version", "experiment")
-    a = _join_unique(started, [fin, v_pair, v_att, ann])
-    del fin, v_pair, v_att
+    rights = [fin, v_pair, v_att, ann]
+    del fin, v_pair, v_att  # held by `rights` alone, which the join empties: each frame let go once gathered
+    a = _join_unique(started, rights)
     if hashed:  # a row joined to an attempt whose second hash differs: two ids of one key (checked before anything is derived)
         checks = ("_chk_f", "pv__chk_v", "av__chk_v", "_chk_a")
         if a.select(pl.any_horizontal((pl.col(c) != pl.col("_chk")).fill_null(False) for c in checks).any()).item():
@@ -340,12 +342,15 @@ def _load_tables(store, *, stratify: bool, lean: bool, hashed: bool, score: str 
 def _join_unique(left: pl.DataFrame, rights: list[pl.DataFrame], on: str = "attempt_id") -> pl.DataFrame:
     """`left` left-joined to each of `rights` on `on`, every right frame holding each key at most once (the latest row
     per attempt): the same rows and order as the chain of left joins, but the key columns alone are joined and each
-    right frame's columns gathered once, where each join of the chain copied every column joined so far."""
+    right frame's columns gathered once, where each join of the chain copied every column joined so far. `rights` is
+    emptied as they are gathered, so a caller that holds them only there has each let go once gathered."""
     keys = left.select(on)
     parts = [left]
-    for right in rights:
+    while rights:
+        right = rights.pop(0)
         at = keys.join(right.select(on).with_row_index("_at"), on=on, how="left", maintain_order="left")["_at"]
         parts.append(right.drop(on).select(pl.all().gather(at)))  # a null position (no such key) gathers nulls
+        del right, at
     return pl.concat(parts, how="horizontal")
 
 
