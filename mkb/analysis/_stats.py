@@ -135,32 +135,44 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarr
     rows, n = x.shape
     out = np.empty((len(ks), rows))
     good = np.ones(rows, bool)
+    tails = []  # (low, which ks, their depths from this tail's end, the pilot's rank that brackets them)
     for low in (True, False):
         sel = ks < n // 2 if low else ks >= n // 2
-        if not sel.any():
-            continue
-        depth = ks[sel] if low else n - 1 - ks[sel]  # ranks counted from this tail's end
-        r = min(_PILOT - 1, int(np.ceil(_PILOT * 1.8 * (depth.max() + 1) / n)) + 3)
-        k = r if low else _PILOT - 1 - r
-        bracket = np.partition(x[:, :_PILOT], k, axis=1)[:, k]
+        if sel.any():
+            depth = ks[sel] if low else n - 1 - ks[sel]
+            r = min(_PILOT - 1, int(np.ceil(_PILOT * 1.8 * (depth.max() + 1) / n)) + 3)
+            tails.append((low, sel, depth, r if low else _PILOT - 1 - r))
+    pilot = np.partition(x[:, :_PILOT], sorted({t[3] for t in tails}), axis=1)
+    masks = []
+    for low, sel, depth, k in tails:
+        bracket = pilot[:, k]
         m = x <= bracket[:, None] if low else x >= bracket[:, None]
         c = np.count_nonzero(m, axis=1)
         ok = (c > depth.max()) & (c <= _TAIL_CAP)
         good &= ok
+        masks.append((m, bracket, c, ok))
+    if any(ok.any() for *_, ok in masks):
+        # both tails' candidates in one scan of the block (row-major: each row's together), each tail's picked from them
+        m = masks[0][0] if len(masks) == 1 else np.logical_or(masks[0][0], masks[1][0])
+        flat = np.flatnonzero(m)
+        vals = x.ravel().take(flat)
+        per_row = np.count_nonzero(m, axis=1) if len(masks) > 1 else masks[0][2]  # candidates of each row
+    for (low, sel, depth, _), (_, bracket, c, ok) in zip(tails, masks):
         okrows = np.flatnonzero(ok)
         if not len(okrows):
             continue
-        whole = len(okrows) == rows
-        xs, ms = (x, m) if whole else (x[okrows], m[okrows])
-        flat = np.flatnonzero(ms)  # row-major: each row's candidates together
-        vals = xs.ravel().take(flat)
+        by_row = np.repeat(bracket, per_row)
+        keep = vals <= by_row if low else vals >= by_row
+        keep &= np.repeat(ok, per_row)
+        idx = np.flatnonzero(keep)
+        tflat, tvals = flat[idx], vals[idx]
         if not low:
-            np.negative(vals, out=vals)
+            np.negative(tvals, out=tvals)
         cnt = c[okrows]
-        row = np.repeat(np.arange(len(okrows)), cnt)
-        pad = np.full((len(okrows), int(cnt.max())), np.inf, dtype=vals.dtype)
-        pad[row, np.arange(vals.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)] = vals
-        got = np.partition(pad, depth, axis=1)[:, depth].T.astype(np.float64)  # [depths, rows], signed as `vals`
+        start = np.cumsum(cnt) - cnt
+        pad = np.full((len(okrows), int(cnt.max())), np.inf, dtype=tvals.dtype)
+        pad[np.repeat(np.arange(len(okrows)), cnt), np.arange(tvals.size) - np.repeat(start, cnt)] = tvals
+        got = np.partition(pad, depth, axis=1)[:, depth].T.astype(np.float64)  # [depths, rows], signed as `tvals`
         if exact is not None:
             # x orders the values as their float64 values do, up to ties: the d-th smallest float64 value is the
             # (d - below)-th smallest float64 value among the candidates from x's smallest to its largest order statistic
@@ -169,8 +181,7 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarr
             lo_v, hi_v = got.min(0).astype(pad.dtype)[:, None], got.max(0).astype(pad.dtype)[:, None]
             below = np.count_nonzero(pad < lo_v, axis=1)
             wr, wc = np.nonzero((pad >= lo_v) & (pad <= hi_v))  # row-major: each row's window together
-            at = flat[(np.cumsum(cnt) - cnt)[wr] + wc]
-            e = exact(at if whole else okrows[at // n] * n + at % n)
+            e = exact(tflat[start[wr] + wc])
             if not low:
                 e = -e
             order = np.lexsort((e, wr))  # by row, then value
