@@ -75,10 +75,10 @@ def run_child(cmd: list[str], env: dict, cwd: str | None = None) -> tuple[float,
 def phases_child(argv: list[str]) -> None:
     """Run `mkb-analyze` in this process with timers around its phases; print them as JSON on stderr at the end."""
     t_start, c_start = time.perf_counter(), time.process_time()
+    import mkb.cli.analyze as cli  # first, as `mkb-analyze` starts (it sets polars' allocator up before polars loads)
     import mkb.analysis as A
     import mkb.analysis._stats as S
     import mkb.analysis._tables as T
-    import mkb.cli.analyze as cli
 
     import resource
 

@@ -111,9 +111,10 @@ def _order_stats(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
     `exact(positions)` -> the float64 values at these flat positions of x, when x holds float32 values that order
     the positions as those float64 values do, up to ties (x_i < x_j implies value_i <= value_j, and value_i <
     value_j implies x_i <= x_j: both correctly rounded from one exact quantity, see `Ratio`). Then x brackets the
-    tails and only the candidates' float64 values are computed and selected: the values beyond a bracket are the
-    positions whose exact quantity is at or beyond some level (a tail of the exact order), so the k-th smallest
-    float64 value of a row is the k-th smallest among them. The result is the float64 order statistics.
+    tails and selects among the candidates, and only the candidates from x's smallest to its largest wanted order
+    statistic (its ties: usually one value of x at a few positions) are computed in float64: every candidate below that
+    window is below each of its float64 values, so the k-th smallest float64 value of a row is read off the window's
+    sorted float64 values at k minus the count below. The result is the float64 order statistics.
     """
     rows, n = x.shape
     ks = np.asarray(ks, dtype=np.intp)
@@ -134,32 +135,60 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarr
     rows, n = x.shape
     out = np.empty((len(ks), rows))
     good = np.ones(rows, bool)
+    tails = []  # (low, which ks, their depths from this tail's end, the pilot's rank that brackets them)
     for low in (True, False):
         sel = ks < n // 2 if low else ks >= n // 2
-        if not sel.any():
-            continue
-        depth = ks[sel] if low else n - 1 - ks[sel]  # ranks counted from this tail's end
-        r = min(_PILOT - 1, int(np.ceil(_PILOT * 1.8 * (depth.max() + 1) / n)) + 3)
-        k = r if low else _PILOT - 1 - r
-        bracket = np.partition(x[:, :_PILOT], k, axis=1)[:, k]
+        if sel.any():
+            depth = ks[sel] if low else n - 1 - ks[sel]
+            r = min(_PILOT - 1, int(np.ceil(_PILOT * 1.8 * (depth.max() + 1) / n)) + 3)
+            tails.append((low, sel, depth, r if low else _PILOT - 1 - r))
+    pilot = np.partition(x[:, :_PILOT], sorted({t[3] for t in tails}), axis=1)
+    masks = []
+    for low, sel, depth, k in tails:
+        bracket = pilot[:, k]
         m = x <= bracket[:, None] if low else x >= bracket[:, None]
         c = np.count_nonzero(m, axis=1)
         ok = (c > depth.max()) & (c <= _TAIL_CAP)
         good &= ok
+        masks.append((m, bracket, c, ok))
+    if any(ok.any() for *_, ok in masks):
+        # both tails' candidates in one scan of the block (row-major: each row's together), each tail's picked from them
+        m = masks[0][0] if len(masks) == 1 else np.logical_or(masks[0][0], masks[1][0])
+        flat = np.flatnonzero(m)
+        vals = x.ravel().take(flat)
+        per_row = np.count_nonzero(m, axis=1) if len(masks) > 1 else masks[0][2]  # candidates of each row
+    for (low, sel, depth, _), (_, bracket, c, ok) in zip(tails, masks):
         okrows = np.flatnonzero(ok)
         if not len(okrows):
             continue
-        whole = len(okrows) == rows
-        xs, ms = (x, m) if whole else (x[okrows], m[okrows])
-        flat = np.flatnonzero(ms)  # row-major: each row's candidates together
-        if exact is None:
-            vals = xs.ravel().take(flat)
-        else:
-            vals = exact(flat if whole else okrows[flat // n] * n + flat % n)
+        by_row = np.repeat(bracket, per_row)
+        keep = vals <= by_row if low else vals >= by_row
+        keep &= np.repeat(ok, per_row)
+        idx = np.flatnonzero(keep)
+        tflat, tvals = flat[idx], vals[idx]
+        if not low:
+            np.negative(tvals, out=tvals)
         cnt = c[okrows]
-        pad = np.full((len(okrows), int(cnt.max())), np.inf)
-        pad[np.repeat(np.arange(len(okrows)), cnt), np.arange(vals.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)] = vals if low else -vals
-        got = np.partition(pad, depth, axis=1)[:, depth].T
+        start = np.cumsum(cnt) - cnt
+        pad = np.full((len(okrows), int(cnt.max())), np.inf, dtype=tvals.dtype)
+        pad[np.repeat(np.arange(len(okrows)), cnt), np.arange(tvals.size) - np.repeat(start, cnt)] = tvals
+        got = np.partition(pad, depth, axis=1)[:, depth].T.astype(np.float64)  # [depths, rows], signed as `tvals`
+        if exact is not None:
+            # x orders the values as their float64 values do, up to ties: the d-th smallest float64 value is the
+            # (d - below)-th smallest float64 value among the candidates from x's smallest to its largest order statistic
+            # wanted (below: how many are under that window). Only the window is computed in float64 (usually one
+            # value of x, a few positions)
+            lo_v, hi_v = got.min(0).astype(pad.dtype)[:, None], got.max(0).astype(pad.dtype)[:, None]
+            below = np.count_nonzero(pad < lo_v, axis=1)
+            wr, wc = np.nonzero((pad >= lo_v) & (pad <= hi_v))  # row-major: each row's window together
+            e = exact(tflat[start[wr] + wc])
+            if not low:
+                e = -e
+            order = np.lexsort((e, wr))  # by row, then value
+            first = np.searchsorted(wr[order], np.arange(len(okrows)))
+            e = e[order]
+            for j, d in enumerate(depth):
+                got[j] = e[first + d - below]
         out[np.ix_(np.flatnonzero(sel), okrows)] = got if low else -got
     bad = np.flatnonzero(~good)
     if len(bad):

@@ -72,6 +72,22 @@ def test_percentiles_with_a_float64_read_off_equal_numpy_quantile():
     _same(got, np.quantile(exact, [0.025, 0.975], axis=1))
 
 
+@pytest.mark.parametrize("qs", [[0.025, 0.975], [0.01, 0.025, 0.05, 0.95, 0.975, 0.99], [0.0249, 0.0251]])
+def test_percentiles_read_off_from_float32_tie_groups_of_distinct_float64_values(qs):
+    """Only the candidates tied (in float32) with the wanted order statistics are computed in float64: groups of several
+    positions per float32 value, each holding distinct float64 values, at every rank asked for, in both tails."""
+    rng = np.random.default_rng(11)
+    exact = np.round(rng.standard_normal((30, 10_000)), 2) + rng.integers(0, 5, size=(30, 10_000)) * 1e-12
+    x32 = exact.astype(np.float32)
+    ranks = np.unique(np.concatenate([np.floor(9_999 * np.asarray(qs)), np.floor(9_999 * np.asarray(qs)) + 1])).astype(int)
+    srt = np.sort(exact, axis=1)
+    tied = [(np.count_nonzero(x32[r] == np.float32(srt[r, k])) > 1) and len(np.unique(exact[r][x32[r] == np.float32(srt[r, k])])) > 1
+            for r in range(30) for k in ranks]
+    assert np.mean(tied) > 0.5  # the case under test: the selected float32 value stands for several float64 values
+    got = _percentiles(x32, qs, exact=lambda pos: exact.ravel()[pos])
+    _same(got, np.quantile(exact, qs, axis=1))
+
+
 def _row_level_bootstrap(pairs: pl.DataFrame, cell: dict, spec: BootstrapSpec, *, draws: np.ndarray):
     """The definition, on rows: for each resample draw problems with replacement, take every pair of each drawn
     problem as often as it is drawn, and compute the cell's figures from those rows."""

@@ -106,3 +106,17 @@ def test_synth_command_writes_a_dataset(tmp_path):
     assert r.exit_code == 0, r.output
     assert "planted transfer relative lift" in r.output
     assert load_tables(str(tmp_path / "s")).attempts.height == 8 * 2 * 10
+
+
+def test_cli_sets_polars_allocator_give_back_before_polars_loads_and_keeps_the_users():
+    """`mkb-analyze` has polars' jemalloc give freed pages back after ~50 ms (the setting is read once, when polars loads):
+    importing the CLI sets it without loading polars, and a value the user set is kept."""
+    import os
+
+    probe = "import os, sys, mkb.cli.analyze; print('polars' in sys.modules, os.environ['_RJEM_MALLOC_CONF'])"
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout.split()
+    assert got == ["False", "dirty_decay_ms:50,muzzy_decay_ms:0"]
+    env["_RJEM_MALLOC_CONF"] = "dirty_decay_ms:1000"
+    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout.split()
+    assert got == ["False", "dirty_decay_ms:1000"]

@@ -178,3 +178,16 @@ def test_blocks_joined_by_packed_keys_pair_as_by_their_columns(planted_lift, tmp
         other = load_tables(store, columns=c, **kw)
         assert_frame_equal(_text(t.pairs).sort(pl.all()), _text(other.pairs).sort(pl.all()))
         assert t.pairs.height > 0 and (_text(t.pairs)["arm_kind"] == "solo_noise").any()
+
+
+def test_summary_is_counted_once_per_attempts_frame(planted_lift):
+    """The header, the verdict note and the output all ask for the counts: kept for the same attempts frame, counted
+    again for another (a command that replaces or clears the attempts never reads stale counts)."""
+    t = load_tables(planted_lift.store, columns="lift")
+    first = t.summary()
+    first["attempts"] = -1  # a caller's copy: changing it changes nothing kept
+    assert t.summary()["attempts"] == t.attempts.height > 0
+    t.attempts = t.attempts.filter(pl.col("excluded").is_null())
+    assert t.summary()["attempts"] == t.summary()["included"] == t.attempts.height
+    t.attempts = t.attempts.clear()
+    assert t.summary()["attempts"] == 0
