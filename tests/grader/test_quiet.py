@@ -88,6 +88,16 @@ def _events(pid: int) -> list[tuple[float, str]]:
     return [(t, e) for t, e, p in list(QUIET.history) if p == pid]
 
 
+
+def _touch_when_imported(pool, dsl, sentinel, *, timeout_s: float = 120.0) -> None:
+    """Touch `sentinel` once the pool's newest spare of `dsl` (None: the first DSL it holds) has done its imports."""
+    with pool._lock:
+        spare = pool._ready[dsl if dsl is not None else next(iter(pool._ready))][-1]
+    deadline = time.monotonic() + timeout_s
+    while spare.imported_at is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sentinel.touch()
+
 def _refill_once_timing_holds(pool: WorkerPool, *, imported_sentinel=None) -> threading.Thread:
     """Spawn the spare only once a worker holds for its timing loop, so its imports end inside that phase.
 
@@ -101,12 +111,7 @@ def _refill_once_timing_holds(pool: WorkerPool, *, imported_sentinel=None) -> th
             time.sleep(0.01)
         pool.refill()
         if imported_sentinel is not None:
-            with pool._lock:
-                spare = pool._ready[next(iter(pool._ready))][-1]
-            deadline = time.monotonic() + 120
-            while spare.imported_at is None and time.monotonic() < deadline:
-                time.sleep(0.02)
-            imported_sentinel.touch()
+            _touch_when_imported(pool, None, imported_sentinel)
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
@@ -338,12 +343,7 @@ def test_a_spare_that_imports_during_a_compile_warms_up_after_the_timing_phase(t
             while not QUIET.busy()["untimed"] and time.monotonic() < deadline:
                 time.sleep(0.01)
             pool.refill()
-            with pool._lock:
-                spare = pool._ready[fake_dsl][-1]
-            deadline = time.monotonic() + 120
-            while spare.imported_at is None and time.monotonic() < deadline:
-                time.sleep(0.02)
-            sentinel.touch()
+            _touch_when_imported(pool, fake_dsl, sentinel)
 
         spawner = threading.Thread(target=spawn_during_the_compile, daemon=True)
         spawner.start()
