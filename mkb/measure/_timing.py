@@ -324,8 +324,8 @@ class InputStream:
     allocator had already handed out. "allocate" reaches the same state for the cost of allocations: the
     first pass is `empty_like` of the first set's tensors (no values, no kernels), which gave "make"'s level
     within 0.05% in bare processes (events/h200-reserve-levels); under test in the grader
-    (`GraderConfig.set_first_pass`) before it becomes the policy. None: no first pass (policy v4). Why: where a set lies moves a short kernel's time by whole
-    percents, and before v5 that depended on the worker's history: a worker that had timed the eager
+    (`GraderConfig.set_first_pass`) before it becomes the policy. None: no first pass (policy v4).
+    Why: where a set lies moves a short kernel's time by whole percents, and before v5 that depended on the worker's history: a worker that had timed the eager
     (whose dropped sets the candidate's then reused) timed 25 cute 4.4% and 01 cute 1.4% faster than one
     whose eager came from the cache (fresh blocks), while either state alone repeats within 0.1-0.4%
     (events/h200-recycle-levels, events/h200-eager-level). With it, every timed loop starts in one state.
