@@ -166,13 +166,17 @@ def _eager_here(pool, *, on: bool):
             saved.put(key, figures)
 
 
+# arm B's GraderConfig overrides (`--b-arm`): rules = without grader 2.x's in-loop bookkeeping; eager = as shipped (its
+# worker times the eager itself: `_eager_here`); allocate = timing policy v5's cheap first pass
+B_ARMS: dict[str, dict] = {"rules": {"early_stop": False, "n_profiled": 0}, "eager": {}, "allocate": {"set_first_pass": "allocate"}}
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mkb-gpu-out"))
     ap.add_argument("--name", default="h200-checks-ab")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--budget-s", type=float, default=240.0, help="start no new baseline after this many seconds")
-    ap.add_argument("--b-arm", choices=("rules", "eager", "allocate"), default="rules",
+    ap.add_argument("--b-arm", choices=tuple(B_ARMS), default="rules",
                     help="B is: rules = without grader 2.x's in-loop bookkeeping (issue #9); eager = the grader as shipped, "
                          "but the worker times the eager itself (an empty trusted cache for that grading), as a problem's "
                          "first grading in a session does; allocate = the grader with set_first_pass='allocate' (timing "
@@ -203,8 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     from mkb.problems import baselines
 
     configs = {"A": GraderConfig(),
-               "B": GraderConfig() if a.b_arm == "eager" else GraderConfig(set_first_pass="allocate") if a.b_arm == "allocate"
-               else GraderConfig(early_stop=False, n_profiled=0)}
+               "B": GraderConfig(**B_ARMS[a.b_arm])}
     summary: dict = {"versions": versions(), "configs": {k: v.as_dict() for k, v in configs.items()},
                      "rows": {}, "errors": [], "skipped": [], "b_arm": a.b_arm}
     log("versions", json.dumps(summary["versions"]))

@@ -53,7 +53,7 @@ class TrustedKey:
     n_warmup: int
     n_timed: int
     clock_warm_s: float
-    set_first_pass: str = "make"  # how the eager's timed sets were placed (GraderConfig.set_first_pass)
+    set_first_pass: str  # how the eager's timed sets were placed (GraderConfig.set_first_pass)
 
 
 def problem_identity(spec: Any) -> str:
@@ -91,7 +91,7 @@ def trusted_key(what: str, *, problem: int, problem_hash: str, ready: dict, cfg:
     return TrustedKey(
         **common, problem=int(problem), problem_hash=problem_hash,
         size=cfg.size, n_warmup=cfg.n_warmup, n_timed=int(cfg.eager_timed or cfg.n_timed), clock_warm_s=cfg.clock_warm_s,
-        set_first_pass=str(getattr(cfg, "set_first_pass", "make")),
+        set_first_pass=cfg.set_first_pass,
     )
 
 
