@@ -564,25 +564,20 @@ def section_repeat(events: Path) -> None:
     kernel lie apart (the repeat the grader promises, DESIGN: 0.5% for calls that only work on the device)."""
     import polars as pl
 
-    from mkb.events import read
     from mkb.problems import baselines
-    from mkb.problems._speed import kernel_sha256
+    from mkb.problems._speed import _read, default_stores, kernel_sha256, shipped_only
 
     shas = {kernel_sha256(b.path): (b.problem, b.dsl) for b in baselines()}
-    rows = []
-    for d in sorted(events.glob("h200-*")):
-        if not (d / "kind=timing").is_dir() or not (d / "kind=verdict").is_dir():
-            continue
-        t = read("timing", str(d)).filter(pl.col("ok") & pl.col("kernel_sha256").is_in(list(shas)))
-        v = read("verdict", str(d)).select("evaluation_id", "details")
-        ov = pl.col("details").str.json_path_match("$.config_overrides")
-        v = v.filter(ov.is_null() | (ov == "{}")).select("evaluation_id")
-        t = t.join(v, on="evaluation_id").select("kernel_sha256", "timing_policy", "median_us")
-        rows += [(shas[r[0]], r[1], r[2], d.name) for r in t.iter_rows()]
+    stores = [s for s in default_stores(events) if (Path(s) / "kind=timing").is_dir() and (Path(s) / "kind=verdict").is_dir()]
+    t = _read("timing", stores, ["ok", "kernel_sha256", "evaluation_id", "timing_policy", "median_us"])
+    v = _read("verdict", stores, ["evaluation_id", "details"])
+    t = t.filter(pl.col("ok") & pl.col("kernel_sha256").is_in(list(shas))).join(
+        shipped_only(v).select("evaluation_id", "dataset"), on=["evaluation_id", "dataset"])
+    rows = [(shas[sha], pol, us) for sha, pol, us in t.select("kernel_sha256", "timing_policy", "median_us").iter_rows()]
     print("\n## repeat: every shipped-config grading of today's baseline files, per timing policy (committed h200-* datasets)")
     print("policy  kernel     n   median us   sd       range            within 0.5% of the median")
     by: dict[tuple, list[float]] = {}
-    for (p, dsl), pol, us, _ in rows:
+    for (p, dsl), pol, us in rows:
         if us is not None and pol:
             by.setdefault((pol.rsplit("/", 1)[-1], p, dsl), []).append(float(us))
     for (pol, p, dsl), xs in sorted(by.items()):

@@ -82,6 +82,14 @@ def _read(kind: str, stores: Sequence[str], cols: list[str]):
     return pl.concat(frames, how="vertical_relaxed") if frames else None
 
 
+def shipped_only(verdicts):
+    """Only the verdicts of the grader as shipped: one under a changed config (an A/B arm) says so since grader 2.2."""
+    import polars as pl
+
+    ov = pl.col("details").str.json_path_match("$.config_overrides")
+    return verdicts.filter(ov.is_null() | (ov == "{}"))
+
+
 def speed_rows(stores: Sequence[str]) -> tuple[list[SpeedRow], list[Missing]]:
     """The table's rows (sorted by problem, DSL, GPU model) and the baselines it leaves out, from `stores`."""
     import polars as pl
@@ -93,9 +101,8 @@ def speed_rows(stores: Sequence[str]) -> tuple[list[SpeedRow], list[Missing]]:
 
     v = _read("verdict", stores, ["ts", "problem", "dsl", "kernel_sha256", "problem_hash", "passed", "reason", "speedup",
                                    "candidate_median_us", "gpu", "gpu_model", "details"])
-    if v is not None:  # only the grader as shipped: a verdict under a changed config (an A/B arm) says so since 2.2
-        ov = pl.col("details").str.json_path_match("$.config_overrides")
-        v = v.filter(ov.is_null() | (ov == "{}"))
+    if v is not None:
+        v = shipped_only(v)
     tc = _read("torch_compile", stores, ["ts", "problem", "problem_hash", "size", "mode", "gpu", "gpu_model", "status", "ok",
                                          "median_us", "eager_median_us", "speedup_over_eager", "compile_s", "error_class"])
     ct = compile_times(tc.drop("dataset") if tc is not None else pl.DataFrame())
