@@ -571,6 +571,9 @@ def section_repeat(events: Path) -> None:
     stores = [s for s in default_stores(events) if (Path(s) / "kind=timing").is_dir() and (Path(s) / "kind=verdict").is_dir()]
     t = _read("timing", stores, ["ok", "kernel_sha256", "evaluation_id", "timing_policy", "median_us"])
     v = _read("verdict", stores, ["evaluation_id", "details"])
+    if t is None or v is None:
+        print(f"\n## repeat: no h200-* dataset with timing and verdict events under {events}")
+        return
     t = t.filter(pl.col("ok") & pl.col("kernel_sha256").is_in(list(shas))).join(
         shipped_only(v).select("evaluation_id", "dataset"), on=["evaluation_id", "dataset"])
     rows = [(shas[sha], pol, us) for sha, pol, us in t.select("kernel_sha256", "timing_policy", "median_us").iter_rows()]
