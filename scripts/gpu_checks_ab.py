@@ -167,8 +167,10 @@ def _eager_here(pool, *, on: bool):
 
 
 # arm B's GraderConfig overrides (`--b-arm`): rules = without grader 2.x's in-loop bookkeeping; eager = as shipped (its
-# worker times the eager itself: `_eager_here`); allocate = timing policy v5's cheap first pass
-B_ARMS: dict[str, dict] = {"rules": {"early_stop": False, "n_profiled": 0}, "eager": {}, "allocate": {"set_first_pass": "allocate"}}
+# worker times the eager itself: `_eager_here`); make = timing policy v5's first pass (whole sets made twice), which
+# v6's "allocate" replaced (events/h200-checks-ab-allocate ran it the other way round, under grader 2.7)
+B_ARMS: dict[str, dict] = {"rules": {"early_stop": False, "n_profiled": 0}, "eager": {}, "make": {"set_first_pass": "make"},
+                           "allocate": {"set_first_pass": "allocate"}}
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
@@ -179,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--b-arm", choices=tuple(B_ARMS), default="rules",
                     help="B is: rules = without grader 2.x's in-loop bookkeeping (issue #9); eager = the grader as shipped, "
                          "but the worker times the eager itself (an empty trusted cache for that grading), as a problem's "
-                         "first grading in a session does; allocate = the grader with set_first_pass='allocate' (timing "
-                         "policy v5's cheap form: the timed sets' first pass only allocates)")
+                         "first grading in a session does; make = the grader with set_first_pass='make' (timing "
+                         "policy v5: the timed sets made twice); allocate = set_first_pass='allocate', the default since "
+                         "grader 2.8 (an A/A run there)")
     ap.add_argument("--depth", type=int, default=3, help="the pool's warm spares (2 left gradings waiting for a worker's start)")
     ap.add_argument("--rounds", type=int, default=1, help="ABBA rounds per baseline (each adds one A and one B grading per pass pair)")
     ap.add_argument("--problems", default="", help="comma-separated problem numbers to grade (default: every baseline)")

@@ -46,9 +46,9 @@ class GraderConfig:
     # where the whole ones do not fit the device (`mkb.grader._harness.needs_sampling`); "auto" never samples on the CPU
     expectations: str = "auto"
     sample_positions: int = 2**24  # mkb.measure.SAMPLE_POSITIONS; tests lower it to sample smoke-size outputs
-    # the timed input sets' first pass (mkb.measure.InputStream): "make" (timing policy v5), "allocate" (its cheap form,
-    # under test: the blocks only), "none" (v4's fresh blocks); anything but "make" is an A/B arm, recorded as an override
-    set_first_pass: str = "make"
+    # the timed input sets' first pass (mkb.measure.InputStream): "allocate" (timing policy v6: the blocks only), "make"
+    # (v5: the whole sets, twice), "none" (v4's fresh blocks); anything but "allocate" is an A/B arm, recorded as an override
+    set_first_pass: str = "allocate"
 
     def __post_init__(self) -> None:
         if self.draws < 1 or self.n_timed < 1 or self.n_warmup < 0:

@@ -41,8 +41,8 @@ import torch
 
 # Names the timing policy (window, flush, input placement): part of every cache key and timing event, so
 # figures measured under different policies are never mixed. Bump it with any semantic change here.
-TIMING_POLICY = "stream-window/flush-read-6xL2/sm-quiet-hold-1ms/recycled-premade-sets/v5"
-FIRST_PASSES = ("make", "allocate", None)  # InputStream's first pass: v5's, its cheap form under test, none (v4)
+TIMING_POLICY = "stream-window/flush-read-6xL2/sm-quiet-hold-1ms/preallocated-sets/v6"
+FIRST_PASSES = ("allocate", "make", None)  # InputStream's first pass: v6's blocks only, v5's whole sets, none (v4)
 MIN_WARMUP = 10
 MIN_TIMED = 50
 _DEFAULT_L2_BYTES = 60 * 1024 * 1024  # H200; used only when the device does not report its L2 size
@@ -319,12 +319,12 @@ class InputStream:
     window, *before* the oldest one is dropped, so the caching allocator cannot hand a call any
     address used by the `capacity - 1` calls before it; values are new on every call either way.
 
-    `first_pass` (policy v5: "make", the default): on a GPU the first `capacity` sets are made once, dropped to the
-    caching allocator (never to the driver) and made again, so every timed set lies in blocks the
-    allocator had already handed out. "allocate" reaches the same state for the cost of allocations: the
-    first pass is `empty_like` of the first set's tensors (no values, no kernels), which gave "make"'s level
-    within 0.05% in bare processes (events/h200-reserve-levels); under test in the grader
-    (`GraderConfig.set_first_pass`) before it becomes the policy. None: no first pass (policy v4).
+    `first_pass` (policy v6: "allocate", the default): on a GPU the first `capacity` sets' blocks are allocated
+    once (`empty_like` of the first set's tensors: no values, no kernels) and dropped to the caching allocator
+    (never to the driver), so every timed set is then made into blocks the allocator already had. "make" (policy
+    v5) made the whole sets twice for the same state: graded ABBA against it, "allocate" gave every short
+    baseline's median within 0.5% (events/h200-checks-ab-allocate) for microseconds where "make" cost 0.16 s per
+    grading (events/h200-grader-bench-2-6). None: no first pass (policy v4).
     Why: where a set lies moves a short kernel's time by whole percents, and before v5 that depended on the worker's history: a worker that had timed the eager
     (whose dropped sets the candidate's then reused) timed 25 cute 4.4% and 01 cute 1.4% faster than one
     whose eager came from the cache (fresh blocks), while either state alone repeats within 0.1-0.4%
@@ -332,7 +332,7 @@ class InputStream:
     """
 
     def __init__(self, make: Callable[[int], Sequence[Any]], *, n_calls: int, base_seed: int = 1_000,
-                 max_bytes: int | None = None, min_capacity: int = 3, first_pass: str | None = "make") -> None:
+                 max_bytes: int | None = None, min_capacity: int = 3, first_pass: str | None = "allocate") -> None:
         if first_pass not in FIRST_PASSES:
             raise ValueError(f"InputStream first_pass must be one of {FIRST_PASSES}, not {first_pass!r}")
         self._make = make

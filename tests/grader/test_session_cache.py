@@ -105,8 +105,8 @@ def test_the_eager_key_names_how_its_sets_were_placed():
 
     ready = {"gpu": "NVIDIA H200", "torch": "2.11.0"}
     k = lambda cfg, what="eager": trusted_key(what, problem=25, problem_hash="h", ready=ready, cfg=cfg, grader_version="x")  # noqa: E731
-    assert k(GraderConfig()) != k(GraderConfig(set_first_pass="allocate"))
-    assert k(GraderConfig(), "floor:cute") == k(GraderConfig(set_first_pass="allocate"), "floor:cute")
+    assert k(GraderConfig()) != k(GraderConfig(set_first_pass="make"))
+    assert k(GraderConfig(), "floor:cute") == k(GraderConfig(set_first_pass="make"), "floor:cute")
     with pytest.raises(ValueError, match="set_first_pass"):
         GraderConfig(set_first_pass="twice")
-    assert GraderConfig(set_first_pass="none").first_pass is None and GraderConfig().first_pass == "make"
+    assert GraderConfig(set_first_pass="none").first_pass is None and GraderConfig().first_pass == "allocate"

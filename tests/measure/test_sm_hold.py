@@ -151,7 +151,7 @@ def test_without_nvrtc_kernels_the_hold_is_not_built_and_says_so(fake_cuda, monk
 
 
 def test_the_policy_names_the_quiet_hold():
-    assert "sm-quiet-hold-1ms" in TIMING_POLICY and TIMING_POLICY.endswith("/v5")
+    assert "sm-quiet-hold-1ms" in TIMING_POLICY and TIMING_POLICY.endswith("/v6")
 
 
 def _figures(**over) -> dict:

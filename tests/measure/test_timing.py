@@ -63,12 +63,12 @@ def _recording_make(calls: list, alive: list):
 
 @pytest.mark.parametrize("n_calls,max_bytes,cap", [(20, None, 20), (200, 4 * 4000, 4)])
 def test_recycled_sets_are_made_once_dropped_and_made_again(monkeypatch, n_calls, max_bytes, cap):
-    """Policy v5: the first `capacity` sets are made, all dropped, then made again from the same seeds."""
+    """Policy v5 (an A/B arm since v6): the first `capacity` sets are made, all dropped, then made again from the same seeds."""
     import mkb.measure._timing as timing
 
     monkeypatch.setattr(timing, "_on_cuda", lambda inputs: True)  # the placement step runs only for GPU tensors
     calls, alive = [], []
-    s = InputStream(_recording_make(calls, alive), n_calls=n_calls, base_seed=50, max_bytes=max_bytes)
+    s = InputStream(_recording_make(calls, alive), n_calls=n_calls, base_seed=50, max_bytes=max_bytes, first_pass="make")
     assert s.recycled and s.capacity == cap
     seeds = [c[0] for c in calls]
     once = list(range(50, 50 + cap))
@@ -101,12 +101,12 @@ def test_new_segments_is_none_off_the_gpu():
 
 
 def test_an_allocating_first_pass_makes_each_set_once_into_dropped_blocks(monkeypatch):
-    """The cheap form: the first set is made, `capacity` blank copies of it allocated, all dropped, then the sets made."""
+    """Policy v6, the default: the first set is made, `capacity` blank copies of it allocated, all dropped, then the sets made."""
     import mkb.measure._timing as timing
 
     monkeypatch.setattr(timing, "_on_cuda", lambda inputs: True)
     calls, alive = [], []
-    s = InputStream(_recording_make(calls, alive), n_calls=10, base_seed=3, first_pass="allocate")
+    s = InputStream(_recording_make(calls, alive), n_calls=10, base_seed=3)
     assert s.recycled and [c[0] for c in calls] == [3] + list(range(3, 13))
     assert calls[1][1] == 0, "the first set and the blanks are dropped before the sets are made"
     assert torch.equal(s(4)[0], _make(7)[0])
