@@ -16,7 +16,9 @@ tests/redteam (both DSLs): 68 gradings per pass today.
     python3 scripts/gpu_queue_run.py 2>&1 | tee $OUT/log
 
 $OUT gets: log (from tee), summary.json (every verdict of both passes, the comparison, the red-team table, the
-figures), bench.json, events.tar.gz (the store, dataset folder `--name`). Expect about 5-6 minutes.
+figures), bench.json, events.tar.gz (the store, dataset folder `--name`), the summary and the store rewritten after
+every section, so a run its call's limit kills keeps the sections it finished. Expect about 10 minutes for
+`--sections serial,queue` (the serial pass 5-6, the queue about 0.8 of it): give the call 600 s or split the sections.
 """
 
 from __future__ import annotations
@@ -79,6 +81,49 @@ def row(c: Case, v) -> dict:
             "queue_wait_s": v.queue_wait_s, "evaluation_id": v.evaluation_id, "message": (v.message or "")[:800]}
 
 
+def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
+    """The comparison and the result from what the sections have recorded so far (called after each one)."""
+    summary["compare"] = []
+    by_key = {c.key: c for c in all_cases}
+    for qkey, qv in summary["queue"].items():
+        c = by_key[qkey.split("#")[0]]
+        s = summary["serial"].get(c.key)
+        if s is None:
+            continue
+        same = s["passed"] == qv["passed"] and s["reason"] == qv["reason"]
+        rel = None
+        if s["passed"] and qv["passed"] and s["candidate_median_us"] and qv["candidate_median_us"]:
+            rel = abs(qv["candidate_median_us"] - s["candidate_median_us"]) / s["candidate_median_us"]
+        expected_ok = (qv["passed"] if c.expected is None else (not qv["passed"] and qv["reason"] in c.expected))
+        summary["compare"].append({"key": qkey, "same_verdict": same, "median_rel_diff": rel,
+                                   "median_within_tol": rel is None or rel <= MEDIAN_TOL, "expected_ok": expected_ok,
+                                   "serial": s["reason"] or "passed", "queue": qv["reason"] or "passed"})
+    cmp = summary["compare"]
+    summary["result"] = {
+        "gradings_per_pass": len(all_cases), "compared": len(cmp),
+        "same_verdict": sum(r["same_verdict"] for r in cmp),
+        "medians_compared": sum(r["median_rel_diff"] is not None for r in cmp),
+        "medians_within_0_5pct": sum(r["median_rel_diff"] is not None and r["median_within_tol"] for r in cmp),
+        "redteam_all_rejected": all(r["expected_ok"] for r in cmp if r["key"].startswith("redteam/") and "control" not in r["key"]),
+        "controls_and_baselines_pass": all(r["expected_ok"] for r in cmp if "control" in r["key"] or r["key"].startswith("baseline")),
+        "pair_one_eager": (len({p["eager_median_us"] for p in summary["pair"]}) == 1 and
+                           [p["eager_cached"] for p in summary["pair"]][1:] == [True] * (len(summary["pair"]) - 1))
+        if summary["pair"] else None,
+    }
+    red = [(c, summary["serial"].get(c.key)) for c in all_cases if c.expected is not None]
+    summary["result"]["redteam_serial_rejected"] = sum(1 for c, v in red if v and not v["passed"] and v["reason"] in c.expected)
+    summary["result"]["redteam_serial_forms"] = sum(1 for c, v in red if v)
+    for c, v in red:
+        if log and v and not (not v["passed"] and v["reason"] in c.expected):
+            log(f"HOLE   {c.key:55s} serial={v['reason'] or 'passed'} expected one of {c.expected}")
+    for r in cmp:
+        if log and not (r["same_verdict"] and r["median_within_tol"] and r["expected_ok"]):
+            log(f"DIFF   {r['key']:55s} serial={r['serial']} queue={r['queue']} median_rel_diff={r['median_rel_diff']} "
+                f"expected_ok={r['expected_ok']}")
+    if log:
+        log("RESULT " + json.dumps(summary["result"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mkb-gpu-out"))
@@ -120,6 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     def left() -> float:
         return a.budget_s - (time.monotonic() - t0)
 
+    def save(stage: str) -> None:
+        """What the run has so far, written after every section: a run killed by its call's limit keeps what it finished
+        (h200-grader-2-8-serial lost a whole serial pass's events to a kill in the queue section)."""
+        writer.flush()
+        conclude(summary, all_cases)
+        summary["elapsed_s"] = time.monotonic() - t0
+        summary["saved_after"] = stage
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        if not (out / "events.jsonl").exists():
+            with tarfile.open(out / "events.tar.gz", "w:gz") as tar:
+                tar.add(store, arcname=a.name)
+
     # ---- 1. one at a time, no queue ----
     if "serial" in sections:
         t = time.monotonic()
@@ -133,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                 summary["serial"][c.key] = row(c, v)
                 log(f"SERIAL {c.key:55s} -> {v.reason or 'passed'} median={v.candidate_median_us}")
         summary["serial_s"] = time.monotonic() - t
-        writer.flush()
+        save("serial")
+        log(f"SAVED serial: {summary['result']['redteam_serial_rejected']} of {summary['result']['redteam_serial_forms']} "
+            f"red-team forms rejected with an expected reason, {summary['serial_s']:.0f} s")
 
     # ---- 2. the queue: two producers at once, then a pair batch ----
     if "queue" in sections and left() > 0:
@@ -150,15 +209,26 @@ def main(argv: list[str] | None = None) -> int:
             def thread_producer() -> None:
                 for key, c in qjobs[0::2]:
                     f = q.submit(GradeJob(c.problem, c.dsl, c.path, experiment="producer-thread"))
+                    f.add_done_callback(lambda f, key=key: done(key, f))
                     with lock:
                         futs[key] = f
 
             async def asyncio_producer() -> None:
-                mine = {key: asyncio.wrap_future(q.submit(GradeJob(c.problem, c.dsl, c.path, experiment="producer-asyncio")))
-                        for key, c in qjobs[1::2]}
+                subs = {key: q.submit(GradeJob(c.problem, c.dsl, c.path, experiment="producer-asyncio")) for key, c in qjobs[1::2]}
+                for key, f in subs.items():
+                    f.add_done_callback(lambda f, key=key: done(key, f))
+                mine = {key: asyncio.wrap_future(f) for key, f in subs.items()}
                 await asyncio.gather(*mine.values(), return_exceptions=True)
                 with lock:
                     futs.update({k: f for k, f in mine.items()})
+
+            def done(key: str, f) -> None:  # each verdict logged as it lands, so a killed run shows how far it got
+                try:
+                    v = f.result()
+                except Exception as exc:  # noqa: BLE001 - recorded below, with its traceback
+                    log(f"QDONE  {key:58s} -> error {type(exc).__name__}")
+                    return
+                log(f"QDONE  {key:58s} -> {v.reason or 'passed'} median={v.candidate_median_us} wait={v.queue_wait_s:.1f}s")
 
             th = threading.Thread(target=thread_producer)
             aio = threading.Thread(target=lambda: asyncio.run(asyncio_producer()))
@@ -185,46 +255,10 @@ def main(argv: list[str] | None = None) -> int:
                                                         if v.stage("timing") else None})
                     log(f"PAIR   {c.key:55s} -> {v.reason or 'passed'} median={v.candidate_median_us} eager={v.eager_median_us}")
         summary["queue_s"] = time.monotonic() - t
-        writer.flush()
+        save("queue")
 
     # ---- 3. compare ----
-    by_key = {c.key: c for c in all_cases}
-    for qkey, qv in summary["queue"].items():
-        c = by_key[qkey.split("#")[0]]
-        s = summary["serial"].get(c.key)
-        if s is None:
-            continue
-        same = s["passed"] == qv["passed"] and s["reason"] == qv["reason"]
-        rel = None
-        if s["passed"] and qv["passed"] and s["candidate_median_us"] and qv["candidate_median_us"]:
-            rel = abs(qv["candidate_median_us"] - s["candidate_median_us"]) / s["candidate_median_us"]
-        expected_ok = (qv["passed"] if c.expected is None else (not qv["passed"] and qv["reason"] in c.expected))
-        summary["compare"].append({"key": qkey, "same_verdict": same, "median_rel_diff": rel,
-                                   "median_within_tol": rel is None or rel <= MEDIAN_TOL, "expected_ok": expected_ok,
-                                   "serial": s["reason"] or "passed", "queue": qv["reason"] or "passed"})
-    cmp = summary["compare"]
-    summary["result"] = {
-        "gradings_per_pass": len(all_cases), "compared": len(cmp),
-        "same_verdict": sum(r["same_verdict"] for r in cmp),
-        "medians_compared": sum(r["median_rel_diff"] is not None for r in cmp),
-        "medians_within_0_5pct": sum(r["median_rel_diff"] is not None and r["median_within_tol"] for r in cmp),
-        "redteam_all_rejected": all(r["expected_ok"] for r in cmp if r["key"].startswith("redteam/") and "control" not in r["key"]),
-        "controls_and_baselines_pass": all(r["expected_ok"] for r in cmp if "control" in r["key"] or r["key"].startswith("baseline")),
-        "pair_one_eager": (len({p["eager_median_us"] for p in summary["pair"]}) == 1 and
-                           [p["eager_cached"] for p in summary["pair"]][1:] == [True] * (len(summary["pair"]) - 1))
-        if summary["pair"] else None,
-    }
-    red = [(c, summary["serial"].get(c.key)) for c in all_cases if c.expected is not None]
-    summary["result"]["redteam_serial_rejected"] = sum(1 for c, v in red if v and not v["passed"] and v["reason"] in c.expected)
-    summary["result"]["redteam_serial_forms"] = sum(1 for c, v in red if v)
-    for c, v in red:
-        if v and not (not v["passed"] and v["reason"] in c.expected):
-            log(f"HOLE   {c.key:55s} serial={v['reason'] or 'passed'} expected one of {c.expected}")
-    for r in cmp:
-        if not (r["same_verdict"] and r["median_within_tol"] and r["expected_ok"]):
-            log(f"DIFF   {r['key']:55s} serial={r['serial']} queue={r['queue']} median_rel_diff={r['median_rel_diff']} "
-                f"expected_ok={r['expected_ok']}")
-    log("RESULT " + json.dumps(summary["result"]))
+    conclude(summary, all_cases, log=log)
 
     # ---- 4. the benchmark figures through the queue ----
     if "bench" in sections:
@@ -248,12 +282,8 @@ def main(argv: list[str] | None = None) -> int:
             for line in summary["figures"].splitlines():
                 log(line)
 
+    save("end")
     writer.close()
-    summary["elapsed_s"] = time.monotonic() - t0
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    if not (out / "events.jsonl").exists():
-        with tarfile.open(out / "events.tar.gz", "w:gz") as tar:
-            tar.add(store, arcname=a.name)
     log(f"done in {summary['elapsed_s']:.0f} s; errors {len(summary['errors'])}; skipped {summary['skipped']}")
     return 0
 

@@ -1,0 +1,45 @@
+"""scripts/gpu_queue_run.py judges what it should from whatever sections finished (a killed run keeps its serial pass)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import gpu_queue_run as qr  # noqa: E402
+
+CASES = [qr.Case("baseline/28/cute", 28, "cute", Path("b.py"), None),
+         qr.Case("redteam/host_compute/cute", 28, "cute", Path("h.py"), ("integrity_host_compute",)),
+         qr.Case("redteam/kill_self/cute", 28, "cute", Path("k.py"), ("crash",))]
+
+
+def _r(passed: bool, reason: str | None, us: float | None = None) -> dict:
+    return {"passed": passed, "reason": reason, "candidate_median_us": us}
+
+
+def _summary(serial: dict, queue: dict | None = None) -> dict:
+    return {"serial": serial, "queue": queue or {}, "pair": [], "compare": []}
+
+
+def test_a_serial_pass_alone_counts_its_red_team_forms_and_names_a_hole() -> None:
+    s = _summary({"baseline/28/cute": _r(True, None, 82.0), "redteam/host_compute/cute": _r(False, "integrity_host_compute"),
+                  "redteam/kill_self/cute": _r(True, None, 80.0)})
+    lines: list[str] = []
+    qr.conclude(s, CASES, log=lambda *a: lines.append(" ".join(map(str, a))))
+    assert s["result"]["redteam_serial_rejected"] == 1 and s["result"]["redteam_serial_forms"] == 2
+    assert s["result"]["compared"] == 0 and s["compare"] == []
+    assert any(line.startswith("HOLE") and "kill_self" in line for line in lines)
+
+
+def test_the_queue_pass_is_compared_per_job_and_recomputed_from_scratch() -> None:
+    serial = {"baseline/28/cute": _r(True, None, 82.0), "redteam/host_compute/cute": _r(False, "integrity_host_compute"),
+              "redteam/kill_self/cute": _r(False, "crash")}
+    s = _summary(serial, {"baseline/28/cute": _r(True, None, 82.5), "redteam/host_compute/cute": _r(False, "crash")})
+    qr.conclude(s, CASES)
+    qr.conclude(s, CASES)  # called after every section: the comparison is rebuilt, never appended twice
+    res = s["result"]
+    assert res["compared"] == 2 and res["same_verdict"] == 1 and len(s["compare"]) == 2
+    assert res["medians_compared"] == 1 and res["medians_within_0_5pct"] == 0  # 0.61% apart
+    assert not res["redteam_all_rejected"] and res["controls_and_baselines_pass"]
+    assert res["redteam_serial_rejected"] == 2
