@@ -134,7 +134,7 @@ class GpuQuiet:
     def _wait(self, w: "Worker") -> None:
         """`w` waits for `go`; noted once as `deferred` when only the deferral keeps it (for the benchmark)."""
         self._waiting.append(w)
-        if not self._holds and not self._pending and not getattr(w, "_deferred", False):
+        if not self._holds and not self._pending and not w._deferred:
             w._deferred = True
             self._note("deferred", w.pid)
 
@@ -142,9 +142,9 @@ class GpuQuiet:
         """Whether `w`'s `go` waits for a grading's timing phase to end (module docstring; under `_cv`)."""
         if not self._untimed or self.defer_s <= 0:
             return False
-        if getattr(w, "_urgent", False):  # a grading waits for this very worker: never deferred
+        if w._urgent:  # a grading waits for this very worker: never deferred
             return False
-        since = getattr(w, "imported_at", None)
+        since = w.imported_at
         return since is None or time.monotonic() - since < self.defer_s
 
     def urge(self, w: "Worker") -> None:

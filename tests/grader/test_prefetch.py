@@ -120,8 +120,11 @@ def test_a_prepare_that_would_sample_or_crowd_the_device_is_declined(fake_dsl, c
 # ---------------- the quiet rule: a prepare is a warm-up ----------------
 
 class _StubWorker:
-    _forgotten = False
+    """What `GpuQuiet` reads of a worker (the same attributes as `Worker`)."""
+
+    _forgotten = _urgent = _deferred = False
     pid = 1
+    imported_at = None
 
 
 def test_a_prepare_waits_for_a_hold_and_a_hold_waits_for_a_prepare_running():

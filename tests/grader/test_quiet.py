@@ -251,7 +251,7 @@ class _Spare:
 
     def __init__(self, pid: int) -> None:
         self.pid, self._forgotten, self.go_at, self.imported_at, self.sent = pid, False, None, time.monotonic(), []
-        self._urgent = False
+        self._urgent = self._deferred = False
 
     def _send(self, msg: dict) -> None:
         self.sent.append(msg)
