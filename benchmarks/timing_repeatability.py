@@ -648,6 +648,10 @@ DEFAULT_HOLDS = ("hold",)
 # `empty_like` (no values; `touch` also zero-fills them on the GPU) and drops them, so the sets are made once, into blocks
 # that were allocated (and, for `touch`, written) before: which property of the recycled blocks sets the level.
 PLACEMENTS = ("fixed", "pad", "jitter", "recycle", "eager", "reserve", "touch")
+# the placements that are the grader's own first passes (mkb.measure.InputStream): recycle = timing policy v5's, reserve =
+# v6's. (h200-recycle-levels and h200-reserve-levels ran them as this script's own copies: sets of other seeds made and
+# dropped; as many blanks as fit a quarter of free memory. InputStream makes or allocates the stream's own capacity.)
+FIRST_PASS = {"recycle": "make", "reserve": "allocate"}
 PAD_STEP = 1 << 21  # 2 MiB: the caching allocator's large-block granularity
 HOLD_US = 300.0  # the grader sets 150-500 us for these kernels (twice the warm-ups' longest dispatch): one value for all
 _QUIET_SRC = r"""
@@ -732,23 +736,14 @@ def _child(a: argparse.Namespace) -> None:
             for rep in range(a.reps):
                 seed += 1000
                 pad = torch.empty(rng.randrange(1, 257) * PAD_STEP, dtype=torch.uint8, device=dev) if placement == "pad" else None
-                if placement == "recycle":
-                    first_sets = InputStream(makes[spec], n_calls=a.warm + a.n, base_seed=seed + 500,
-                                             max_bytes=torch.cuda.mem_get_info(dev)[0] // 4, first_pass=None)
-                    for i in range(a.warm + a.n):
-                        first_sets(i)
-                    torch.cuda.synchronize()
-                    del first_sets  # back to the caching allocator, not to the driver
-                    gc.collect()
-                if placement in ("reserve", "touch"):
+                if placement == "touch":  # reserve's blocks, written before they are dropped (no InputStream form)
                     shape = makes[spec](seed + 900)
                     n_sets = min(a.warm + a.n, max(1, (torch.cuda.mem_get_info(dev)[0] // 4) // max(1, tensor_bytes(shape))))
                     blanks = [tuple(torch.empty_like(t) if isinstance(t, torch.Tensor) else t for t in shape) for _ in range(n_sets)]
-                    if placement == "touch":
-                        for b in blanks:
-                            for t in b:
-                                if isinstance(t, torch.Tensor):
-                                    t.zero_()
+                    for b in blanks:
+                        for t in b:
+                            if isinstance(t, torch.Tensor):
+                                t.zero_()
                     torch.cuda.synchronize()
                     del shape, blanks  # back to the caching allocator
                     gc.collect()
@@ -762,8 +757,8 @@ def _child(a: argparse.Namespace) -> None:
                     torch.cuda.synchronize()
                     del e_sets  # as the grader drops the eager's stream before the candidate's is made
                     gc.collect()
-                stream = InputStream(makes[spec], n_calls=a.warm + a.n, base_seed=seed,
-                                     max_bytes=torch.cuda.mem_get_info(dev)[0] // 4, first_pass=None)  # each arm places its own
+                stream = InputStream(makes[spec], n_calls=a.warm + a.n, base_seed=seed, max_bytes=torch.cuda.mem_get_info(dev)[0] // 4,
+                                     first_pass=FIRST_PASS.get(placement))  # recycle / reserve: the grader's own first passes
                 out_addrs: set[int] = set()
                 times, tails = [], []
                 for i in range(a.warm + a.n):
