@@ -18,7 +18,8 @@ tests/redteam (both DSLs): 68 gradings per pass today.
 $OUT gets: log (from tee), summary.json (every verdict of both passes, the comparison, the red-team table, the
 figures), bench.json, events.tar.gz (the store, dataset folder `--name`), the summary and the store rewritten after
 every section, so a run its call's limit kills keeps the sections it finished. Expect about 10 minutes for
-`--sections serial,queue` (the serial pass 5-6, the queue about 0.8 of it): give the call 600 s or split the sections.
+`--sections serial,queue` (the serial pass 5-6, the queue about 0.8 of it), more than one device call's 600 s: run
+`--sections serial` in one call and `--sections queue --serial-from <that call's summary.json>` in the next.
 """
 
 from __future__ import annotations
@@ -124,6 +125,26 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
         log("RESULT " + json.dumps(summary["result"]))
 
 
+def _environment(versions: dict) -> dict:
+    """The packages and the GPU's name and driver (nvidia-smi's clocks, temperature and power change call to call)."""
+    smi = str(versions.get("nvidia-smi") or "").split(",")
+    return {k: v for k, v in versions.items() if k != "nvidia-smi"} | {"gpu": [x.strip() for x in smi[:2]]}
+
+
+def load_serial(path: Path, versions: dict) -> dict:
+    """The serial verdicts of an earlier call's summary, refused (naming the file) if it ran other versions."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--serial-from {path}: cannot read it ({exc}); hint: pass the summary.json an earlier call wrote") from exc
+    if not earlier.get("serial"):
+        raise SystemExit(f"--serial-from {path}: it holds no serial pass; hint: run that call with --sections serial")
+    if _environment(earlier.get("versions") or {}) != _environment(versions):
+        raise SystemExit(f"--serial-from {path}: it ran another environment ({_environment(earlier.get('versions') or {})}, "
+                         f"here {_environment(versions)}); hint: compare passes of one machine and one environment")
+    return earlier["serial"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mkb-gpu-out"))
@@ -134,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queue-jobs", choices=("all", "passing"), default="all",
                     help="the queue pass grades every job, or only those that must pass (baselines and controls)")
     ap.add_argument("--queue-rounds", type=int, default=1, help="times each queue job is pushed (medians compared per round)")
+    ap.add_argument("--serial-from", default="", help="an earlier call's summary.json (same machine, same commit): its serial pass "
+                    "is the reference, so serial and queue fit two calls of the device's 600 s limit")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     out = Path(a.out)
@@ -161,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{len(all_cases)} gradings per pass: {sum(c.key.startswith('baseline') for c in all_cases)} baselines, "
         f"{sum('control' in c.key for c in all_cases)} controls, {sum(c.expected is not None for c in all_cases)} red-team forms")
     cfg = GraderConfig()
+    if a.serial_from and "serial" in sections:
+        raise SystemExit("--serial-from replaces the serial section; hint: drop `serial` from --sections")
+    if a.serial_from:
+        summary["serial"], summary["serial_from"] = load_serial(Path(a.serial_from), summary["versions"]), a.serial_from
+        log(f"serial pass from {a.serial_from}: {len(summary['serial'])} verdicts")
 
     def left() -> float:
         return a.budget_s - (time.monotonic() - t0)

@@ -43,3 +43,24 @@ def test_the_queue_pass_is_compared_per_job_and_recomputed_from_scratch() -> Non
     assert res["medians_compared"] == 1 and res["medians_within_0_5pct"] == 0  # 0.61% apart
     assert not res["redteam_all_rejected"] and res["controls_and_baselines_pass"]
     assert res["redteam_serial_rejected"] == 2
+
+
+def test_a_serial_pass_from_an_earlier_call_is_read_only_from_the_same_environment(tmp_path) -> None:
+    import json
+
+    import pytest
+
+    here = {"torch": "2.11.0", "nvidia-smi": "NVIDIA H200, 580.159.04, 345 MHz, 1980 MHz, 3201 MHz, 34, 78.11 W"}
+    serial = {"baseline/28/cute": _r(True, None, 82.0)}
+    f = tmp_path / "summary.json"
+    f.write_text(json.dumps({"versions": {**here, "nvidia-smi": "NVIDIA H200, 580.159.04, 1980 MHz, 1980 MHz, 3201 MHz, 41, 90 W"},
+                             "serial": serial}))
+    assert qr.load_serial(f, here) == serial  # the clocks and temperature differ, the machine does not
+    f.write_text(json.dumps({"versions": {**here, "torch": "2.12.0"}, "serial": serial}))
+    with pytest.raises(SystemExit, match="another environment"):
+        qr.load_serial(f, here)
+    f.write_text(json.dumps({"versions": here, "serial": {}}))
+    with pytest.raises(SystemExit, match="no serial pass"):
+        qr.load_serial(f, here)
+    with pytest.raises(SystemExit, match="cannot read"):
+        qr.load_serial(tmp_path / "missing.json", here)
