@@ -137,6 +137,29 @@ def against(new: list[dict], old: list[dict]) -> dict:
     return {"rows": rows, "new": pooled("new"), "old": pooled("old")}
 
 
+def pool_runs(summaries: list[dict]) -> list[dict]:
+    """`compare` over the gradings of several runs of one arm pair (each run's rounds numbered after the previous run's),
+    refused when they compared different arms: one A/B read over more gradings than one call's budget holds."""
+    arms = {json.dumps(s.get("configs"), sort_keys=True) for s in summaries}
+    if len(arms) > 1:
+        raise SystemExit("--pool: the summaries compared different configurations; hint: pool runs of one --b-arm and commit")
+    merged: dict[str, dict[str, dict]] = {}
+    for j, s in enumerate(summaries):
+        for key, tags in s["rows"].items():
+            for tag, v in tags.items():
+                merged.setdefault(key, {})[f"{tag[0]}{1000 * j + _tag_order(tag)}"] = v
+    return compare(merged)
+
+
+def _print_pool(cmp: list[dict]) -> None:
+    pct = lambda x: f"{x * 100:.2f}%" if x is not None else "-"  # noqa: E731
+    for r in cmp:
+        ma, mb = sum(r["a_us"]) / len(r["a_us"]), sum(r["b_us"]) / len(r["b_us"])
+        diff = (mb - ma) / ma if r["all_passed"] else None
+        log(f"POOL {r['key']:10s} A {len(r['a_us'])} B {len(r['b_us'])} gradings  (B-A)/A {'+' if diff and diff > 0 else ''}{pct(diff)}  se {pct(r['a_vs_b_se'])}  "
+            f"sd A {pct(r['sd_a'])}  sd B {pct(r['sd_b'])}  {'within 0.5%' if r['within_tol'] else 'OUTSIDE 0.5%'}")
+
+
 def _print_against(res: dict) -> None:
     pct = lambda xs: " ".join(f"{x * 100:5.2f}%" for x in xs)  # noqa: E731
     for r in res["rows"]:
@@ -189,7 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--problems", default="", help="comma-separated problem numbers to grade (default: every baseline)")
     ap.add_argument("--against", default="", help="an earlier run's summary.json: print the within-arm spreads beside it")
     ap.add_argument("--report", default="", help="with --against: compare this summary.json instead of running (no GPU)")
+    ap.add_argument("--pool", nargs="+", default=[], help="summary.json files of runs of one arm pair: the A/B over all their "
+                    "gradings (no GPU)")
     a = ap.parse_args(argv)
+    if a.pool:
+        _print_pool(pool_runs([json.loads(Path(f).read_text()) for f in a.pool]))
+        return 0
     if a.report:
         if not a.against:
             ap.error("--report needs --against (the earlier run's summary.json)")
