@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import json
 import os
 import tarfile
@@ -419,6 +420,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="start no grading after this many seconds (the one running finishes); figures count what finished")
     ap.add_argument("--out", default=None, help="a folder for grader_bench.json and events.tar.gz (the store, folder --name)")
     ap.add_argument("--name", default="h200-grader-bench-2-5", help="the dataset folder name inside events.tar.gz")
+    ap.add_argument("--floor-hold-us", type=float, default=None, help="GraderConfig.floor_hold_us (an A/B arm: the SM hold "
+                    "behind the side-work check's empty calls; recorded as a config override on every verdict)")
     ap.add_argument("--smoke", action="store_true", help="GraderConfig.quick at smoke size (a CPU check of this script; never a figure)")
     a = ap.parse_args(argv)
     from mkb.grader import GraderConfig
@@ -430,6 +433,8 @@ def main(argv: list[str] | None = None) -> None:
         store = store or str(Path(tempfile.mkdtemp(prefix="mkb-grader-bench-")) / a.name)
     cfg = GraderConfig(n_timed=a.n_timed) if not a.smoke else GraderConfig.quick(
         device=a.device.split(":")[0], size="smoke", start_limit_s=120.0, wall_limit_s=60.0, compile_limit_s=30.0)
+    if a.floor_hold_us is not None:
+        cfg = dataclasses.replace(cfg, floor_hold_us=a.floor_hold_us)
     dsls = tuple(a.dsl) if a.dsl else None
     res: dict = {"budget_s": a.budget_s}
     sections = a.sections.split(",")

@@ -49,6 +49,10 @@ class GraderConfig:
     # the timed input sets' first pass (mkb.measure.InputStream): "allocate" (timing policy v6: the blocks only), "make"
     # (v5: the whole sets, twice), "none" (v4's fresh blocks); anything but "allocate" is an A/B arm, recorded as an override
     set_first_pass: str = "allocate"
+    # the SM hold (us) behind the empty calls whose tails are the side-work check's floor (30 before and 30 after the
+    # loop): None = the hold's default (HOLD_US, 1 ms), as shipped; a number is an A/B arm (issue #10: at 1 ms the 60
+    # empty windows cost ~0.07 s of GPU time per grading; whether their tails read the same behind 150 us is untested)
+    floor_hold_us: float | None = None
 
     def __post_init__(self) -> None:
         if self.draws < 1 or self.n_timed < 1 or self.n_warmup < 0:
@@ -59,8 +63,18 @@ class GraderConfig:
             raise ValueError(f"GraderConfig.expectations must be 'auto', 'whole' or 'sampled', not {self.expectations!r}")
         if self.set_first_pass not in ("make", "allocate", "none"):
             raise ValueError(f"GraderConfig.set_first_pass must be 'make', 'allocate' or 'none', not {self.set_first_pass!r}")
+        if self.floor_hold_us is not None:
+            self._check_floor_hold(self.floor_hold_us)
         if self.sample_positions < 1:
             raise ValueError(f"GraderConfig.sample_positions must be >= 1, not {self.sample_positions}")
+
+    @staticmethod
+    def _check_floor_hold(us: float) -> None:
+        from mkb.measure import HOLD_MAX_US, HOLD_MIN_US  # torch only for an A/B arm's config
+
+        if not HOLD_MIN_US <= us <= HOLD_MAX_US:
+            raise ValueError(f"GraderConfig.floor_hold_us must be None or within {HOLD_MIN_US:g}..{HOLD_MAX_US:g} us "
+                             f"(the hold's range), not {us}")
 
     @property
     def first_pass(self) -> str | None:

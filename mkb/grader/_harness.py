@@ -28,7 +28,7 @@ from mkb.grader._provenance import MAX_COPIED_FRACTION, CopyWatch, copy_share, w
 from mkb.grader._trace import CallLimits, call_figures, classify, profile_call
 from mkb.grader._verdict import CompileFigures, IntegrityFigures, TimingFigures, VerificationFigures, timing_decided
 from mkb.measure import (
-    MIN_TIMED, TIMING_POLICY, UPSTREAM_POLICY, InputStream, L2Flusher, LoopRecord, UnsupportedGpu, clone_inputs, compare,
+    HOLD_US, MIN_TIMED, TIMING_POLICY, UPSTREAM_POLICY, InputStream, L2Flusher, LoopRecord, UnsupportedGpu, clone_inputs, compare,
     SmClock, expect, gpu_state, sample, sm_hold, identify_gpu, inputs_unchanged, side_work_us, stream_window as _stream_window, summarize,
     tensor_bytes, time_upstream, timed_loop,
 )
@@ -53,6 +53,7 @@ _warm_copy_watch()  # before any guard snapshot (it imports torch._dynamo, which
 _WARM: dict[str, Any] = {}
 # integrity_stream when the device stays busy after the call's `end` this much longer than after an empty call
 SIDE_WORK_MIN_US = 25.0
+FLOOR_CALLS = 30  # empty calls before and after the timing loop whose tails are the side-work check's floor
 CLOCK_WARM_MIN_S = 0.03  # the shortest clock warm-up, even on a GPU that reads boosted (its clock reading lags)
 SIDE_WORK_FRACTION = 0.1
 
@@ -790,6 +791,18 @@ class _Evaluation:
                                   **figs, "limits": limits.as_dict()})
         del p_out
 
+    def _floor_tails(self, hold_us: float | None, n: int = FLOOR_CALLS) -> list[float]:
+        """The tails of `n` empty calls through the candidate's window: the side-work check's floor. `hold_us` (an A/B
+        arm, `GraderConfig.floor_hold_us`): the SM hold they run behind, instead of its default; restored after."""
+        hold = self.dev.hold() if hold_us is not None else None
+        if hold is not None:
+            hold.set_us(hold_us)
+        try:
+            return [self.dev.window(lambda: None, self.flush)[2] for _ in range(n)]
+        finally:
+            if hold is not None:
+                hold.set_us(hold.default_us)
+
     def _profiled_at(self, k: int) -> None:
         plan = self.plan
         for is_probe in ([False] if k in plan.prof_after else []) + ([True] if k == plan.probe_pos else []):
@@ -840,7 +853,7 @@ class _Evaluation:
         ph.mark("clock_warm")
         # empty calls through the same window in this process: the host's sync latency after `end`,
         # against which the candidate's tails are compared (work left on another stream)
-        floor_tails = [dev.window(lambda: None, flush)[2] for _ in range(30)]
+        floor_tails = self._floor_tails(cfg.floor_hold_us)
         ph.mark("floor_tails")
         rec = timed_loop(lambda *args: _call(solve, args, "timing"), c_stream, warmup=n_warm, timed=n_timed,
                          window=lambda f: dev.window(f, flush), before_call=before_call, after_call=after_call,
@@ -859,7 +872,7 @@ class _Evaluation:
         dev.sync()
         # the empty calls' tails again, in the process's state after the loop (its profiled calls leave the
         # profiler's host-side work behind): the side-work check compares against the later of the two
-        floor_tails_after = [dev.window(lambda: None, flush)[2] for _ in range(30)]
+        floor_tails_after = self._floor_tails(cfg.floor_hold_us)
         quiet.release()
         cap, new_segments = c_stream.capacity, c_stream.new_segments
         del c_stream
@@ -918,6 +931,7 @@ class _Evaluation:
             eager_input_sets_new_segments=eager.get("input_sets_new_segments"), run_phases_s=dict(ph.s),
             tail_us_median=float(sorted(tails)[len(tails) // 2]) if tails else None,
             floor_tail_us_median=float(sorted(floor_tails)[len(floor_tails) // 2]) if floor_tails else None,
+            floor_hold_us=(cfg.floor_hold_us if cfg.floor_hold_us is not None else HOLD_US) if dev.kind == "cuda" else None,
             floor_tail_after_us_median=statistics.median(floor_tails_after) if floor_tails_after else None,
             host_us_median=statistics.median(rec.host_us) if rec.host_us else None, hold_us=rec.hold_us,
             eager_host_us_median=eager.get("host_us_median"),

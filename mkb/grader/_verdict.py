@@ -115,6 +115,7 @@ class TimingFigures(_Figures):
     tail_us_median: float | None = None
     floor_tail_us_median: float | None = None
     floor_tail_after_us_median: float | None = None  # empty calls' tails after the loop (the side-work check takes the later floor)
+    floor_hold_us: float | None = None  # the SM hold the empty calls ran behind (GraderConfig.floor_hold_us; None off the GPU)
     host_us_median: float | None = None  # the candidate's host dispatch per call (not in the time; mkb.measure)
     eager_host_us_median: float | None = None
     hold_us: float | None = None  # the SM hold in front of each timed window (mkb.measure.timed_loop's rule)
