@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.floor_hold_us is not None:
         cfg = dataclasses.replace(cfg, floor_hold_us=a.floor_hold_us)
     dsls = tuple(a.dsl) if a.dsl else None
-    res: dict = {"budget_s": a.budget_s}
+    res: dict = {"budget_s": a.budget_s, "config_overrides": cfg.overrides()}  # an A/B arm's figures say so
     sections = a.sections.split(",")
     t0 = time.monotonic()
     if "committed" in sections:
@@ -474,8 +474,10 @@ def _largest_phases(head: str, d: dict) -> list[str]:
 
 
 def summary(res: dict) -> str:
-    """The figures the issue's targets name, one line each."""
+    """The figures the issue's targets name, one line each (an A/B arm's run says so first: not the shipped grader's)."""
     lines = []
+    if res.get("config_overrides"):
+        lines.append(f"FIGURE config: NOT the grader as shipped: overrides {res['config_overrides']}")
     runs = res.get("overhead") or []
     for o, dsl, d in [(o, dsl, d) for o in (runs if isinstance(runs, list) else [runs]) for dsl, d in o.get("dsls", {}).items()]:
         lines.append(f"FIGURE overhead per evaluation, warm queue, problem {o['problem']} {dsl}: "

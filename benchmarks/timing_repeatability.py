@@ -651,6 +651,7 @@ PLACEMENTS = ("fixed", "pad", "jitter", "recycle", "eager", "reserve", "touch")
 # the placements that are the grader's own first passes (mkb.measure.InputStream): recycle = timing policy v5's, reserve =
 # v6's. (h200-recycle-levels and h200-reserve-levels ran them as this script's own copies: sets of other seeds made and
 # dropped; as many blanks as fit a quarter of free memory. InputStream makes or allocates the stream's own capacity.)
+# Every grading records its `first_pass` (None: this script's own placement), so a run says which definition it used.
 FIRST_PASS = {"recycle": "make", "reserve": "allocate"}
 PAD_STEP = 1 << 21  # 2 MiB: the caching allocator's large-block granularity
 HOLD_US = 300.0  # the grader sets 150-500 us for these kernels (twice the warm-ups' longest dispatch): one value for all
@@ -736,7 +737,10 @@ def _child(a: argparse.Namespace) -> None:
             for rep in range(a.reps):
                 seed += 1000
                 pad = torch.empty(rng.randrange(1, 257) * PAD_STEP, dtype=torch.uint8, device=dev) if placement == "pad" else None
-                if placement == "touch":  # reserve's blocks, written before they are dropped (no InputStream form)
+                # touch: as many blank sets as fit a quarter of free memory, zero-filled and dropped, then fresh sets (the
+                # h200-reserve-levels definition, which its `reserve` then shared; InputStream has no written form, so
+                # touch against today's reserve differs in the count of blocks as well as in the writing)
+                if placement == "touch":
                     shape = makes[spec](seed + 900)
                     n_sets = min(a.warm + a.n, max(1, (torch.cuda.mem_get_info(dev)[0] // 4) // max(1, tensor_bytes(shape))))
                     blanks = [tuple(torch.empty_like(t) if isinstance(t, torch.Tensor) else t for t in shape) for _ in range(n_sets)]
@@ -777,7 +781,8 @@ def _child(a: argparse.Namespace) -> None:
                 del stream, args, pad
                 gc.collect()
                 torch.cuda.empty_cache()
-                g = {"kernel": spec, "hold": h, "placement": placement, "hold_us": hold_us, "rep": rep, "median_us": statistics.median(times),
+                g = {"kernel": spec, "hold": h, "placement": placement, "first_pass": FIRST_PASS.get(placement),
+                     "hold_us": hold_us, "rep": rep, "median_us": statistics.median(times),
                      "times_us": times, "tail_us_median": statistics.median(tails), "input_sets": sets,
                      "out_addrs": len(out_addrs)}
                 gradings.append(g)

@@ -140,9 +140,18 @@ def against(new: list[dict], old: list[dict]) -> dict:
 def pool_runs(summaries: list[dict]) -> list[dict]:
     """`compare` over the gradings of several runs of one arm pair (each run's rounds numbered after the previous run's),
     refused when they compared different arms: one A/B read over more gradings than one call's budget holds."""
-    arms = {json.dumps(s.get("configs"), sort_keys=True) for s in summaries}
-    if len(arms) > 1:
-        raise SystemExit("--pool: the summaries compared different configurations; hint: pool runs of one --b-arm and commit")
+    from mkb.grader import GraderConfig
+
+    def identity(s: dict) -> str:
+        # each arm as its overrides of the defaults (a field added later with its default is no difference), and the
+        # grader version and timing policy where the run recorded them (since grader 2.9)
+        v = s.get("versions") or {}
+        arms = {arm: GraderConfig.from_dict(c).overrides() for arm, c in (s.get("configs") or {}).items()}
+        return json.dumps({"arms": arms, "grader": v.get("mkb_grader"), "policy": v.get("timing_policy")}, sort_keys=True)
+
+    if len({identity(s) for s in summaries}) > 1:
+        raise SystemExit("--pool: the summaries compared different configurations, grader versions or timing policies; "
+                         "hint: pool runs of one --b-arm under one grader")
     merged: dict[str, dict[str, dict]] = {}
     for j, s in enumerate(summaries):
         for key, tags in s["rows"].items():

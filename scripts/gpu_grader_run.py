@@ -69,6 +69,20 @@ def versions() -> dict:
             out[d] = md.version(d)
         except md.PackageNotFoundError:
             out[d] = None
+    from mkb.grader import GRADER_VERSION
+    from mkb.measure import TIMING_POLICY
+
+    out["mkb_grader"], out["timing_policy"] = GRADER_VERSION, TIMING_POLICY
+    try:
+        out["mkb_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[1],
+                                           capture_output=True, text=True, timeout=20).stdout.strip() or None
+    except Exception:  # noqa: BLE001 - a copy without its .git (the device host) has no commit to name
+        out["mkb_commit"] = None
+    try:
+        out["gpu_uuid"] = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True,
+                                         text=True, timeout=20).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        out["gpu_uuid"] = None
     try:
         out["nvidia-smi"] = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw",

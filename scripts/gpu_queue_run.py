@@ -82,6 +82,25 @@ def row(c: Case, v) -> dict:
             "queue_wait_s": v.queue_wait_s, "evaluation_id": v.evaluation_id, "message": (v.message or "")[:800]}
 
 
+def write_outputs(out: Path, summary: dict, *, stage: str, store: Path | None, name: str) -> None:
+    """What the run has so far, written after every section: a run killed by its call's limit keeps what it finished
+    (h200-grader-2-8-serial lost a whole serial pass's events to a kill in the queue section). Each file is written
+    beside the last one and renamed over it, so a kill mid-write keeps the previous complete copy."""
+    summary["saved_after"] = stage
+    (out / "summary.json.tmp").write_text(json.dumps(summary, indent=1, default=str))
+    os.replace(out / "summary.json.tmp", out / "summary.json")
+    if store is not None:
+        with tarfile.open(out / "events.tar.gz.tmp", "w:gz") as tar:
+            tar.add(store, arcname=name)
+        os.replace(out / "events.tar.gz.tmp", out / "events.tar.gz")
+
+
+def _all_or_none(flags) -> bool | None:
+    """all(flags), or None when there is none: an empty pass proves nothing either way."""
+    seen = list(flags)
+    return all(seen) if seen else None
+
+
 def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
     """The comparison and the result from what the sections have recorded so far (called after each one)."""
     summary["compare"] = []
@@ -105,8 +124,9 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
         "same_verdict": sum(r["same_verdict"] for r in cmp),
         "medians_compared": sum(r["median_rel_diff"] is not None for r in cmp),
         "medians_within_0_5pct": sum(r["median_rel_diff"] is not None and r["median_within_tol"] for r in cmp),
-        "redteam_all_rejected": all(r["expected_ok"] for r in cmp if r["key"].startswith("redteam/") and "control" not in r["key"]),
-        "controls_and_baselines_pass": all(r["expected_ok"] for r in cmp if "control" in r["key"] or r["key"].startswith("baseline")),
+        # None, not True, while the queue pass has no such job (after the serial section, or with --queue-jobs passing)
+        "redteam_all_rejected": _all_or_none(r["expected_ok"] for r in cmp if r["key"].startswith("redteam/") and "control" not in r["key"]),
+        "controls_and_baselines_pass": _all_or_none(r["expected_ok"] for r in cmp if "control" in r["key"] or r["key"].startswith("baseline")),
         "pair_one_eager": (len({p["eager_median_us"] for p in summary["pair"]}) == 1 and
                            [p["eager_cached"] for p in summary["pair"]][1:] == [True] * (len(summary["pair"]) - 1))
         if summary["pair"] else None,
@@ -114,6 +134,10 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
     red = [(c, summary["serial"].get(c.key)) for c in all_cases if c.expected is not None]
     summary["result"]["redteam_serial_rejected"] = sum(1 for c, v in red if v and not v["passed"] and v["reason"] in c.expected)
     summary["result"]["redteam_serial_forms"] = sum(1 for c, v in red if v)
+    summary["result"]["redteam_serial_all_rejected"] = (summary["result"]["redteam_serial_rejected"] == summary["result"]["redteam_serial_forms"]
+                                                        if summary["result"]["redteam_serial_forms"] else None)
+    summary["result"]["serial_must_pass_passed"] = _all_or_none(v["passed"] for c, v in
+                                                                ((c, summary["serial"].get(c.key)) for c in all_cases if c.expected is None) if v)
     for c, v in red:
         if log and v and not (not v["passed"] and v["reason"] in c.expected):
             log(f"HOLE   {c.key:55s} serial={v['reason'] or 'passed'} expected one of {c.expected}")
@@ -126,7 +150,8 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
 
 
 def _environment(versions: dict) -> dict:
-    """The packages and the GPU's name and driver (nvidia-smi's clocks, temperature and power change call to call)."""
+    """What must match between two passes compared: packages, grader version, timing policy, commit, the GPU (uuid, name,
+    driver); not nvidia-smi's clocks, temperature and power, which change call to call."""
     smi = str(versions.get("nvidia-smi") or "").split(",")
     return {k: v for k, v in versions.items() if k != "nvidia-smi"} | {"gpu": [x.strip() for x in smi[:2]]}
 
@@ -155,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queue-jobs", choices=("all", "passing"), default="all",
                     help="the queue pass grades every job, or only those that must pass (baselines and controls)")
     ap.add_argument("--queue-rounds", type=int, default=1, help="times each queue job is pushed (medians compared per round)")
-    ap.add_argument("--serial-from", default="", help="an earlier call's summary.json (same machine, same commit): its serial pass "
-                    "is the reference, so serial and queue fit two calls of the device's 600 s limit")
+    ap.add_argument("--serial-from", default="", help="an earlier call's summary.json: its serial pass is the reference, so serial and "
+                    "queue fit two calls of the device's 600 s limit; refused unless it ran on the same GPU (uuid), grader "
+                    "version, timing policy, packages and commit (where the copy has one)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     out = Path(a.out)
@@ -194,16 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         return a.budget_s - (time.monotonic() - t0)
 
     def save(stage: str) -> None:
-        """What the run has so far, written after every section: a run killed by its call's limit keeps what it finished
-        (h200-grader-2-8-serial lost a whole serial pass's events to a kill in the queue section)."""
         writer.flush()
         conclude(summary, all_cases)
         summary["elapsed_s"] = time.monotonic() - t0
-        summary["saved_after"] = stage
-        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        if not (out / "events.jsonl").exists():
-            with tarfile.open(out / "events.tar.gz", "w:gz") as tar:
-                tar.add(store, arcname=a.name)
+        write_outputs(out, summary, stage=stage, store=None if (out / "events.jsonl").exists() else store, name=a.name)
 
     # ---- 1. one at a time, no queue ----
     if "serial" in sections:

@@ -28,7 +28,7 @@ from mkb.grader._provenance import MAX_COPIED_FRACTION, CopyWatch, copy_share, w
 from mkb.grader._trace import CallLimits, call_figures, classify, profile_call
 from mkb.grader._verdict import CompileFigures, IntegrityFigures, TimingFigures, VerificationFigures, timing_decided
 from mkb.measure import (
-    HOLD_US, MIN_TIMED, TIMING_POLICY, UPSTREAM_POLICY, InputStream, L2Flusher, LoopRecord, UnsupportedGpu, clone_inputs, compare,
+    MIN_TIMED, TIMING_POLICY, UPSTREAM_POLICY, InputStream, L2Flusher, LoopRecord, UnsupportedGpu, clone_inputs, compare,
     SmClock, expect, gpu_state, sample, sm_hold, identify_gpu, inputs_unchanged, side_work_us, stream_window as _stream_window, summarize,
     tensor_bytes, time_upstream, timed_loop,
 )
@@ -791,17 +791,19 @@ class _Evaluation:
                                   **figs, "limits": limits.as_dict()})
         del p_out
 
-    def _floor_tails(self, hold_us: float | None, n: int = FLOOR_CALLS) -> list[float]:
-        """The tails of `n` empty calls through the candidate's window: the side-work check's floor. `hold_us` (an A/B
-        arm, `GraderConfig.floor_hold_us`): the SM hold they run behind, instead of its default; restored after."""
-        hold = self.dev.hold() if hold_us is not None else None
-        if hold is not None:
+    def _floor_tails(self, hold_us: float | None, n: int = FLOOR_CALLS) -> tuple[list[float], float | None]:
+        """The tails of `n` empty calls through the candidate's window (the side-work check's floor) and the SM hold
+        they ran behind (None off the GPU). `hold_us` (an A/B arm, `GraderConfig.floor_hold_us`): that hold instead
+        of the one set now (the default, outside a timing loop); what was set is restored after."""
+        hold = self.dev.hold()
+        prev = hold.us if hold is not None else None
+        if hold is not None and hold_us is not None:
             hold.set_us(hold_us)
         try:
-            return [self.dev.window(lambda: None, self.flush)[2] for _ in range(n)]
+            return [self.dev.window(lambda: None, self.flush)[2] for _ in range(n)], (hold.us if hold is not None else None)
         finally:
             if hold is not None:
-                hold.set_us(hold.default_us)
+                hold.set_us(prev)
 
     def _profiled_at(self, k: int) -> None:
         plan = self.plan
@@ -853,7 +855,7 @@ class _Evaluation:
         ph.mark("clock_warm")
         # empty calls through the same window in this process: the host's sync latency after `end`,
         # against which the candidate's tails are compared (work left on another stream)
-        floor_tails = self._floor_tails(cfg.floor_hold_us)
+        floor_tails, floor_hold_us = self._floor_tails(cfg.floor_hold_us)
         ph.mark("floor_tails")
         rec = timed_loop(lambda *args: _call(solve, args, "timing"), c_stream, warmup=n_warm, timed=n_timed,
                          window=lambda f: dev.window(f, flush), before_call=before_call, after_call=after_call,
@@ -870,9 +872,11 @@ class _Evaluation:
                 self._profiled_at(k)
             ph.mark("profiled_calls")
         dev.sync()
+        ph.mark("timing_loop")
         # the empty calls' tails again, in the process's state after the loop (its profiled calls leave the
         # profiler's host-side work behind): the side-work check compares against the later of the two
-        floor_tails_after = self._floor_tails(cfg.floor_hold_us)
+        floor_tails_after, _ = self._floor_tails(cfg.floor_hold_us)
+        ph.mark("floor_tails")
         quiet.release()
         cap, new_segments = c_stream.capacity, c_stream.new_segments
         del c_stream
@@ -931,7 +935,7 @@ class _Evaluation:
             eager_input_sets_new_segments=eager.get("input_sets_new_segments"), run_phases_s=dict(ph.s),
             tail_us_median=float(sorted(tails)[len(tails) // 2]) if tails else None,
             floor_tail_us_median=float(sorted(floor_tails)[len(floor_tails) // 2]) if floor_tails else None,
-            floor_hold_us=(cfg.floor_hold_us if cfg.floor_hold_us is not None else HOLD_US) if dev.kind == "cuda" else None,
+            floor_hold_us=floor_hold_us,
             floor_tail_after_us_median=statistics.median(floor_tails_after) if floor_tails_after else None,
             host_us_median=statistics.median(rec.host_us) if rec.host_us else None, hold_us=rec.hold_us,
             eager_host_us_median=eager.get("host_us_median"),

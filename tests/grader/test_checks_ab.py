@@ -139,12 +139,23 @@ def test_the_eager_arm_grades_with_an_empty_cache_and_hands_what_it_measured_to_
 
 
 def test_runs_of_one_arm_pair_pool_into_one_comparison_and_other_arms_are_refused() -> None:
-    run1 = {"configs": {"B": {"n_profiled": 0}}, "rows": {"1/tirx": {"A1": _v(100.0), "B1": _v(101.0)}}}
-    run2 = {"configs": {"B": {"n_profiled": 0}}, "rows": {"1/tirx": {"A1": _v(102.0), "B1": _v(101.0), "B2": _v(101.0),
+    run1 = {"configs": {"A": {}, "B": {"n_profiled": 0}}, "rows": {"1/tirx": {"A1": _v(100.0), "B1": _v(101.0)}}}
+    run2 = {"configs": {"A": {"floor_hold_us": None}, "B": {"n_profiled": 0}}, "rows": {"1/tirx": {"A1": _v(102.0), "B1": _v(101.0), "B2": _v(101.0),
                                                                     "A2": _v(100.0)}}}
     (r,) = ab.pool_runs([run1, run2])
     assert r["a_us"] == [100.0, 102.0, 100.0] and r["b_us"] == [101.0, 101.0, 101.0]  # run 1's rounds first
     assert abs(r["a_vs_b"] - (101.0 - 302.0 / 3) / (302.0 / 3)) < 1e-12 and r["a_vs_b_se"] is not None
     assert r["a1_vs_a2"] == 0.02  # the first two A gradings: run 1's, then run 2's first
     with pytest.raises(SystemExit, match="different configurations"):
-        ab.pool_runs([run1, {**run2, "configs": {"B": {"set_first_pass": "make"}}}])
+        ab.pool_runs([run1, {**run2, "configs": {"A": {}, "B": {"set_first_pass": "make"}}}])
+    with pytest.raises(SystemExit, match="grader versions"):  # one arm pair, but another grader
+        ab.pool_runs([{**run1, "versions": {"mkb_grader": "2.8"}}, {**run2, "versions": {"mkb_grader": "2.9"}}])
+
+
+@pytest.mark.parametrize("arm", sorted(ab.B_ARMS))
+def test_every_b_arm_is_a_valid_config_that_differs_from_the_shipped_one_or_is_the_eager_arm(arm) -> None:
+    from mkb.grader import GraderConfig
+
+    cfg = GraderConfig(**ab.B_ARMS[arm])
+    assert (cfg.overrides() == ab.B_ARMS[arm]) or arm == "allocate"  # allocate is the default since grader 2.8
+    assert arm != "eager" or cfg.overrides() == {}

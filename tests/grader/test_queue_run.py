@@ -27,8 +27,12 @@ def test_a_serial_pass_alone_counts_its_red_team_forms_and_names_a_hole() -> Non
                   "redteam/kill_self/cute": _r(True, None, 80.0)})
     lines: list[str] = []
     qr.conclude(s, CASES, log=lambda *a: lines.append(" ".join(map(str, a))))
-    assert s["result"]["redteam_serial_rejected"] == 1 and s["result"]["redteam_serial_forms"] == 2
-    assert s["result"]["compared"] == 0 and s["compare"] == []
+    res = s["result"]
+    assert res["redteam_serial_rejected"] == 1 and res["redteam_serial_forms"] == 2 and res["redteam_serial_all_rejected"] is False
+    assert res["serial_must_pass_passed"] is True
+    assert res["compared"] == 0 and s["compare"] == []
+    # no queue verdict yet: the queue-side flags say nothing, rather than "all rejected"
+    assert res["redteam_all_rejected"] is None and res["controls_and_baselines_pass"] is None
     assert any(line.startswith("HOLE") and "kill_self" in line for line in lines)
 
 
@@ -50,17 +54,42 @@ def test_a_serial_pass_from_an_earlier_call_is_read_only_from_the_same_environme
 
     import pytest
 
-    here = {"torch": "2.11.0", "nvidia-smi": "NVIDIA H200, 580.159.04, 345 MHz, 1980 MHz, 3201 MHz, 34, 78.11 W"}
+    here = {"torch": "2.11.0", "mkb_grader": "2.9", "timing_policy": "p/v6", "mkb_commit": "abc", "gpu_uuid": "GPU-1",
+            "nvidia-smi": "NVIDIA H200, 580.159.04, 345 MHz, 1980 MHz, 3201 MHz, 34, 78.11 W"}
     serial = {"baseline/28/cute": _r(True, None, 82.0)}
     f = tmp_path / "summary.json"
     f.write_text(json.dumps({"versions": {**here, "nvidia-smi": "NVIDIA H200, 580.159.04, 1980 MHz, 1980 MHz, 3201 MHz, 41, 90 W"},
                              "serial": serial}))
     assert qr.load_serial(f, here) == serial  # the clocks and temperature differ, the machine does not
-    f.write_text(json.dumps({"versions": {**here, "torch": "2.12.0"}, "serial": serial}))
-    with pytest.raises(SystemExit, match="another environment"):
-        qr.load_serial(f, here)
+    for other in ({"torch": "2.12.0"}, {"mkb_grader": "2.8"}, {"timing_policy": "p/v5"}, {"mkb_commit": "def"},
+                  {"gpu_uuid": "GPU-2"}):
+        f.write_text(json.dumps({"versions": {**here, **other}, "serial": serial}))
+        with pytest.raises(SystemExit, match="another environment"):
+            qr.load_serial(f, here)
     f.write_text(json.dumps({"versions": here, "serial": {}}))
     with pytest.raises(SystemExit, match="no serial pass"):
         qr.load_serial(f, here)
     with pytest.raises(SystemExit, match="cannot read"):
         qr.load_serial(tmp_path / "missing.json", here)
+
+
+def test_outputs_are_replaced_whole_and_a_failed_write_keeps_the_last_copy(tmp_path) -> None:
+    import json
+    import tarfile
+
+    import pytest
+
+    store = tmp_path / "store"
+    (store / "kind=verdict").mkdir(parents=True)
+    (store / "kind=verdict" / "a.parquet").write_bytes(b"serial")
+    out = tmp_path / "out"
+    out.mkdir()
+    qr.write_outputs(out, {"serial": {"k": 1}}, stage="serial", store=store, name="ds")
+    assert json.loads((out / "summary.json").read_text())["saved_after"] == "serial"
+    with tarfile.open(out / "events.tar.gz") as tar:
+        assert "ds/kind=verdict/a.parquet" in tar.getnames()
+    with pytest.raises(FileNotFoundError):  # the store vanished mid-run: the serial section's archive stays
+        qr.write_outputs(out, {"serial": {"k": 1}, "queue": {}}, stage="queue", store=tmp_path / "gone", name="ds")
+    with tarfile.open(out / "events.tar.gz") as tar:
+        assert "ds/kind=verdict/a.parquet" in tar.getnames()
+    assert json.loads((out / "summary.json").read_text())["saved_after"] == "queue"  # written before the archive
