@@ -473,29 +473,51 @@ def lift_table(pairs: pl.DataFrame, *, by: tuple[str, ...] = (), spec: Bootstrap
     if not pairs.select(arm.any()).item():  # solos alone (or arms without their solo): no cell to report
         return pl.DataFrame()
     arms = pairs.lazy().filter(arm)  # filtered inside each group-by's plan: no copy of the (2M-row) pairs
-    out = _lift_cells(arms, by=by, spec=spec, tests=tests)
+    out, per_problem = _lift_cells(arms, by=by, spec=spec, tests=tests)
     if pooled:
         # the pooled cell's labels in the pairs' own types (a categorical's 4 bytes a row, not text's 16, at 2M pairs)
-        pp = arms.with_columns(direction=pl.lit("pooled", pairs.schema["direction"]), source_dsl=pl.lit("*", pairs.schema["source_dsl"]),
-                                target_dsl=pl.lit("*", pairs.schema["target_dsl"]))
-        out = pl.concat([out, _lift_cells(pp, by=by, spec=spec, tests=tests)], how="diagonal_relaxed")
+        labels = {"direction": pl.lit("pooled", pairs.schema["direction"]), "source_dsl": pl.lit("*", pairs.schema["source_dsl"]),
+                  "target_dsl": pl.lit("*", pairs.schema["target_dsl"])}
+        pp = arms.with_columns(**labels)
+        # a pooled cell's per-problem sums are its directions' sums added: exact, so the same numbers as grouping the pairs
+        # again, when every score is integer-valued (S, S_sol: multiples of 20)
+        exact = pairs.select(pl.all_horizontal((pl.col(c) == pl.col(c).round()).all(ignore_nulls=True)
+                                               for c in ("S", "S_solo", "S_sol", "S_sol_solo"))).item()
+        pool = _pooled_per_problem(per_problem, labels, by=by) if exact else None
+        out = pl.concat([out, _lift_cells(pp, by=by, spec=spec, tests=tests, per_problem=pool)[0]], how="diagonal_relaxed")
     cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
     order = {k: i for i, k in enumerate(ARM_ORDER)}
     return _text(out).with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99),
                             _p=pl.col("direction") == "pooled").sort("_o", "_p", *cell).drop("_o", "_p")
 
 
-def _lift_cells(lp: pl.LazyFrame, *, by, spec, tests) -> pl.DataFrame:
+def _pooled_per_problem(per_problem: pl.DataFrame, labels: dict, *, by) -> pl.DataFrame:
+    """The per-problem sums of the cells pooled over directions (`labels`: their direction and DSL columns), from those of
+    the cells by direction (`_lift_cells`' second value): every column a sum over the pairs, added, and the mean lift
+    their summed lift over their summed count, as polars' mean makes it. The same table as grouping the pooled pairs,
+    to the bit, where the sums are exact (integer-valued scores)."""
+    sums = [c for c in per_problem.columns if c not in (*labels, "stratum", "model", "arm_kind", *by, "problem", "mean_lift")]
+    out = per_problem.group_by("stratum", "model", "arm_kind", *by, "problem").agg(pl.col(sums).sum())
+    out = out.with_columns(mean_lift=pl.col("L") / pl.col("n"), **labels)
+    return out.select(per_problem.columns).cast(per_problem.schema)
+
+
+def _lift_cells(lp: pl.LazyFrame, *, by, spec, tests, per_problem: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The cells' table, and the per-problem sums it was made from (`per_problem`: those sums given, pooled over
+    directions by `_pooled_per_problem`, and not grouped from the pairs again)."""
     cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
     # one pass over the pairs per grouping, both collected together (in-memory engine: see _tables.ENGINE)
     has_sol = pl.col("S_sol").is_not_null() & pl.col("S_sol_solo").is_not_null()
     # a problem's pair lifts in S steps enter only the noise floor, through their multiset: counted per step size
     # (a handful of sums) rather than gathered into a list per problem
     step = (pl.col("lift").abs() / 20.0).round().cast(pl.Int64)
-    top = int(lp.select(step.max()).collect(engine=ENGINE).item() or 0)
-    steps = [f"_steps{k}" for k in range(top + 1)]
+    if per_problem is None:
+        top = int(lp.select(step.max()).collect(engine=ENGINE).item() or 0)
+        steps = [f"_steps{k}" for k in range(top + 1)]
+    else:
+        steps = [c for c in per_problem.columns if c.startswith("_steps")]
     per_problem_q = lp.group_by(*cell, "problem").agg(
-        SA=pl.col("S").sum(), SB=pl.col("S_solo").sum(), n=pl.len(),
+        SA=pl.col("S").sum(), SB=pl.col("S_solo").sum(), n=pl.len(), L=pl.col("lift").sum(),
         mean_lift=pl.col("lift").mean(), sq_lift=(pl.col("lift") ** 2).sum(),
         b=(pl.col("passed_solo") & ~pl.col("passed")).sum(), c=(~pl.col("passed_solo") & pl.col("passed")).sum(),
         SA_sol=pl.col("S_sol").filter(has_sol).sum(), SB_sol=pl.col("S_sol_solo").filter(has_sol).sum(),
@@ -508,7 +530,12 @@ def _lift_cells(lp: pl.LazyFrame, *, by, spec, tests) -> pl.DataFrame:
         pair_regress=(pl.col("lift") < -_EPS).mean(), pair_improve=(pl.col("lift") > _EPS).mean(),
         pair_tie=(pl.col("lift").abs() <= _EPS).mean(), served_changed=pl.col("served_changed").sum(),
         served_recorded=pl.col("served_changed").is_not_null().sum())
-    per_problem, pair_rates = pl.collect_all([per_problem_q, pair_rates_q], engine=ENGINE)
+    if per_problem is None:
+        per_problem, pair_rates = pl.collect_all([per_problem_q, pair_rates_q], engine=ENGINE)
+    else:
+        pair_rates = pair_rates_q.collect(engine=ENGINE)
+    sums = per_problem
+    per_problem = per_problem.drop("L")
     # P(replicate-mean lift == 0) under the sign-flip null, once per distinct multiset of step sizes
     multisets = per_problem.select(steps).unique()
     zero = [_zero_prob_steps(tuple(k for k, c in enumerate(row) for _ in range(c))) for row in multisets.iter_rows()]
@@ -552,7 +579,7 @@ def _lift_cells(lp: pl.LazyFrame, *, by, spec, tests) -> pl.DataFrame:
         out = add_tests(out, group=["stratum", "arm_kind", *by])
     else:
         out = out.drop("problem_lifts", "problem_pass_diffs")
-    return out
+    return out, sums
 
 
 def _floor_aggs() -> dict:

@@ -170,3 +170,23 @@ def test_sorted_candidates_read_off_at_crossed_brackets_infinities_and_one_tail(
             want = np.quantile(exact, qs, axis=1)
             _same(_percentiles(x32, qs, exact=lambda pos: exact.ravel()[pos]), want)
             _same(_percentiles(exact, qs), want)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1 / 3])  # 1/3: scores no longer integers, so the pooled cells are grouped from the pairs
+def test_pooled_cells_from_the_directions_sums_equal_the_pooled_pairs_grouped(planted_lift, monkeypatch, scale):
+    """The pooled cells' per-problem sums are their directions' sums added (`_pooled_per_problem`): the same table as the
+    pooled pairs grouped again, to the bit; where the scores are not integer-valued (sums no longer exact) the pairs are."""
+    import mkb.analysis._stats as st
+
+    pairs = load_tables(planted_lift.store).pairs
+    if scale != 1.0:
+        pairs = pairs.with_columns(pl.col("S", "S_solo", "S_sol", "S_sol_solo") * scale).with_columns(lift=pl.col("S") - pl.col("S_solo"))
+    spec = BootstrapSpec(seed=4, resamples=2000)
+    used = []
+    real = st._pooled_per_problem
+    monkeypatch.setattr(st, "_pooled_per_problem", lambda *a, **k: used.append(1) or real(*a, **k))
+    pooled = lift_table(pairs, spec=spec, pooled=True)
+    assert used == ([1] if scale == 1.0 else [])
+    monkeypatch.setattr(st, "_pooled_per_problem", lambda *a, **k: None)  # every cell grouped from the pairs
+    assert pooled.equals(lift_table(pairs, spec=spec, pooled=True))
+    assert (pooled["direction"] == "pooled").sum() > 0
