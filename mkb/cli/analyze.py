@@ -11,29 +11,12 @@ from typing import Optional
 # process's peak memory (1.16 -> 0.93 GiB). Given back after ~50 ms instead, for ~2% more CPU (system time; measured
 # alternately). Read when polars loads, so set before anything imports it; a value the user set is kept
 os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:50,muzzy_decay_ms:0")
-# numpy's arrays (the bootstrap's blocks and their temporaries, made and dropped per block of cells) come from glibc's malloc:
-# with its adaptive thresholds each thread's freed blocks went back to the kernel and were faulted in again (~300k page
-# faults in the lift table's bootstrap at 10M events), and numpy asks for huge pages on every array of 4 MiB or more,
-# whose faults the kernel compacts memory for. Fixed thresholds (arrays under 32 MiB from the heap, kept up to 256 MiB)
-# and small pages: the bootstrap's system time ~1.3 -> ~0.3 s. Read when numpy loads and set once a process; a value the
-# user set is kept (MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ are glibc's own, read at start)
+# numpy asks the kernel for huge pages on every array of 4 MiB or more, and the kernel compacts memory to fault them in:
+# the bootstrap makes and drops such arrays per block of cells (its products, its selections' masks), and their faults were
+# a quarter of its CPU time in system time (the lift table's at 10M events: ~1.3 -> ~0.9 s on small pages). Read when numpy
+# loads, so set before anything imports it; a value the user set is kept. (glibc's malloc thresholds fixed as well took
+# it to ~0.3 s, but the freed blocks kept in the heap raised the peak memory at 10M events to 0.99-1.04 GiB: not set.)
 os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
-
-
-def _malloc_thresholds() -> None:
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
-        return
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # glibc's (musl has none: nothing to set)
-    except (OSError, AttributeError):
-        return
-    mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD (its maximum on 64-bit)
-    mallopt(-1, 256 * 2**20)  # M_TRIM_THRESHOLD
-
-
-_malloc_thresholds()
 
 import typer  # noqa: E402
 from rich.console import Console
