@@ -424,12 +424,12 @@ def _dense(agg: pl.DataFrame, cell_cols: list[str], names: list[str]):
     cells_df = cells_df.with_row_index("_cell")
     problems = np.sort(agg["problem"].unique().to_numpy())
     agg = agg.join(cells_df, on=cell_cols, how="left", nulls_equal=True)
-    ci = agg["_cell"].to_numpy()
-    pi = np.searchsorted(problems, agg["problem"].to_numpy())
+    # each row's flat place in a [cells, problems] array: one index for every column (a 2-D fancy assignment cost ~8x)
+    at = agg["_cell"].to_numpy().astype(np.intp) * len(problems) + np.searchsorted(problems, agg["problem"].to_numpy())
     out = {}
     for name in names:
         m = np.zeros((cells_df.height, len(problems)))
-        m[ci, pi] = agg[name].to_numpy().astype(np.float64)
+        m.reshape(-1)[at] = agg[name].to_numpy().astype(np.float64)
         out[name] = m
     return cells_df.drop("_cell"), problems, out
 
