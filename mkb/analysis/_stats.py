@@ -104,9 +104,12 @@ def _order_stats(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
 
     A percentile CI needs a few order statistics in the two tails of each row, and a full selection
     (np.partition) costs ~30x a comparison per value. So each tail is bracketed by an order statistic of
-    the first 500 resamples (independent draws like any other): one comparison pass finds the values
-    beyond the bracket (~5% of a row), and only those are partitioned. The k-th smallest is then read off
-    exactly; a row whose bracket holds too few values (probability ~1%) or too many (ties) is selected in full.
+    the first 500 resamples (independent draws like any other; one vectorised sort of them): one comparison
+    pass finds the values beyond either bracket (~5% of a row each), and those alone are sorted, row by row
+    (numpy's vectorised sort: several times cheaper than np.partition's selection of a few ranks). The bottom
+    tail's k-th smallest is then read off the sorted candidates at k, the top tail's at k minus the values
+    between the brackets; a row whose bracket holds too few values (probability ~1%) or too many (ties) is
+    selected in full.
 
     `exact(positions)` -> the float64 values at these flat positions of x, when x holds float32 values that order
     the positions as those float64 values do, up to ties (x_i < x_j implies value_i <= value_j, and value_i <
@@ -114,7 +117,8 @@ def _order_stats(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
     tails and selects among the candidates, and only the candidates from x's smallest to its largest wanted order
     statistic (its ties: usually one value of x at a few positions) are computed in float64: every candidate below that
     window is below each of its float64 values, so the k-th smallest float64 value of a row is read off the window's
-    sorted float64 values at k minus the count below. The result is the float64 order statistics.
+    sorted float64 values at its place among the sorted candidates minus the count below. The result is the float64
+    order statistics.
     """
     rows, n = x.shape
     ks = np.asarray(ks, dtype=np.intp)
@@ -134,62 +138,69 @@ def _order_stats(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
 def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarray:
     rows, n = x.shape
     out = np.empty((len(ks), rows))
-    good = np.ones(rows, bool)
-    tails = []  # (low, which ks, their depths from this tail's end, the pilot's rank that brackets them)
+    pilot = np.sort(x[:, :_PILOT], axis=1)  # a sort of 500 (vectorised) is ~8x cheaper than np.partition's selection of two
+    tails = []  # (low, which ks, their depths from this tail's end, the bracket)
     for low in (True, False):
         sel = ks < n // 2 if low else ks >= n // 2
         if sel.any():
             depth = ks[sel] if low else n - 1 - ks[sel]
             r = min(_PILOT - 1, int(np.ceil(_PILOT * 1.8 * (depth.max() + 1) / n)) + 3)
-            tails.append((low, sel, depth, r if low else _PILOT - 1 - r))
-    pilot = np.partition(x[:, :_PILOT], sorted({t[3] for t in tails}), axis=1)
-    masks = []
-    for low, sel, depth, k in tails:
-        bracket = pilot[:, k]
-        m = x <= bracket[:, None] if low else x >= bracket[:, None]
-        c = np.count_nonzero(m, axis=1)
-        ok = (c > depth.max()) & (c <= _TAIL_CAP)
-        good &= ok
-        masks.append((m, bracket, c, ok))
-    if any(ok.any() for *_, ok in masks):
-        # both tails' candidates in one scan of the block (row-major: each row's together), each tail's picked from them
-        m = masks[0][0] if len(masks) == 1 else np.logical_or(masks[0][0], masks[1][0])
-        flat = np.flatnonzero(m)
-        vals = x.ravel().take(flat)
-        per_row = np.count_nonzero(m, axis=1) if len(masks) > 1 else masks[0][2]  # candidates of each row
-    for (low, sel, depth, _), (_, bracket, c, ok) in zip(tails, masks):
-        okrows = np.flatnonzero(ok)
-        if not len(okrows):
-            continue
-        by_row = np.repeat(bracket, per_row)
-        keep = vals <= by_row if low else vals >= by_row
-        keep &= np.repeat(ok, per_row)
-        idx = np.flatnonzero(keep)
-        tflat, tvals = flat[idx], vals[idx]
-        if not low:
-            np.negative(tvals, out=tvals)
-        cnt = c[okrows]
+            tails.append((low, sel, depth, pilot[:, r if low else _PILOT - 1 - r]))
+    # both tails' candidates in one scan (row-major: each row's together); their count per row read off the sorted positions
+    low0, _, _, b0 = tails[0]
+    m = x <= b0[:, None] if low0 else x >= b0[:, None]
+    if len(tails) == 2:
+        m |= x >= tails[1][3][:, None]
+    flat = np.flatnonzero(m)
+    per_row = np.diff(np.searchsorted(flat, np.arange(rows + 1) * n))
+    good = per_row <= len(tails) * _TAIL_CAP
+    if len(tails) == 2:
+        good &= tails[0][3] < tails[1][3]  # brackets apart (met, every resample is a candidate): the tails' are disjoint
+    rs = np.flatnonzero(good)
+    if len(rs):
+        if len(rs) < rows:
+            flat = flat[np.repeat(good, per_row)]
+        cnt = per_row[rs]
         start = np.cumsum(cnt) - cnt
-        pad = np.full((len(okrows), int(cnt.max())), np.inf, dtype=tvals.dtype)
-        pad[np.repeat(np.arange(len(okrows)), cnt), np.arange(tvals.size) - np.repeat(start, cnt)] = tvals
-        got = np.partition(pad, depth, axis=1)[:, depth].T.astype(np.float64)  # [depths, rows], signed as `tvals`
-        if exact is not None:
-            # x orders the values as their float64 values do, up to ties: the d-th smallest float64 value is the
-            # (d - below)-th smallest float64 value among the candidates from x's smallest to its largest order statistic
-            # wanted (below: how many are under that window). Only the window is computed in float64 (usually one
-            # value of x, a few positions)
-            lo_v, hi_v = got.min(0).astype(pad.dtype)[:, None], got.max(0).astype(pad.dtype)[:, None]
-            below = np.count_nonzero(pad < lo_v, axis=1)
-            wr, wc = np.nonzero((pad >= lo_v) & (pad <= hi_v))  # row-major: each row's window together
-            e = exact(tflat[start[wr] + wc])
-            if not low:
-                e = -e
-            order = np.lexsort((e, wr))  # by row, then value
-            first = np.searchsorted(wr[order], np.arange(len(okrows)))
-            e = e[order]
-            for j, d in enumerate(depth):
-                got[j] = e[first + d - below]
-        out[np.ix_(np.flatnonzero(sel), okrows)] = got if low else -got
+        W = int(cnt.max())
+        # each row's candidates in a row of `pad` (+inf after them), then sorted: one vectorised sort of ~5-10% of the row
+        pad = np.full((len(rs), W), np.inf, dtype=x.dtype)
+        pad.ravel()[np.arange(flat.size) + np.repeat(np.arange(len(rs)) * W - start, cnt)] = x.ravel().take(flat)
+        srt = np.sort(pad, axis=1)
+        real = np.arange(W) < cnt[:, None]  # the candidates, not the padding
+        if len(tails) == 2:
+            c_lo = np.count_nonzero((srt <= tails[0][3][rs, None]) & real, axis=1)
+            counts = (c_lo, cnt - c_lo)
+        else:
+            counts = (cnt,)
+        ok = np.ones(len(rs), bool)
+        for (low, sel, depth, _), c in zip(tails, counts):
+            ok &= (c > depth.max()) & (c <= _TAIL_CAP)
+        if not ok.all():  # a bracket that holds too few or too many: those rows are selected in full below
+            good[rs[~ok]] = False
+            rs, cnt, start, pad, srt, real = rs[ok], cnt[ok], start[ok], pad[ok], srt[ok], real[ok]
+        for low, sel, depth, _ in tails:
+            if not len(rs):
+                break
+            # [depths, rows]: the wanted order statistics' places among each row's sorted candidates
+            pos = np.broadcast_to(depth[:, None] if low else cnt[None, :] - 1 - depth[:, None], (len(depth), len(rs)))
+            got = np.take_along_axis(srt, pos.T, axis=1).T
+            if exact is not None:
+                # x orders the values as their float64 values do, up to ties: the wanted order statistics' float64 values are
+                # among the candidates from x's smallest to its largest one wanted (below: how many sorted candidates precede
+                # them), and only those are computed in float64 (usually one value of x, a few positions)
+                lo_v, hi_v = got.min(0)[:, None], got.max(0)[:, None]
+                below = np.count_nonzero(srt < lo_v, axis=1)
+                win = (pad >= lo_v) & (pad <= hi_v)
+                if np.isinf(hi_v).any():  # the padding (+inf) too: only the candidates
+                    win &= real
+                wr, wc = np.nonzero(win)  # row-major: each row's window together
+                e = exact(flat[start[wr] + wc])
+                order = np.lexsort((e, wr))  # by row, then value
+                first = np.searchsorted(wr[order], np.arange(len(rs)))
+                e = e[order]
+                got = e[first[None, :] + pos - below[None, :]]
+            out[np.ix_(np.flatnonzero(sel), rs)] = got
     bad = np.flatnonzero(~good)
     if len(bad):
         full = x[bad] if exact is None else exact((bad[:, None] * n + np.arange(n)).ravel()).reshape(len(bad), n)
@@ -197,16 +208,23 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarr
     return out
 
 
-def _count_percentiles(counts: np.ndarray, n: int, qs: list[float]) -> np.ndarray:
+def _count_percentiles(counts: np.ndarray, n: int, qs: list[float], *, scratch: np.ndarray | None = None) -> np.ndarray:
     """[len(qs), rows]: np.quantile(counts / n, qs, axis=1) of a [rows, resamples] array of integers in 0..n.
 
     A share of problems resampled with replacement is a count over a fixed number n of drawn problems, so
     its order statistics come from one histogram per row (a bincount) instead of a partition of every
     resample: the same values as `_percentiles` (numpy's interpolation written out), several times faster.
+    `scratch`: a reused intp buffer of at least counts.size for the bins (a fresh one costs a page fault per 4 KiB, more
+    than the counting).
     """
     rows, B = counts.shape
     # float32 counts are the exact (integer) products of the float32 path; float64 ones may carry rounding: rounded
-    c = (counts if counts.dtype == np.float32 else np.rint(counts)).astype(np.intp)
+    src = counts if counts.dtype == np.float32 else np.rint(counts)
+    if scratch is None:
+        c = src.astype(np.intp)
+    else:
+        c = scratch[:counts.size].reshape(rows, B)
+        np.copyto(c, src, casting="unsafe")
     c += (np.arange(rows) * (n + 1))[:, None]
     hist = np.bincount(c.ravel(), minlength=rows * (n + 1)).reshape(rows, n + 1)
     cum = hist.cumsum(1)
@@ -288,6 +306,7 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
             local.buf = np.empty((rows, spec.resamples)) if wide else None
             local.buf32 = np.empty((rows, spec.resamples), dtype=np.float32) if exact32 else None
             local.r32 = np.empty((block, spec.resamples), dtype=np.float32) if fast else None
+            local.bins = np.empty(block * spec.resamples, dtype=np.intp) if shares else None
         # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous for
         # the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts), so every
         # product is exact and equals the former per-sum `w @ v.T` bit for bit
@@ -330,7 +349,7 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
             lo[name][cb], hi[name][cb] = q[0], q[1]
         for name, f in shares.items():
             cnt = np.asarray(f(n_present=len(cols), **(parts32 if exact32 else parts)))  # [cells, resamples] integer counts
-            q = _count_percentiles(np.ascontiguousarray(cnt), len(cols), [a, 1 - a])
+            q = _count_percentiles(cnt, len(cols), [a, 1 - a], scratch=local.bins)
             lo[name][cb], hi[name][cb] = q[0], q[1]
 
     workers = min(os.cpu_count() or 1, max(1, -(-C // block)))
@@ -405,12 +424,12 @@ def _dense(agg: pl.DataFrame, cell_cols: list[str], names: list[str]):
     cells_df = cells_df.with_row_index("_cell")
     problems = np.sort(agg["problem"].unique().to_numpy())
     agg = agg.join(cells_df, on=cell_cols, how="left", nulls_equal=True)
-    ci = agg["_cell"].to_numpy()
-    pi = np.searchsorted(problems, agg["problem"].to_numpy())
+    # each row's flat place in a [cells, problems] array: one index for every column (a 2-D fancy assignment cost ~8x)
+    at = agg["_cell"].to_numpy().astype(np.intp) * len(problems) + np.searchsorted(problems, agg["problem"].to_numpy())
     out = {}
     for name in names:
         m = np.zeros((cells_df.height, len(problems)))
-        m[ci, pi] = agg[name].to_numpy().astype(np.float64)
+        m.reshape(-1)[at] = agg[name].to_numpy().astype(np.float64)
         out[name] = m
     return cells_df.drop("_cell"), problems, out
 
@@ -454,29 +473,51 @@ def lift_table(pairs: pl.DataFrame, *, by: tuple[str, ...] = (), spec: Bootstrap
     if not pairs.select(arm.any()).item():  # solos alone (or arms without their solo): no cell to report
         return pl.DataFrame()
     arms = pairs.lazy().filter(arm)  # filtered inside each group-by's plan: no copy of the (2M-row) pairs
-    out = _lift_cells(arms, by=by, spec=spec, tests=tests)
+    out, per_problem = _lift_cells(arms, by=by, spec=spec, tests=tests)
     if pooled:
         # the pooled cell's labels in the pairs' own types (a categorical's 4 bytes a row, not text's 16, at 2M pairs)
-        pp = arms.with_columns(direction=pl.lit("pooled", pairs.schema["direction"]), source_dsl=pl.lit("*", pairs.schema["source_dsl"]),
-                                target_dsl=pl.lit("*", pairs.schema["target_dsl"]))
-        out = pl.concat([out, _lift_cells(pp, by=by, spec=spec, tests=tests)], how="diagonal_relaxed")
+        labels = {"direction": pl.lit("pooled", pairs.schema["direction"]), "source_dsl": pl.lit("*", pairs.schema["source_dsl"]),
+                  "target_dsl": pl.lit("*", pairs.schema["target_dsl"])}
+        pp = arms.with_columns(**labels)
+        # a pooled cell's per-problem sums are its directions' sums added: exact, so the same numbers as grouping the pairs
+        # again, when every score is integer-valued (S, S_sol: multiples of 20)
+        exact = pairs.select(pl.all_horizontal((pl.col(c) == pl.col(c).round()).all(ignore_nulls=True)
+                                               for c in ("S", "S_solo", "S_sol", "S_sol_solo"))).item()
+        pool = _pooled_per_problem(per_problem, labels, by=by) if exact else None
+        out = pl.concat([out, _lift_cells(pp, by=by, spec=spec, tests=tests, per_problem=pool)[0]], how="diagonal_relaxed")
     cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
     order = {k: i for i, k in enumerate(ARM_ORDER)}
     return _text(out).with_columns(_o=pl.col("arm_kind").replace_strict(order, default=99),
                             _p=pl.col("direction") == "pooled").sort("_o", "_p", *cell).drop("_o", "_p")
 
 
-def _lift_cells(lp: pl.LazyFrame, *, by, spec, tests) -> pl.DataFrame:
+def _pooled_per_problem(per_problem: pl.DataFrame, labels: dict, *, by) -> pl.DataFrame:
+    """The per-problem sums of the cells pooled over directions (`labels`: their direction and DSL columns), from those of
+    the cells by direction (`_lift_cells`' second value): every column a sum over the pairs, added, and the mean lift
+    their summed lift over their summed count, as polars' mean makes it. The same table as grouping the pooled pairs,
+    to the bit, where the sums are exact (integer-valued scores)."""
+    sums = [c for c in per_problem.columns if c not in (*labels, "stratum", "model", "arm_kind", *by, "problem", "mean_lift")]
+    out = per_problem.group_by("stratum", "model", "arm_kind", *by, "problem").agg(pl.col(sums).sum())
+    out = out.with_columns(mean_lift=pl.col("L") / pl.col("n"), **labels)
+    return out.select(per_problem.columns).cast(per_problem.schema)
+
+
+def _lift_cells(lp: pl.LazyFrame, *, by, spec, tests, per_problem: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The cells' table, and the per-problem sums it was made from (`per_problem`: those sums given, pooled over
+    directions by `_pooled_per_problem`, and not grouped from the pairs again)."""
     cell = ["stratum", "model", "arm_kind", "direction", "source_dsl", "target_dsl", *by]
     # one pass over the pairs per grouping, both collected together (in-memory engine: see _tables.ENGINE)
     has_sol = pl.col("S_sol").is_not_null() & pl.col("S_sol_solo").is_not_null()
     # a problem's pair lifts in S steps enter only the noise floor, through their multiset: counted per step size
     # (a handful of sums) rather than gathered into a list per problem
     step = (pl.col("lift").abs() / 20.0).round().cast(pl.Int64)
-    top = int(lp.select(step.max()).collect(engine=ENGINE).item() or 0)
-    steps = [f"_steps{k}" for k in range(top + 1)]
+    if per_problem is None:
+        top = int(lp.select(step.max()).collect(engine=ENGINE).item() or 0)
+        steps = [f"_steps{k}" for k in range(top + 1)]
+    else:
+        steps = [c for c in per_problem.columns if c.startswith("_steps")]
     per_problem_q = lp.group_by(*cell, "problem").agg(
-        SA=pl.col("S").sum(), SB=pl.col("S_solo").sum(), n=pl.len(),
+        SA=pl.col("S").sum(), SB=pl.col("S_solo").sum(), n=pl.len(), L=pl.col("lift").sum(),
         mean_lift=pl.col("lift").mean(), sq_lift=(pl.col("lift") ** 2).sum(),
         b=(pl.col("passed_solo") & ~pl.col("passed")).sum(), c=(~pl.col("passed_solo") & pl.col("passed")).sum(),
         SA_sol=pl.col("S_sol").filter(has_sol).sum(), SB_sol=pl.col("S_sol_solo").filter(has_sol).sum(),
@@ -489,7 +530,12 @@ def _lift_cells(lp: pl.LazyFrame, *, by, spec, tests) -> pl.DataFrame:
         pair_regress=(pl.col("lift") < -_EPS).mean(), pair_improve=(pl.col("lift") > _EPS).mean(),
         pair_tie=(pl.col("lift").abs() <= _EPS).mean(), served_changed=pl.col("served_changed").sum(),
         served_recorded=pl.col("served_changed").is_not_null().sum())
-    per_problem, pair_rates = pl.collect_all([per_problem_q, pair_rates_q], engine=ENGINE)
+    if per_problem is None:
+        per_problem, pair_rates = pl.collect_all([per_problem_q, pair_rates_q], engine=ENGINE)
+    else:
+        pair_rates = pair_rates_q.collect(engine=ENGINE)
+    sums = per_problem
+    per_problem = per_problem.drop("L")
     # P(replicate-mean lift == 0) under the sign-flip null, once per distinct multiset of step sizes
     multisets = per_problem.select(steps).unique()
     zero = [_zero_prob_steps(tuple(k for k, c in enumerate(row) for _ in range(c))) for row in multisets.iter_rows()]
@@ -533,7 +579,7 @@ def _lift_cells(lp: pl.LazyFrame, *, by, spec, tests) -> pl.DataFrame:
         out = add_tests(out, group=["stratum", "arm_kind", *by])
     else:
         out = out.drop("problem_lifts", "problem_pass_diffs")
-    return out
+    return out, sums
 
 
 def _floor_aggs() -> dict:

@@ -8,9 +8,16 @@ from typing import Optional
 
 # polars' allocator (jemalloc) keeps the pages of freed frames for ~10 s before it gives them back: an analysis makes and
 # drops frames of millions of rows one after another, and at 10M events the pages held that way were a quarter of the
-# process's peak memory (1.16 -> 0.93 GiB). Given back after ~50 ms instead, for ~2% more CPU (system time; measured
-# alternately). Read when polars loads, so set before anything imports it; a value the user set is kept
+# process's peak memory (1.16 -> 0.93 GiB). Given back after ~50 ms instead, for more system time (the pages faulted in
+# again: at 10M events ~2 s of CPU, ~1 s wall, measured 2026-12-02). Read when polars loads, so set before anything
+# imports it; a value the user set is kept
 os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:50,muzzy_decay_ms:0")
+# numpy asks the kernel for huge pages on every array of 4 MiB or more (the bootstrap's product buffers, ~25 MiB a thread,
+# its resample weights), and a kernel that compacts memory on such faults (THP defrag "madvise") stalls in them: a process
+# running the lift table's bootstrap at 10M events spent ~1.3 s in system time on huge pages, ~0.9 s on small ones. Read
+# when numpy loads, so set before anything imports it; a value the user set is kept. (glibc's malloc thresholds fixed as
+# well took it to ~0.3 s, but the freed blocks kept in the heap raised the peak at 10M events to 0.99-1.04 GiB: not set.)
+os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 
 import typer  # noqa: E402
 from rich.console import Console

@@ -149,3 +149,44 @@ def test_share_percentiles_by_counting_equal_numpy_quantile(dtype):
         from mkb.analysis._stats import _count_percentiles
 
         _same(_count_percentiles(counts, n, qs), np.quantile(counts.astype(np.float64) / n, qs, axis=1))
+
+
+@pytest.mark.parametrize("n", [4_500, 10_000])
+def test_sorted_candidates_read_off_at_crossed_brackets_infinities_and_one_tail(n):
+    """The order statistics read off each row's sorted tail candidates: rows whose two brackets meet (one value: every
+    resample a candidate of both tails, selected in full), +inf values among the top tail's candidates (the padding's
+    own value) with the float64 read-off, -inf in the bottom one, and one tail asked for alone, each equal to np.quantile."""
+    rng = np.random.default_rng(n)
+    exact = np.round(rng.standard_normal((24, n)), 3) + rng.integers(0, 3, size=(24, n)) * 1e-12
+    exact[0] = 4.0  # both brackets the same value
+    exact[1, : n // 2] = 4.0  # the low bracket at or above the high one
+    exact[2, rng.choice(n, n // 30, replace=False)] = np.inf  # the top tail's wanted order statistics are +inf
+    exact[3, rng.choice(n, n // 60, replace=False)] = np.inf  # +inf candidates below the wanted ones' window
+    exact[4, rng.choice(n, n // 30, replace=False)] = -np.inf
+    exact[5, : n // 10] = np.round(exact[5, : n // 10], 1)  # ties in the pilot only
+    x32 = exact.astype(np.float32)
+    for qs in ([0.025, 0.975], [0.01], [0.99], [0.0249, 0.0251, 0.9749, 0.9751]):
+        with np.errstate(invalid="ignore"):
+            want = np.quantile(exact, qs, axis=1)
+            _same(_percentiles(x32, qs, exact=lambda pos: exact.ravel()[pos]), want)
+            _same(_percentiles(exact, qs), want)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1 / 3])  # 1/3: scores no longer integers, so the pooled cells are grouped from the pairs
+def test_pooled_cells_from_the_directions_sums_equal_the_pooled_pairs_grouped(planted_lift, monkeypatch, scale):
+    """The pooled cells' per-problem sums are their directions' sums added (`_pooled_per_problem`): the same table as the
+    pooled pairs grouped again, to the bit; where the scores are not integer-valued (sums no longer exact) the pairs are."""
+    import mkb.analysis._stats as st
+
+    pairs = load_tables(planted_lift.store).pairs
+    if scale != 1.0:
+        pairs = pairs.with_columns(pl.col("S", "S_solo", "S_sol", "S_sol_solo") * scale).with_columns(lift=pl.col("S") - pl.col("S_solo"))
+    spec = BootstrapSpec(seed=4, resamples=2000)
+    used = []
+    real = st._pooled_per_problem
+    monkeypatch.setattr(st, "_pooled_per_problem", lambda *a, **k: used.append(1) or real(*a, **k))
+    pooled = lift_table(pairs, spec=spec, pooled=True)
+    assert used == ([1] if scale == 1.0 else [])
+    monkeypatch.setattr(st, "_pooled_per_problem", lambda *a, **k: None)  # every cell grouped from the pairs
+    assert pooled.equals(lift_table(pairs, spec=spec, pooled=True))
+    assert (pooled["direction"] == "pooled").sum() > 0

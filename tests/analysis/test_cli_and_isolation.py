@@ -120,3 +120,17 @@ def test_cli_sets_polars_allocator_give_back_before_polars_loads_and_keeps_the_u
     env["_RJEM_MALLOC_CONF"] = "dirty_decay_ms:1000"
     got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout.split()
     assert got == ["False", "dirty_decay_ms:1000"]
+
+
+def test_cli_sets_numpy_small_pages_before_numpy_loads_and_keeps_the_users():
+    """`mkb-analyze` has numpy's arrays on small pages (the setting is read once, when numpy loads): importing the CLI sets
+    it without loading numpy, and a value the user set is kept."""
+    import os
+
+    probe = "import os, sys, mkb.cli.analyze; print('numpy' in sys.modules, os.environ['NUMPY_MADVISE_HUGEPAGE'])"
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout.split()
+    assert got == ["False", "0"]
+    env["NUMPY_MADVISE_HUGEPAGE"] = "1"
+    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout.split()
+    assert got == ["False", "1"]
