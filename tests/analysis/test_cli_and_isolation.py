@@ -5,6 +5,7 @@ import sys
 import textwrap
 
 import polars as pl
+import pytest
 from typer.testing import CliRunner
 
 from mkb.analysis._mixed import fit_all
@@ -108,29 +109,19 @@ def test_synth_command_writes_a_dataset(tmp_path):
     assert load_tables(str(tmp_path / "s")).attempts.height == 8 * 2 * 10
 
 
-def test_cli_sets_polars_allocator_give_back_before_polars_loads_and_keeps_the_users():
-    """`mkb-analyze` has polars' jemalloc give freed pages back after ~50 ms (the setting is read once, when polars loads):
-    importing the CLI sets it without loading polars, and a value the user set is kept."""
+@pytest.mark.parametrize("module,var,ours,users", [
+    ("polars", "_RJEM_MALLOC_CONF", "dirty_decay_ms:50,muzzy_decay_ms:0", "dirty_decay_ms:1000"),  # freed pages back after ~50 ms
+    ("numpy", "NUMPY_MADVISE_HUGEPAGE", "0", "1"),  # numpy's arrays on small pages
+])
+def test_cli_sets_an_allocator_setting_before_its_library_loads_and_keeps_the_users(module, var, ours, users):
+    """`mkb-analyze` sets polars' jemalloc give-back and numpy's page size, each read once when the library loads:
+    importing the CLI sets it without loading the library, and a value the user set is kept."""
     import os
 
-    probe = "import os, sys, mkb.cli.analyze; print('polars' in sys.modules, os.environ['_RJEM_MALLOC_CONF'])"
-    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    probe = f"import os, sys, mkb.cli.analyze; print({module!r} in sys.modules, os.environ[{var!r}])"
+    env = {k: v for k, v in os.environ.items() if k != var}
     got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout.split()
-    assert got == ["False", "dirty_decay_ms:50,muzzy_decay_ms:0"]
-    env["_RJEM_MALLOC_CONF"] = "dirty_decay_ms:1000"
+    assert got == ["False", ours]
+    env[var] = users
     got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout.split()
-    assert got == ["False", "dirty_decay_ms:1000"]
-
-
-def test_cli_sets_numpy_small_pages_before_numpy_loads_and_keeps_the_users():
-    """`mkb-analyze` has numpy's arrays on small pages (the setting is read once, when numpy loads): importing the CLI sets
-    it without loading numpy, and a value the user set is kept."""
-    import os
-
-    probe = "import os, sys, mkb.cli.analyze; print('numpy' in sys.modules, os.environ['NUMPY_MADVISE_HUGEPAGE'])"
-    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
-    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout.split()
-    assert got == ["False", "0"]
-    env["NUMPY_MADVISE_HUGEPAGE"] = "1"
-    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout.split()
-    assert got == ["False", "1"]
+    assert got == ["False", users]
