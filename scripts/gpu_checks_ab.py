@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                         "new_segments": t.figures.get("input_sets_new_segments") if t else None,
                         "eager_new_segments": t.figures.get("eager_input_sets_new_segments") if t else None}
                     log(f"{tag:2s} {key:10s} -> {v.reason or 'passed'} median={v.candidate_median_us} calls={v.timed_calls}"
-                        f" new_segments={t.figures.get('input_sets_new_segments') if t else None}")
+                        f" new_segments={summary['rows'][key][tag]['new_segments']}")
                     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))  # kept if cut short
     writer.close()
     cmp = compare(summary["rows"])

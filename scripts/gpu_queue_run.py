@@ -95,6 +95,11 @@ def write_outputs(out: Path, summary: dict, *, stage: str, store: Path | None, n
         os.replace(out / "events.tar.gz.tmp", out / "events.tar.gz")
 
 
+def as_expected(c: Case, v: dict) -> bool:
+    """The verdict is what the job must get: a pass for a baseline or control, an expected reason for a red-team form."""
+    return v["passed"] if c.expected is None else (not v["passed"] and v["reason"] in c.expected)
+
+
 def _all_or_none(flags) -> bool | None:
     """all(flags), or None when there is none: an empty pass proves nothing either way."""
     seen = list(flags)
@@ -114,7 +119,7 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
         rel = None
         if s["passed"] and qv["passed"] and s["candidate_median_us"] and qv["candidate_median_us"]:
             rel = abs(qv["candidate_median_us"] - s["candidate_median_us"]) / s["candidate_median_us"]
-        expected_ok = (qv["passed"] if c.expected is None else (not qv["passed"] and qv["reason"] in c.expected))
+        expected_ok = as_expected(c, qv)
         summary["compare"].append({"key": qkey, "same_verdict": same, "median_rel_diff": rel,
                                    "median_within_tol": rel is None or rel <= MEDIAN_TOL, "expected_ok": expected_ok,
                                    "serial": s["reason"] or "passed", "queue": qv["reason"] or "passed"})
@@ -132,14 +137,14 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
         if summary["pair"] else None,
     }
     red = [(c, summary["serial"].get(c.key)) for c in all_cases if c.expected is not None]
-    summary["result"]["redteam_serial_rejected"] = sum(1 for c, v in red if v and not v["passed"] and v["reason"] in c.expected)
+    summary["result"]["redteam_serial_rejected"] = sum(1 for c, v in red if v and as_expected(c, v))
     summary["result"]["redteam_serial_forms"] = sum(1 for c, v in red if v)
     summary["result"]["redteam_serial_all_rejected"] = (summary["result"]["redteam_serial_rejected"] == summary["result"]["redteam_serial_forms"]
                                                         if summary["result"]["redteam_serial_forms"] else None)
     summary["result"]["serial_must_pass_passed"] = _all_or_none(v["passed"] for c, v in
                                                                 ((c, summary["serial"].get(c.key)) for c in all_cases if c.expected is None) if v)
     for c, v in red:
-        if log and v and not (not v["passed"] and v["reason"] in c.expected):
+        if log and v and not as_expected(c, v):
             log(f"HOLE   {c.key:55s} serial={v['reason'] or 'passed'} expected one of {c.expected}")
     for r in cmp:
         if log and not (r["same_verdict"] and r["median_within_tol"] and r["expected_ok"]):

@@ -6,6 +6,11 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 
+# GraderConfig.set_first_pass's values: mkb.measure.FIRST_PASSES with None spelled "none" (kept here, torch-free; a
+# test holds the two together)
+SET_FIRST_PASSES = ("allocate", "make", "none")
+
+
 @dataclass(frozen=True)
 class GraderConfig:
     """Policy of one evaluation. The defaults are DESIGN's minimums or above; tests shrink them.
@@ -61,8 +66,8 @@ class GraderConfig:
             raise ValueError(f"GraderConfig.device must be 'cuda' or 'cpu', not {self.device!r}")
         if self.expectations not in ("auto", "whole", "sampled"):
             raise ValueError(f"GraderConfig.expectations must be 'auto', 'whole' or 'sampled', not {self.expectations!r}")
-        if self.set_first_pass not in ("make", "allocate", "none"):
-            raise ValueError(f"GraderConfig.set_first_pass must be 'make', 'allocate' or 'none', not {self.set_first_pass!r}")
+        if self.set_first_pass not in SET_FIRST_PASSES:
+            raise ValueError(f"GraderConfig.set_first_pass must be one of {SET_FIRST_PASSES}, not {self.set_first_pass!r}")
         if self.floor_hold_us is not None:
             self._check_floor_hold(self.floor_hold_us)
         if self.sample_positions < 1:

@@ -110,3 +110,10 @@ def test_the_eager_key_names_how_its_sets_were_placed():
     with pytest.raises(ValueError, match="set_first_pass"):
         GraderConfig(set_first_pass="twice")
     assert GraderConfig(set_first_pass="none").first_pass is None and GraderConfig().first_pass == "allocate"
+
+
+def test_the_configs_first_passes_are_inputstreams():
+    from mkb.grader._config import SET_FIRST_PASSES
+    from mkb.measure import FIRST_PASSES
+
+    assert [GraderConfig(set_first_pass=x).first_pass for x in SET_FIRST_PASSES] == list(FIRST_PASSES)
