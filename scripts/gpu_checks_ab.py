@@ -137,6 +137,18 @@ def against(new: list[dict], old: list[dict]) -> dict:
     return {"rows": rows, "new": pooled("new"), "old": pooled("old")}
 
 
+def read_summary(path: str, flag: str, *, needs: str = "compare") -> dict:
+    """An earlier run's summary.json, or one line naming the file and the flag (never a traceback)."""
+    try:
+        s = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{flag} {path}: cannot read it ({exc}); hint: pass the summary.json a gpu_checks_ab run wrote") from exc
+    if not isinstance(s, dict) or not s.get(needs):
+        raise SystemExit(f"{flag} {path}: not a gpu_checks_ab summary (no `{needs}`); "
+                         "hint: pass the summary.json a gpu_checks_ab run wrote")
+    return s
+
+
 def pool_runs(summaries: list[dict]) -> list[dict]:
     """`compare` over the gradings of several runs of one arm pair (each run's rounds numbered after the previous run's),
     refused when they compared different arms: one A/B read over more gradings than one call's budget holds."""
@@ -228,15 +240,15 @@ def main(argv: list[str] | None = None) -> int:
                     "gradings (no GPU)")
     a = ap.parse_args(argv)
     if a.pool:
-        _print_pool(pool_runs([json.loads(Path(f).read_text()) for f in a.pool]))
+        _print_pool(pool_runs([read_summary(f, "--pool", needs="rows") for f in a.pool]))
         return 0
     if a.report:
         if not a.against:
             ap.error("--report needs --against (the earlier run's summary.json)")
-        res = against(json.loads(Path(a.report).read_text())["compare"], json.loads(Path(a.against).read_text())["compare"])
+        res = against(read_summary(a.report, "--report")["compare"], read_summary(a.against, "--against")["compare"])
         _print_against(res)
         return 0
-    old_cmp = json.loads(Path(a.against).read_text())["compare"] if a.against else None  # read before any GPU work
+    old_cmp = read_summary(a.against, "--against")["compare"] if a.against else None  # read before any GPU work
     t0 = time.monotonic()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -159,3 +159,18 @@ def test_every_b_arm_is_a_valid_config_that_differs_from_the_shipped_one_or_is_t
     cfg = GraderConfig(**ab.B_ARMS[arm])
     assert (cfg.overrides() == ab.B_ARMS[arm]) or arm == "allocate"  # allocate is the default since grader 2.8
     assert arm != "eager" or cfg.overrides() == {}
+
+
+def test_a_summary_that_is_missing_torn_or_of_another_script_is_named_in_one_line(tmp_path) -> None:
+    with pytest.raises(SystemExit, match=r"--pool .*missing.json: cannot read it"):
+        ab.read_summary(str(tmp_path / "missing.json"), "--pool")
+    torn = tmp_path / "torn.json"
+    torn.write_text('{"rows": {')
+    with pytest.raises(SystemExit, match="torn.json: cannot read it"):
+        ab.read_summary(str(torn), "--against")
+    other = tmp_path / "other.json"
+    other.write_text('{"serial": {}}')
+    with pytest.raises(SystemExit, match="not a gpu_checks_ab summary"):
+        ab.read_summary(str(other), "--report")
+    with pytest.raises(SystemExit, match="no `rows`"):
+        ab.read_summary(str(other), "--pool", needs="rows")
