@@ -149,9 +149,13 @@ def read_summary(path: str, flag: str, *, needs: str = "compare") -> dict:
     return s
 
 
-def pool_runs(summaries: list[dict]) -> list[dict]:
+def pool_runs(summaries: list[dict], *, across_graders: bool = False) -> list[dict]:
     """`compare` over the gradings of several runs of one arm pair (each run's rounds numbered after the previous run's),
-    refused when they compared different arms: one A/B read over more gradings than one call's budget holds."""
+    refused when they compared different arms: one A/B read over more gradings than one call's budget holds.
+
+    `across_graders` lets runs of different grader versions pool when their timing policy is the same one: the policy
+    names everything that decides what a timed window holds, so a grader bump that left it unchanged (2.8 -> 2.9 added
+    figures only) times the same; a different policy is still refused."""
     from mkb.grader import GraderConfig
 
     def identity(s: dict) -> str:
@@ -159,17 +163,38 @@ def pool_runs(summaries: list[dict]) -> list[dict]:
         # grader version and timing policy where the run recorded them (since grader 2.9)
         v = s.get("versions") or {}
         arms = {arm: GraderConfig.from_dict(c).overrides() for arm, c in (s.get("configs") or {}).items()}
-        return json.dumps({"arms": arms, "grader": v.get("mkb_grader"), "policy": v.get("timing_policy")}, sort_keys=True)
+        grader = None if across_graders else v.get("mkb_grader")
+        return json.dumps({"arms": arms, "grader": grader, "policy": v.get("timing_policy")}, sort_keys=True)
 
     if len({identity(s) for s in summaries}) > 1:
         raise SystemExit("--pool: the summaries compared different configurations, grader versions or timing policies; "
-                         "hint: pool runs of one --b-arm under one grader")
+                         "hint: pool runs of one --b-arm under one grader (or, for graders of one timing policy, "
+                         "add --across-graders)")
     merged: dict[str, dict[str, dict]] = {}
     for j, s in enumerate(summaries):
         for key, tags in s["rows"].items():
             for tag, v in tags.items():
                 merged.setdefault(key, {})[f"{tag[0]}{1000 * j + _tag_order(tag)}"] = v
     return compare(merged)
+
+
+def policy_of_store(summary_path: str, summary: dict) -> str:
+    """The one timing policy the timing events of the summary's gradings name, read from the dataset the summary sits
+    in (`<dataset>/logs/summary.json`), for runs that did not record it in the summary."""
+    from mkb.events import read
+
+    store = Path(summary_path).resolve().parent.parent
+    ids = {v["evaluation_id"] for tags in summary["rows"].values() for v in tags.values() if v.get("evaluation_id")}
+    try:
+        t = read("timing", str(store))
+    except Exception as exc:  # noqa: BLE001 - any unreadable store is one line naming it
+        raise SystemExit(f"--pool {summary_path}: no timing policy recorded and the store {store} cannot be read ({exc}); "
+                         "hint: pool it without --across-graders") from exc
+    found = {p for e, p in zip(t["evaluation_id"].to_list(), t["timing_policy"].to_list()) if e in ids}
+    if len(found) != 1 or not ids:
+        raise SystemExit(f"--pool {summary_path}: no timing policy recorded, and its gradings' timing events in {store} "
+                         f"name {sorted(map(str, found)) or 'none'}; hint: pool it without --across-graders")
+    return found.pop()
 
 
 def _print_pool(cmp: list[dict]) -> None:
@@ -238,9 +263,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", default="", help="with --against: compare this summary.json instead of running (no GPU)")
     ap.add_argument("--pool", nargs="+", default=[], help="summary.json files of runs of one arm pair: the A/B over all their "
                     "gradings (no GPU)")
+    ap.add_argument("--across-graders", action="store_true", help="with --pool: pool runs of different grader versions "
+                    "that share one timing policy (a different policy is still refused)")
     a = ap.parse_args(argv)
     if a.pool:
-        _print_pool(pool_runs([read_summary(f, "--pool", needs="rows") for f in a.pool]))
+        runs = [read_summary(f, "--pool", needs="rows") for f in a.pool]
+        if a.across_graders:
+            for f, s in zip(a.pool, runs):
+                v = s.setdefault("versions", {})
+                if not v.get("timing_policy"):  # runs before grader 2.9 did not record it: their timing events name it
+                    v["timing_policy"] = policy_of_store(f, s)
+                log(f"POOL {f}: grader {v.get('mkb_grader') or 'not recorded'}, timing policy {v['timing_policy']}")
+        _print_pool(pool_runs(runs, across_graders=a.across_graders))
         return 0
     if a.report:
         if not a.against:

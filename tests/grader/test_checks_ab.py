@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -152,6 +153,20 @@ def test_runs_of_one_arm_pair_pool_into_one_comparison_and_other_arms_are_refuse
         ab.pool_runs([{**run1, "versions": {"mkb_grader": "2.8"}}, {**run2, "versions": {"mkb_grader": "2.9"}}])
 
 
+def test_across_graders_pools_versions_of_one_timing_policy_and_still_refuses_another_policy() -> None:
+    def run(grader: str, policy: str, a_us: float) -> dict:
+        return {"configs": {"A": {}, "B": {"n_profiled": 0}}, "versions": {"mkb_grader": grader, "timing_policy": policy},
+                "rows": {"1/tirx": {"A1": _v(a_us), "B1": _v(101.0)}}}
+
+    (r,) = ab.pool_runs([run("2.8", "p/v6", 100.0), run("2.9", "p/v6", 102.0)], across_graders=True)
+    assert r["a_us"] == [100.0, 102.0] and r["b_us"] == [101.0, 101.0]
+    with pytest.raises(SystemExit, match="timing policies"):
+        ab.pool_runs([run("2.8", "p/v5", 100.0), run("2.9", "p/v6", 102.0)], across_graders=True)
+    with pytest.raises(SystemExit, match="different configurations"):  # the arms still have to be one pair
+        ab.pool_runs([run("2.8", "p/v6", 100.0), {**run("2.9", "p/v6", 102.0), "configs": {"A": {}, "B": {"early_stop": False}}}],
+                     across_graders=True)
+
+
 @pytest.mark.parametrize("arm", sorted(ab.B_ARMS))
 def test_every_b_arm_is_a_valid_config_that_differs_from_the_shipped_one_or_is_the_eager_arm(arm) -> None:
     from mkb.grader import GraderConfig
@@ -174,3 +189,17 @@ def test_a_summary_that_is_missing_torn_or_of_another_script_is_named_in_one_lin
         ab.read_summary(str(other), "--report")
     with pytest.raises(SystemExit, match="no `rows`"):
         ab.read_summary(str(other), "--pool", needs="rows")
+
+
+def test_a_summary_without_a_recorded_policy_gets_the_one_its_timing_events_name(tmp_path) -> None:
+    ds = Path(ab.__file__).resolve().parents[1] / "events" / "h200-checks-ab-v6b"  # committed, graded under grader 2.8
+    summary = json.loads((ds / "logs" / "summary.json").read_text())
+    assert not summary["versions"].get("timing_policy")  # a run from before grader 2.9
+    policy = ab.policy_of_store(str(ds / "logs" / "summary.json"), summary)
+    assert policy.endswith("/preallocated-sets/v6")
+    foreign = {"rows": {"1/tirx": {"A1": {**_v(1.0), "evaluation_id": "not-in-this-store"}}}}
+    with pytest.raises(SystemExit, match="name none; hint: pool it without --across-graders"):
+        ab.policy_of_store(str(ds / "logs" / "summary.json"), foreign)
+    with pytest.raises(SystemExit, match="timing events in .* name none"):  # a summary outside any dataset
+        (tmp_path / "logs").mkdir()
+        ab.policy_of_store(str(tmp_path / "logs" / "summary.json"), summary)
