@@ -19,7 +19,16 @@ $OUT gets: log (from tee), summary.json (every verdict of both passes, the compa
 figures), bench.json, events.tar.gz (the store, dataset folder `--name`), the summary and the store rewritten after
 every section, so a run its call's limit kills keeps the sections it finished. Expect about 10 minutes for
 `--sections serial,queue` (the serial pass 5-6, the queue about 0.8 of it), more than one device call's 600 s: run
-`--sections serial` in one call and `--sections queue --serial-from <that call's summary.json>` in the next.
+`--sections serial` in one call and `--sections queue --serial-from <that call's summary.json>` in the next (refused
+when the next call got another GPU, which happens). Or in one call, on one GPU, the jobs that must pass only (the
+red-team suite's serial pass then runs on its own):
+
+    python3 scripts/gpu_queue_run.py --sections serial,queue --serial-jobs passing --queue-jobs passing \
+        --serial-rounds 2 --queue-rounds 2
+
+which grades the 16 baselines and 4 controls twice each way (80 gradings, about 6 minutes) and adds the pooled
+comparison (`POOLED` lines, `summary["pooled"]`): per job the mean of its queue gradings against the mean of its serial
+ones, with the standard error from both sides' spread.
 """
 
 from __future__ import annotations
@@ -95,6 +104,13 @@ def write_outputs(out: Path, summary: dict, *, stage: str, store: Path | None, n
         os.replace(out / "events.tar.gz.tmp", out / "events.tar.gz")
 
 
+def serial_jobs(all_cases: list[Case], *, jobs: str = "all", rounds: int = 1) -> list[tuple[str, Case]]:
+    """The serial pass's (key, case) in grading order: every job once per round, round after round (so a drift lands on
+    every job alike); the first round keeps the bare key, which `--serial-from` and the per-grading comparison read."""
+    picked = [c for c in all_cases if jobs == "all" or c.expected is None]
+    return [(c.key if r == 0 else f"{c.key}#s{r}", c) for r in range(rounds) for c in picked]
+
+
 def as_expected(c: Case, v: dict) -> bool:
     """The verdict is what the job must get: a pass for a baseline or control, an expected reason for a red-team form."""
     return v["passed"] if c.expected is None else (not v["passed"] and v["reason"] in c.expected)
@@ -141,8 +157,12 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
     summary["result"]["redteam_serial_forms"] = sum(1 for c, v in red if v)
     summary["result"]["redteam_serial_all_rejected"] = (summary["result"]["redteam_serial_rejected"] == summary["result"]["redteam_serial_forms"]
                                                         if summary["result"]["redteam_serial_forms"] else None)
-    summary["result"]["serial_must_pass_passed"] = _all_or_none(v["passed"] for c, v in
-                                                                ((c, summary["serial"].get(c.key)) for c in all_cases if c.expected is None) if v)
+    must_pass = {c.key for c in all_cases if c.expected is None}
+    summary["result"]["serial_must_pass_passed"] = _all_or_none(v["passed"] for k, v in summary["serial"].items()
+                                                                if k.split("#")[0] in must_pass)
+    summary["pooled"] = pooled(summary, must_pass)
+    summary["result"]["medians_pooled_compared"] = sum(r["a_vs_b"] is not None for r in summary["pooled"])
+    summary["result"]["medians_pooled_within_0_5pct"] = sum(r["within_tol"] for r in summary["pooled"])
     for c, v in red:
         if log and v and not as_expected(c, v):
             log(f"HOLE   {c.key:55s} serial={v['reason'] or 'passed'} expected one of {c.expected}")
@@ -150,8 +170,32 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
         if log and not (r["same_verdict"] and r["median_within_tol"] and r["expected_ok"]):
             log(f"DIFF   {r['key']:55s} serial={r['serial']} queue={r['queue']} median_rel_diff={r['median_rel_diff']} "
                 f"expected_ok={r['expected_ok']}")
+    for r in summary["pooled"] if log else ():
+        if r["a_vs_b"] is not None and (len(r["a_us"]) > 1 or len(r["b_us"]) > 1):
+            se = f"{r['a_vs_b_se'] * 100:.2f}%" if r["a_vs_b_se"] is not None else "-"
+            log(f"POOLED {r['key']:55s} serial {len(r['a_us'])} queue {len(r['b_us'])} gradings, means "
+                f"{r['a_vs_b'] * 100:.2f}% apart (se {se}) {'within 0.5%' if r['within_tol'] else 'OUTSIDE 0.5%'}")
     if log:
         log("RESULT " + json.dumps(summary["result"]))
+
+
+def pooled(summary: dict, must_pass: set[str]) -> list[dict]:
+    """Per job that must pass, the mean of its queue gradings against the mean of its serial ones (gpu_checks_ab's
+    `compare`: serial as arm A, queue as arm B). Why beside the per-grading comparison: a single grading of 01, 25 or 72
+    repeats with an sd of 0.2-0.95% (DESIGN, the repeat promise), so one serial against one queue grading differs by
+    more than 0.5% about one time in three with no effect of the queue at all; several rounds of each read the queue's
+    effect against what the grader repeats to."""
+    from gpu_checks_ab import compare
+
+    rows: dict[str, dict[str, dict]] = {}
+    for arm, side in (("A", "serial"), ("B", "queue")):
+        for k, v in summary[side].items():
+            base = k.split("#")[0]
+            if base in must_pass:
+                tags = rows.setdefault(base, {})
+                tags[f"{arm}{sum(t[0] == arm for t in tags) + 1}"] = {
+                    "passed": v["passed"], "median_us": v["candidate_median_us"], "timed_calls": None, "n_timed_planned": None}
+    return [r for r in compare(rows) if r["a_us"] and r["b_us"]]
 
 
 def _environment(versions: dict) -> dict:
@@ -179,12 +223,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mkb-gpu-out"))
     ap.add_argument("--name", default="h200-grading-queue")
-    ap.add_argument("--budget-s", type=float, default=480.0, help="start no new section after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="start no new section, and no new serial grading, "
+                    "after this many seconds")
     ap.add_argument("--sections", default="serial,queue,bench")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--queue-jobs", choices=("all", "passing"), default="all",
                     help="the queue pass grades every job, or only those that must pass (baselines and controls)")
     ap.add_argument("--queue-rounds", type=int, default=1, help="times each queue job is pushed (medians compared per round)")
+    ap.add_argument("--serial-jobs", choices=("all", "passing"), default="all",
+                    help="the serial pass grades every job, or only those that must pass (with --queue-jobs passing, "
+                    "serial and queue fit one device call on one GPU)")
+    ap.add_argument("--serial-rounds", type=int, default=1, help="times the serial pass grades each job (the pooled "
+                    "comparison reads the mean of each side's gradings)")
     ap.add_argument("--serial-from", default="", help="an earlier call's summary.json: its serial pass is the reference, so serial and "
                     "queue fit two calls of the device's 600 s limit; refused unless it ran on the same GPU (uuid), grader "
                     "version, timing policy, packages and commit (where the copy has one)")
@@ -233,15 +283,19 @@ def main(argv: list[str] | None = None) -> int:
     # ---- 1. one at a time, no queue ----
     if "serial" in sections:
         t = time.monotonic()
+        sjobs = serial_jobs(all_cases, jobs=a.serial_jobs, rounds=a.serial_rounds)
         with WorkerPool(device=a.device, depth=2) as pool:
-            for c in all_cases:
+            for key, c in sjobs:
+                if left() <= 0:
+                    summary["skipped"].append(f"serial {key}")
+                    continue
                 try:
                     v = grade(c.problem, c.dsl, c.path, writer=writer, config=cfg, pool=pool, scope="submission")
                 except Exception:  # noqa: BLE001 - recorded, the run goes on
-                    summary["errors"].append({"what": f"serial {c.key}", "traceback": traceback.format_exc()})
+                    summary["errors"].append({"what": f"serial {key}", "traceback": traceback.format_exc()})
                     continue
-                summary["serial"][c.key] = row(c, v)
-                log(f"SERIAL {c.key:55s} -> {v.reason or 'passed'} median={v.candidate_median_us}")
+                summary["serial"][key] = row(c, v)
+                log(f"SERIAL {key:55s} -> {v.reason or 'passed'} median={v.candidate_median_us}")
         summary["serial_s"] = time.monotonic() - t
         save("serial")
         log(f"SAVED serial: {summary['result']['redteam_serial_rejected']} of {summary['result']['redteam_serial_forms']} "

@@ -93,3 +93,35 @@ def test_outputs_are_replaced_whole_and_a_failed_write_keeps_the_last_copy(tmp_p
     with tarfile.open(out / "events.tar.gz") as tar:
         assert "ds/kind=verdict/a.parquet" in tar.getnames()
     assert json.loads((out / "summary.json").read_text())["saved_after"] == "queue"  # written before the archive
+
+
+def test_several_rounds_each_way_are_pooled_per_job_and_a_single_pair_is_not_the_verdict() -> None:
+    import pytest
+
+    serial = {"baseline/28/cute": _r(True, None, 100.0), "baseline/28/cute#s1": _r(True, None, 101.0),
+              "redteam/host_compute/cute": _r(False, "integrity_host_compute"), "redteam/kill_self/cute": _r(False, "crash")}
+    queue = {"baseline/28/cute#r0": _r(True, None, 101.2), "baseline/28/cute#r1": _r(True, None, 100.2)}
+    s = _summary(serial, queue)
+    lines: list[str] = []
+    qr.conclude(s, CASES, log=lambda *a: lines.append(" ".join(map(str, a))))
+    res = s["result"]
+    # one queue grading against the first serial one: 1.2% apart, outside; the means (100.5 vs 100.7) are 0.2% apart
+    assert res["medians_compared"] == 2 and res["medians_within_0_5pct"] == 1
+    (p,) = s["pooled"]  # only jobs that must pass, and only those with gradings on both sides
+    assert p["key"] == "baseline/28/cute" and p["a_us"] == [100.0, 101.0] and p["b_us"] == [101.2, 100.2]
+    assert p["a_vs_b"] == pytest.approx(0.2 / 100.5) and p["within_tol"] and p["a_vs_b_se"] is not None
+    assert res["medians_pooled_compared"] == 1 and res["medians_pooled_within_0_5pct"] == 1
+    assert any(line.startswith("POOLED baseline/28/cute") and "within 0.5%" in line for line in lines)
+    # a failed serial round of a must-pass job is a failure of the serial pass, whichever round it was
+    s2 = _summary({**serial, "baseline/28/cute#s1": _r(False, "timeout")})
+    qr.conclude(s2, CASES)
+    assert s2["result"]["serial_must_pass_passed"] is False
+    assert s2["pooled"] == [] and s2["result"]["medians_pooled_compared"] == 0  # no queue pass yet
+
+
+def test_the_serial_pass_grades_the_chosen_jobs_round_after_round() -> None:
+    assert [k for k, _ in qr.serial_jobs(CASES)] == [c.key for c in CASES]
+    keys = [k for k, _ in qr.serial_jobs(CASES, jobs="passing", rounds=3)]
+    assert keys == ["baseline/28/cute", "baseline/28/cute#s1", "baseline/28/cute#s2"]
+    both = [k for k, _ in qr.serial_jobs(CASES, rounds=2)]
+    assert both[:3] == [c.key for c in CASES] and both[3:] == [f"{c.key}#s1" for c in CASES]
