@@ -75,8 +75,17 @@ def _row(v) -> dict:
         "trusted_phases_s": comp.figures.get("trusted_phases_s") if comp else None,
         "run_phases_s": tim.figures.get("run_phases_s") if tim else None,
         "hold_wait_s": (tim.figures.get("quiet_wait_s") if tim else None),
+        "warm_start_s": comp.figures.get("warm_start_s") if comp else None,
         "phases_s": v.phases_s,
     }
+
+
+def warm_start_table(rows: list[dict]) -> dict:
+    """Median seconds of each step of the graded workers' GPU warm starts (grader 2.10; the warm-up a spare holds the
+    device for under the quiet rule, `warm_ups` in `quiet_table`), so the warm-up's cost is attributed to its steps."""
+    steps = [r["warm_start_s"] for r in rows if r.get("warm_start_s")]
+    names = list(dict.fromkeys(k for st in steps for k in st))
+    return {"n": len(steps), "median_s": {k: statistics.median([st.get(k, 0.0) for st in steps]) for k in names}}
 
 
 def phase_table(rows: list[dict]) -> list[dict]:
@@ -344,7 +353,7 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
            "phases": phase_table(rows), "cancelled": cancelled, "prefetch_states": states,
            "steady_gradings": len(steady),
            "steady_gradings_per_gpu_hour": 3600.0 / statistics.fmean(steady) if steady else None,
-           "quiet": quiet_table(quiet_for(device).history, since)}
+           "quiet": quiet_table(quiet_for(device).history, since), "warm_start": warm_start_table(rows)}
     log("[bench] throughput: overhead by phase (every grading):\n" + format_phases(res["phases"]))
     log(f"[bench] throughput: {len(rows)} gradings of {len(base)} memory-bound baselines in {elapsed:.1f} s: "
         f"{_f(per_hour, '.0f')} gradings per GPU-hour; overhead median {_f(res['overhead_s_median'], '.3f')} s")
@@ -520,6 +529,10 @@ def summary(res: dict) -> str:
             lines.append("FIGURE throughput overhead, largest phases (mean s): "
                          + ", ".join(f"{d['phase']} {d['mean_s']:.3f}" for d in top))
         lines += _quiet_line("FIGURE throughput quiet rule", t.get("quiet"))
+        w = t.get("warm_start") or {}
+        if w.get("n"):
+            lines.append(f"FIGURE throughput workers' GPU warm starts by step (median s over {w['n']}): "
+                         + ", ".join(f"{k} {v:.3f}" for k, v in w["median_s"].items()))
     return "\n".join(lines)
 
 

@@ -82,8 +82,10 @@ def warm_start(device: str) -> None:
             "the profiler's first use (CUPTI)", "check that the CUDA toolkit's CUPTI library matches the driver",
             lambda: _Device("cuda").harness_streams())
         _WARM["profiler_init_s"] = _perf() - t0
+        t0 = _perf()
         _WARM["sm_clock"] = _warm_step("reading the SM clock (NVML)", "check that pynvml can open the GPU",
                                        SmClock)
+        _WARM["sm_clock_s"] = _perf() - t0
         t0 = _perf()
         _warm_step("building the timing window's SM hold (a raw kernel compiled by NVRTC, torch.cuda._compile_kernel)",
                    "check that torch can compile and launch an NVRTC kernel here (torch.cuda._compile_kernel; NVRTC "
@@ -94,6 +96,14 @@ def warm_start(device: str) -> None:
                    "check that torch can run a bf16 matmul on this GPU (cuBLAS in the CUDA runtime torch ships)",
                    _first_use)
         _WARM["first_use_s"] = _perf() - t0
+
+
+def warm_start_steps() -> dict[str, float] | None:
+    """Seconds of each step of this worker's GPU warm start (None off the GPU): the warm-up a spare holds the device
+    for under the quiet rule, attributed (grader 2.10), since that is what the throughput of one GPU waits on."""
+    steps = {k[: -len("_s")]: round(v, 4) for k, v in _WARM.items()
+             if k in ("profiler_init_s", "sm_clock_s", "hold_compile_s", "first_use_s")}
+    return steps or None
 
 
 def _first_use() -> None:
@@ -652,7 +662,8 @@ class _Evaluation:
         return CompileFigures(compile_s=self.compile_s, kernel_patterns=list(self.patterns) if self.patterns is not None else None,
                               trusted_s=self.trusted_s, trusted_phases_s=self.trusted_phases_s,
                               profiler_init_at_warm_start_s=_WARM.get("profiler_init_s"),
-                              first_use_at_warm_start_s=_WARM.get("first_use_s"), quiet_wait_s=dict(self.quiet.waited_s))
+                              first_use_at_warm_start_s=_WARM.get("first_use_s"), quiet_wait_s=dict(self.quiet.waited_s),
+                              warm_start_s=warm_start_steps())
 
     # ---------------- compile: import + first call (the JIT build) ----------------
     def compile(self) -> None:

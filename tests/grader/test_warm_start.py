@@ -89,3 +89,28 @@ def test_a_worker_whose_nvrtc_cannot_build_the_sm_hold_fails_its_warm_start_nami
     assert "hint: check that torch can compile and launch an NVRTC kernel here" in msg
     assert ran == ["streams", "clock"]  # nothing after the hold's step ran: the worker stops there
     assert not T._HOLDS and "hold_compile_s" not in _harness._WARM
+
+
+def test_a_warm_start_records_each_of_its_steps_for_the_verdict(monkeypatch) -> None:
+    """Grader 2.10: the warm-up a spare holds the device for is attributed to its steps (CompileFigures.warm_start_s)."""
+    ran = _fake_cuda_without_a_hold(monkeypatch, None)
+    monkeypatch.setattr(_harness, "sm_hold", lambda: ran.append("hold"))
+    assert _harness.warm_start_steps() is None  # off the GPU, or before the warm start: nothing to report
+    _harness.warm_start("cuda")
+    assert ran == ["streams", "clock", "hold", "first_use"]
+    steps = _harness.warm_start_steps()
+    assert list(steps) == ["profiler_init", "sm_clock", "hold_compile", "first_use"]
+    assert all(isinstance(v, float) and v >= 0 for v in steps.values())
+
+
+def test_the_bench_takes_the_median_of_each_warm_start_step_over_the_workers_that_report_them() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import grader_bench
+
+    rows = [{"warm_start_s": {"profiler_init": 0.2, "first_use": 0.1}}, {"warm_start_s": {"profiler_init": 0.6}},
+            {"warm_start_s": None}, {"warm_start_s": {"profiler_init": 0.3, "first_use": 0.3}}]
+    t = grader_bench.warm_start_table(rows)
+    assert t["n"] == 3 and t["median_s"] == {"profiler_init": 0.3, "first_use": 0.1}  # a missing step counts 0
