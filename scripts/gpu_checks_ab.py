@@ -149,24 +149,37 @@ def read_summary(path: str, flag: str, *, needs: str = "compare") -> dict:
     return s
 
 
-def pool_runs(summaries: list[dict], *, across_graders: bool = False) -> list[dict]:
+def pool_runs(summaries: list[dict], *, paths: list[str] | None = None, across_graders: bool = False) -> list[dict]:
     """`compare` over the gradings of several runs of one arm pair (each run's rounds numbered after the previous run's),
-    refused when they compared different arms: one A/B read over more gradings than one call's budget holds.
+    refused when they compared different arms or timing policies: one A/B read over more gradings than one call's
+    budget holds.
 
+    A run that did not record its timing policy (before grader 2.9) gets the one its dataset's timing events name
+    (`policy_of_store`, from `paths`); one whose policy is still unknown is refused, never pooled blindly.
     `across_graders` lets runs of different grader versions pool when their timing policy is the same one: the policy
     names everything that decides what a timed window holds, so a grader bump that left it unchanged (2.8 -> 2.9 added
     figures only) times the same; a different policy is still refused."""
     from mkb.grader import GraderConfig
 
-    def identity(s: dict) -> str:
-        # each arm as its overrides of the defaults (a field added later with its default is no difference), and the
-        # grader version and timing policy where the run recorded them (since grader 2.9)
+    policies = []
+    for j, s in enumerate(summaries):
+        policy = (s.get("versions") or {}).get("timing_policy")
+        if not policy and paths is not None:
+            policy = policy_of_store(paths[j], s)
+        if not policy:
+            raise SystemExit(f"--pool: run {j + 1} does not say which timing policy it ran under; hint: pool the "
+                             "summary.json of a dataset folder (its timing events name the policy)")
+        policies.append(policy)
+
+    def identity(s: dict, policy: str) -> str:
+        # each arm as its overrides of the defaults (a field added later with its default is no difference), the
+        # grader version where the run recorded it (since grader 2.9) unless across_graders, and the timing policy
         v = s.get("versions") or {}
         arms = {arm: GraderConfig.from_dict(c).overrides() for arm, c in (s.get("configs") or {}).items()}
         grader = None if across_graders else v.get("mkb_grader")
-        return json.dumps({"arms": arms, "grader": grader, "policy": v.get("timing_policy")}, sort_keys=True)
+        return json.dumps({"arms": arms, "grader": grader, "policy": policy}, sort_keys=True)
 
-    if len({identity(s) for s in summaries}) > 1:
+    if len({identity(s, pol) for s, pol in zip(summaries, policies)}) > 1:
         raise SystemExit("--pool: the summaries compared different configurations, grader versions or timing policies; "
                          "hint: pool runs of one --b-arm under one grader (or, for graders of one timing policy, "
                          "add --across-graders)")
@@ -268,13 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.pool:
         runs = [read_summary(f, "--pool", needs="rows") for f in a.pool]
-        if a.across_graders:
-            for f, s in zip(a.pool, runs):
-                v = s.setdefault("versions", {})
-                if not v.get("timing_policy"):  # runs before grader 2.9 did not record it: their timing events name it
-                    v["timing_policy"] = policy_of_store(f, s)
-                log(f"POOL {f}: grader {v.get('mkb_grader') or 'not recorded'}, timing policy {v['timing_policy']}")
-        _print_pool(pool_runs(runs, across_graders=a.across_graders))
+        cmp = pool_runs(runs, paths=a.pool, across_graders=a.across_graders)
+        for f, s in zip(a.pool, runs):
+            v = s.get("versions") or {}
+            log(f"POOL {f}: grader {v.get('mkb_grader') or 'not recorded'}, timing policy "
+                f"{v.get('timing_policy') or policy_of_store(f, s) + ' (from its timing events)'}")
+        _print_pool(cmp)
         return 0
     if a.report:
         if not a.against:

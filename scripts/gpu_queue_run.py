@@ -9,7 +9,7 @@ against one-at-a-time gradings, plus the grader benchmark's figures through the 
 4. bench: `benchmarks/grader_bench.py` overhead (problem 28, warm queue) and throughput (memory-bound baselines).
 
 Jobs: every baseline the problem folders hold (discovered), the red-team controls and every red-team form of
-tests/redteam (both DSLs): 68 gradings per pass today.
+tests/redteam (both DSLs): 92 gradings per pass today.
 
     export PYTHONPATH=/tmp/mkb-site/nvidia_cutlass_dsl/dsl_packages:/tmp/mkb-site:$PWD CUDA_PATH=/usr/local/cuda \
            CUTE_DSL_ARCH=sm_90a PYTHONUNBUFFERED=1
@@ -23,10 +23,13 @@ every section, so a run its call's limit kills keeps the sections it finished. E
 when the next call got another GPU, which happens). Or in one call, on one GPU, the jobs that must pass only (the
 red-team suite's serial pass then runs on its own):
 
-    python3 scripts/gpu_queue_run.py --sections serial,queue --serial-jobs passing --queue-jobs passing \
-        --serial-rounds 2 --queue-rounds 2
+    timeout 590 python3 scripts/gpu_queue_run.py --sections serial,queue --serial-jobs passing --queue-jobs passing \
+        --serial-rounds 2 --queue-rounds 2 --budget-s 500
 
-which grades the 16 baselines and 4 controls twice each way (80 gradings, about 6 minutes) and adds the pooled
+which grades the 16 baselines and 4 controls twice each way (80 gradings; an estimate, not yet run: in
+h200-grader-2-9 these 20 jobs took 130 s of the serial pass, so about 260 s serial and, at the queue's ~0.8 of that,
+about 210 s queued; past `--budget-s` the serial pass starts no grading and the queue cancels what has not started,
+naming each in `skipped`, so the call's limit never loses a section) and adds the pooled
 comparison (`POOLED` lines, `summary["pooled"]`): per job the mean of its queue gradings against the mean of its serial
 ones, with the standard error from both sides' spread.
 """
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import os
 import sys
@@ -140,21 +144,28 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
                                    "median_within_tol": rel is None or rel <= MEDIAN_TOL, "expected_ok": expected_ok,
                                    "serial": s["reason"] or "passed", "queue": qv["reason"] or "passed"})
     cmp = summary["compare"]
+    # the queue's own verdicts judged against what each job must get, whether or not the serial pass graded the job
+    # (`--serial-jobs passing` with `--queue-jobs all`, or `--serial-from` such a pass): a hole never hides behind a
+    # missing comparison
+    queued = [(qkey, by_key[qkey.split("#")[0]], qv) for qkey, qv in summary["queue"].items() if qkey.split("#")[0] in by_key]
     summary["result"] = {
-        "gradings_per_pass": len(all_cases), "compared": len(cmp),
+        "gradings_per_pass": len(all_cases), "serial_gradings": len(summary["serial"]), "queue_gradings": len(summary["queue"]),
+        "compared": len(cmp),
         "same_verdict": sum(r["same_verdict"] for r in cmp),
         "medians_compared": sum(r["median_rel_diff"] is not None for r in cmp),
         "medians_within_0_5pct": sum(r["median_rel_diff"] is not None and r["median_within_tol"] for r in cmp),
         # None, not True, while the queue pass has no such job (after the serial section, or with --queue-jobs passing)
-        "redteam_all_rejected": _all_or_none(r["expected_ok"] for r in cmp if r["key"].startswith("redteam/") and "control" not in r["key"]),
-        "controls_and_baselines_pass": _all_or_none(r["expected_ok"] for r in cmp if "control" in r["key"] or r["key"].startswith("baseline")),
+        "redteam_all_rejected": _all_or_none(as_expected(c, qv) for _, c, qv in queued if c.expected is not None),
+        "controls_and_baselines_pass": _all_or_none(as_expected(c, qv) for _, c, qv in queued if c.expected is None),
         "pair_one_eager": (len({p["eager_median_us"] for p in summary["pair"]}) == 1 and
                            [p["eager_cached"] for p in summary["pair"]][1:] == [True] * (len(summary["pair"]) - 1))
         if summary["pair"] else None,
     }
-    red = [(c, summary["serial"].get(c.key)) for c in all_cases if c.expected is not None]
-    summary["result"]["redteam_serial_rejected"] = sum(1 for c, v in red if v and as_expected(c, v))
-    summary["result"]["redteam_serial_forms"] = sum(1 for c, v in red if v)
+    # every serial grading of a red-team form, in every round (a form that slips through once is a hole)
+    red = [(k, by_key[k.split("#")[0]], v) for k, v in summary["serial"].items()
+           if k.split("#")[0] in by_key and by_key[k.split("#")[0]].expected is not None]
+    summary["result"]["redteam_serial_rejected"] = sum(1 for _, c, v in red if as_expected(c, v))
+    summary["result"]["redteam_serial_forms"] = len(red)
     summary["result"]["redteam_serial_all_rejected"] = (summary["result"]["redteam_serial_rejected"] == summary["result"]["redteam_serial_forms"]
                                                         if summary["result"]["redteam_serial_forms"] else None)
     must_pass = {c.key for c in all_cases if c.expected is None}
@@ -163,13 +174,18 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
     summary["pooled"] = pooled(summary, must_pass)
     summary["result"]["medians_pooled_compared"] = sum(r["a_vs_b"] is not None for r in summary["pooled"])
     summary["result"]["medians_pooled_within_0_5pct"] = sum(r["within_tol"] for r in summary["pooled"])
-    for c, v in red:
-        if log and v and not as_expected(c, v):
-            log(f"HOLE   {c.key:55s} serial={v['reason'] or 'passed'} expected one of {c.expected}")
+    for k, c, v in red:
+        if log and not as_expected(c, v):
+            log(f"HOLE   {k:55s} serial={v['reason'] or 'passed'} expected one of {c.expected}")
     for r in cmp:
         if log and not (r["same_verdict"] and r["median_within_tol"] and r["expected_ok"]):
             log(f"DIFF   {r['key']:55s} serial={r['serial']} queue={r['queue']} median_rel_diff={r['median_rel_diff']} "
                 f"expected_ok={r['expected_ok']}")
+    compared = {r["key"] for r in cmp}
+    for qkey, c, qv in queued:
+        if log and qkey not in compared and not as_expected(c, qv):
+            log(f"HOLE   {qkey:55s} queue={qv['reason'] or 'passed'} expected "
+                f"{'a pass' if c.expected is None else 'one of ' + str(c.expected)} (no serial grading to compare)")
     for r in summary["pooled"] if log else ():
         if r["a_vs_b"] is not None and (len(r["a_us"]) > 1 or len(r["b_us"]) > 1):
             se = f"{r['a_vs_b_se'] * 100:.2f}%" if r["a_vs_b_se"] is not None else "-"
@@ -239,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                     "queue fit two calls of the device's 600 s limit; refused unless it ran on the same GPU (uuid), grader "
                     "version, timing policy, packages and commit (where the copy has one)")
     a = ap.parse_args(argv)
+    if a.serial_rounds < 1 or a.queue_rounds < 1:
+        ap.error("--serial-rounds and --queue-rounds are at least 1")
     t0 = time.monotonic()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -302,10 +320,14 @@ def main(argv: list[str] | None = None) -> int:
             f"red-team forms rejected with an expected reason, {summary['serial_s']:.0f} s")
 
     # ---- 2. the queue: two producers at once, then a pair batch ----
+    if "queue" in sections and left() <= 0:
+        summary["skipped"].append("queue")
+        log("SKIP queue: out of time budget")
     if "queue" in sections and left() > 0:
         t = time.monotonic()
-        futs: dict[str, object] = {}
+        futs: dict[str, concurrent.futures.Future] = {}  # every job's queue future, as each producer submits it
         lock = threading.Lock()
+        pushed = threading.Event()  # the asyncio producer has submitted all its jobs
         with GradingQueue(device=a.device, writer=writer, config=cfg, depth=3, low_water=1) as q:
             q.pool.wait_warm(cfg.start_limit_s)
             t_push = time.monotonic()
@@ -324,10 +346,11 @@ def main(argv: list[str] | None = None) -> int:
                 subs = {key: q.submit(GradeJob(c.problem, c.dsl, c.path, experiment="producer-asyncio")) for key, c in qjobs[1::2]}
                 for key, f in subs.items():
                     f.add_done_callback(lambda f, key=key: done(key, f))
-                mine = {key: asyncio.wrap_future(f) for key, f in subs.items()}
-                await asyncio.gather(*mine.values(), return_exceptions=True)
                 with lock:
-                    futs.update({k: f for k, f in mine.items()})
+                    futs.update(subs)
+                pushed.set()
+                mine = [asyncio.wrap_future(f) for f in subs.values()]
+                await asyncio.gather(*mine, return_exceptions=True)  # an awaiting producer, as an agent's task is
 
             def done(key: str, f) -> None:  # each verdict logged as it lands, so a killed run shows how far it got
                 try:
@@ -342,9 +365,19 @@ def main(argv: list[str] | None = None) -> int:
             th.start()
             aio.start()
             th.join()
+            pushed.wait()
+            # past the budget the jobs not yet started are cancelled (the one running finishes, never cut short), so
+            # the call's limit never kills the section before it writes what it has
+            _, late = concurrent.futures.wait(list(futs.values()), timeout=max(0.0, left()))
+            cancelled = sum(f.cancel() for f in late)
+            if cancelled:
+                log(f"SKIP queue: budget spent, {cancelled} queue gradings cancelled before they started")
             aio.join()
             for key, c in qjobs:
                 f = futs[key]
+                if f.cancelled():
+                    summary["skipped"].append(f"queue {key}")
+                    continue
                 try:
                     v = f.result()
                 except Exception:  # noqa: BLE001
@@ -354,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"QUEUE  {key:58s} -> {v.reason or 'passed'} median={v.candidate_median_us} wait={v.queue_wait_s:.1f}s")
             summary["queue_push_to_last_s"] = time.monotonic() - t_push
             pair_cases = [c for c in all_cases if c.key.startswith("baseline/28/")]
-            if pair_cases:
+            if pair_cases and left() <= 0:
+                summary["skipped"].append("pair")
+            elif pair_cases:
                 pair = q.submit_batch([GradeJob(c.problem, c.dsl, c.path, experiment="pair", scope="pair") for c in pair_cases])
                 for c, f in zip(pair_cases, pair):
                     v = f.result()

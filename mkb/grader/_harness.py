@@ -661,9 +661,7 @@ class _Evaluation:
     def compile_figures(self) -> CompileFigures:
         return CompileFigures(compile_s=self.compile_s, kernel_patterns=list(self.patterns) if self.patterns is not None else None,
                               trusted_s=self.trusted_s, trusted_phases_s=self.trusted_phases_s,
-                              profiler_init_at_warm_start_s=_WARM.get("profiler_init_s"),
-                              first_use_at_warm_start_s=_WARM.get("first_use_s"), quiet_wait_s=dict(self.quiet.waited_s),
-                              warm_start_s=warm_start_steps())
+                              quiet_wait_s=dict(self.quiet.waited_s), warm_start_s=warm_start_steps())
 
     # ---------------- compile: import + first call (the JIT build) ----------------
     def compile(self) -> None:

@@ -458,7 +458,7 @@ class WorkerPool:
     loop on the same GPU. Workers are single-use: whatever a candidate did to its process dies with it.
 
     Refill in batches: the GPU part of a warm start (CUDA and profiler init, 4-6 s on the H200,
-    `profiler_init_at_warm_start_s` in events/h200-grader-bench) is exclusive with timing, so a
+    `profiler_init_at_warm_start_s` in events/h200-grader-bench; `warm_start_s` since grader 2.10) is exclusive with timing, so a
     timing phase waits for any warm-up already running. Spawning one successor per take puts one
     such warm-up in front of nearly every timing phase; with `low_water` below `depth - 1` the pool
     spawns `depth - low_water` workers together once only `low_water` are left, their imports end

@@ -50,11 +50,12 @@ class CompileFigures(_Figures):
     kernel_patterns: list[str] | None = None
     trusted_s: float | None = None
     trusted_phases_s: dict[str, float] | None = None
-    profiler_init_at_warm_start_s: float | None = None
-    first_use_at_warm_start_s: float | None = None  # grader 2.4: cuBLAS and the window's kernels, moved off the job's clock
     quiet_wait_s: dict[str, float] | None = None
     # grader 2.10: the worker's GPU warm start by step (profiler_init, sm_clock, hold_compile, first_use), in seconds
     warm_start_s: dict[str, float] | None = None
+    # graders 2.4-2.9 recorded two of those steps on their own; kept so their events read back whole, never written now
+    profiler_init_at_warm_start_s: float | None = None
+    first_use_at_warm_start_s: float | None = None
 
 
 @dataclass(frozen=True)

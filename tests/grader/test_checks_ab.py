@@ -140,8 +140,9 @@ def test_the_eager_arm_grades_with_an_empty_cache_and_hands_what_it_measured_to_
 
 
 def test_runs_of_one_arm_pair_pool_into_one_comparison_and_other_arms_are_refused() -> None:
-    run1 = {"configs": {"A": {}, "B": {"n_profiled": 0}}, "rows": {"1/tirx": {"A1": _v(100.0), "B1": _v(101.0)}}}
-    run2 = {"configs": {"A": {"floor_hold_us": None}, "B": {"n_profiled": 0}}, "rows": {"1/tirx": {"A1": _v(102.0), "B1": _v(101.0), "B2": _v(101.0),
+    run1 = {"configs": {"A": {}, "B": {"n_profiled": 0}}, "versions": {"timing_policy": "p/v6"},
+            "rows": {"1/tirx": {"A1": _v(100.0), "B1": _v(101.0)}}}
+    run2 = {"configs": {"A": {"floor_hold_us": None}, "B": {"n_profiled": 0}}, "versions": {"timing_policy": "p/v6"}, "rows": {"1/tirx": {"A1": _v(102.0), "B1": _v(101.0), "B2": _v(101.0),
                                                                     "A2": _v(100.0)}}}
     (r,) = ab.pool_runs([run1, run2])
     assert r["a_us"] == [100.0, 102.0, 100.0] and r["b_us"] == [101.0, 101.0, 101.0]  # run 1's rounds first
@@ -150,7 +151,10 @@ def test_runs_of_one_arm_pair_pool_into_one_comparison_and_other_arms_are_refuse
     with pytest.raises(SystemExit, match="different configurations"):
         ab.pool_runs([run1, {**run2, "configs": {"A": {}, "B": {"set_first_pass": "make"}}}])
     with pytest.raises(SystemExit, match="grader versions"):  # one arm pair, but another grader
-        ab.pool_runs([{**run1, "versions": {"mkb_grader": "2.8"}}, {**run2, "versions": {"mkb_grader": "2.9"}}])
+        ab.pool_runs([{**run1, "versions": {"mkb_grader": "2.8", "timing_policy": "p/v6"}},
+                      {**run2, "versions": {"mkb_grader": "2.9", "timing_policy": "p/v6"}}])
+    with pytest.raises(SystemExit, match="does not say which timing policy"):  # never pooled blindly
+        ab.pool_runs([run1, {**run2, "versions": {}}])
 
 
 def test_across_graders_pools_versions_of_one_timing_policy_and_still_refuses_another_policy() -> None:

@@ -125,3 +125,106 @@ def test_the_serial_pass_grades_the_chosen_jobs_round_after_round() -> None:
     assert keys == ["baseline/28/cute", "baseline/28/cute#s1", "baseline/28/cute#s2"]
     both = [k for k, _ in qr.serial_jobs(CASES, rounds=2)]
     assert both[:3] == [c.key for c in CASES] and both[3:] == [f"{c.key}#s1" for c in CASES]
+
+
+class _FakeVerdict:
+    def __init__(self, job, *, wait: float = 0.0) -> None:
+        self.problem, self.dsl = job.problem, job.dsl
+        passed = "hole" not in str(job.kernel_path)
+        self.passed, self.reason = passed, None if passed else "integrity_host_compute"
+        self.candidate_median_us, self.eager_median_us, self.speedup = 82.0, 1000.0, 12.2
+        self.wall_s = self.overhead_s = 0.01
+        self.queue_wait_s, self.evaluation_id, self.message = wait, f"ev-{id(self)}", ""
+
+    def stage(self, name):
+        return None
+
+
+class _FakeQueue:
+    """One job at a time on a thread, `step_s` each, like a GradingQueue on one GPU."""
+
+    step_s = 0.0
+
+    def __init__(self, **kw) -> None:
+        import concurrent.futures
+        import types
+
+        self._ex = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        self.pool = types.SimpleNamespace(wait_warm=lambda *a: True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._ex.shutdown(wait=True, cancel_futures=False)
+
+    def _grade(self, job):
+        import time
+
+        time.sleep(self.step_s)
+        return _FakeVerdict(job)
+
+    def submit(self, job):
+        return self._ex.submit(self._grade, job)
+
+    def submit_batch(self, jobs):
+        return [self._ex.submit(self._grade, j) for j in jobs]
+
+
+def _fake_run(monkeypatch, tmp_path, argv: list[str], *, step_s: float) -> dict:
+    """gpu_queue_run.main end to end on fakes (no GPU): its sections, keys, budget and summary as a device call runs them."""
+    import json
+    import types
+
+    import mkb.grader
+
+    cases = [qr.Case("baseline/28/cute", 28, "cute", tmp_path / "b28c.py", None),
+             qr.Case("baseline/28/tirx", 28, "tirx", tmp_path / "b28t.py", None),
+             qr.Case("redteam/control/cute", 28, "cute", tmp_path / "ctl.py", None),
+             qr.Case("redteam/host_compute/cute", 28, "cute", tmp_path / "hole.py", ("integrity_host_compute",))]
+    monkeypatch.setattr(qr, "cases", lambda tmp: cases)
+    monkeypatch.setitem(sys.modules, "gpu_grader_run", types.SimpleNamespace(versions=lambda: {"mkb_grader": "test"}))
+    monkeypatch.setattr(mkb.grader, "WorkerPool", lambda **kw: _FakeQueue())
+    monkeypatch.setattr(mkb.grader, "grade", lambda problem, dsl, path, **kw: _FakeVerdict(
+        mkb.grader.GradeJob(problem, dsl, path)))
+    monkeypatch.setattr(_FakeQueue, "step_s", step_s)
+    monkeypatch.setattr(mkb.grader, "GradingQueue", _FakeQueue)
+    out = tmp_path / "out"
+    assert qr.main([*argv, "--out", str(out), "--name", f"test-{tmp_path.name}"]) == 0
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_one_call_of_the_jobs_that_must_pass_runs_both_passes_and_pools_them(monkeypatch, tmp_path) -> None:
+    s = _fake_run(monkeypatch, tmp_path, ["--sections", "serial,queue", "--serial-jobs", "passing", "--queue-jobs", "passing",
+                                          "--serial-rounds", "2", "--queue-rounds", "2"], step_s=0.0)
+    assert sorted(s["serial"]) == sorted(["baseline/28/cute", "baseline/28/cute#s1", "baseline/28/tirx", "baseline/28/tirx#s1",
+                                          "redteam/control/cute", "redteam/control/cute#s1"])  # no red-team form graded
+    assert len(s["queue"]) == 6 and all("#r" in k for k in s["queue"])
+    res = s["result"]
+    assert res["serial_gradings"] == 6 and res["queue_gradings"] == 6 and res["medians_pooled_compared"] == 3
+    assert res["controls_and_baselines_pass"] is True and res["redteam_all_rejected"] is None
+    assert len(s["pair"]) == 2 and not s["skipped"] and not s["errors"]
+
+
+def test_past_the_budget_the_queue_cancels_what_has_not_started_and_still_writes_its_summary(monkeypatch, tmp_path) -> None:
+    s = _fake_run(monkeypatch, tmp_path, ["--sections", "serial,queue", "--queue-rounds", "8", "--budget-s", "0.6"],
+                  step_s=0.15)
+    skipped = [k for k in s["skipped"] if k.startswith("queue ")]
+    assert skipped and "pair" in s["skipped"]  # 32 jobs of 0.15 s cannot finish in 0.6 s
+    assert len(s["queue"]) + len(skipped) == 32  # every job either graded or named as skipped
+    # the queue graded the red-team form too, and its verdict was judged without waiting for a comparison
+    assert s["result"]["redteam_all_rejected"] is True or not any(k.startswith("redteam/host") for k in s["queue"])
+
+
+def test_a_hole_in_a_later_serial_round_or_in_a_queue_job_without_a_serial_grading_is_named() -> None:
+    serial = {"baseline/28/cute": _r(True, None, 82.0), "redteam/host_compute/cute": _r(False, "integrity_host_compute"),
+              "redteam/host_compute/cute#s1": _r(True, None, 80.0)}  # slipped through in the second round
+    queue = {"redteam/kill_self/cute": _r(True, None, 80.0)}  # never graded serially (--serial-jobs passing elsewhere)
+    s = _summary(serial, queue)
+    lines: list[str] = []
+    qr.conclude(s, CASES, log=lambda *a: lines.append(" ".join(map(str, a))))
+    res = s["result"]
+    assert res["redteam_serial_forms"] == 2 and res["redteam_serial_rejected"] == 1 and res["redteam_serial_all_rejected"] is False
+    assert res["redteam_all_rejected"] is False and res["compared"] == 0
+    assert any(line.startswith("HOLE") and "host_compute/cute#s1" in line for line in lines)
+    assert any(line.startswith("HOLE") and "kill_self/cute" in line and "no serial grading" in line for line in lines)
