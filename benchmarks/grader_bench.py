@@ -447,6 +447,11 @@ def main(argv: list[str] | None = None) -> None:
     dsls = tuple(a.dsl) if a.dsl else None
     res: dict = {"budget_s": a.budget_s, "config_overrides": cfg.overrides()}  # an A/B arm's figures say so
     sections = a.sections.split(",")
+    if not a.smoke and a.device.startswith("cuda") and set(sections) - {"committed"}:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+        from gpu_grader_run import preflight
+
+        preflight(dsls)  # one line, before any grading, when a DSL's toolchain is missing here
     t0 = time.monotonic()
     if "committed" in sections:
         res["committed"] = [committed(s) for s in a.committed]

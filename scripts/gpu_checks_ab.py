@@ -301,11 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     store = Path("/tmp/mkb-ab-events") / a.name
     store.mkdir(parents=True, exist_ok=True)
 
-    from gpu_grader_run import versions
+    from gpu_grader_run import preflight, versions
 
     from mkb.events import EventWriter
     from mkb.grader import GraderConfig, WorkerPool, grade
     from mkb.problems import baselines
+
+    if a.device.startswith("cuda"):
+        preflight()
 
     configs = {"A": GraderConfig(),
                "B": GraderConfig(**B_ARMS[a.b_arm])}

@@ -92,6 +92,30 @@ def versions() -> dict:
     return out
 
 
+def preflight(dsls: tuple[str, ...] | None = None) -> None:
+    """Stop before any grading when a DSL's toolchain is not importable here, in one line naming it: without it every
+    grading is an `infra_error`, and a GPU call would spend its minutes recording them (one did: the wheels' first part
+    never reached the host). `find_spec` only: nothing is imported, so the parent stays as light as a run needs."""
+    import importlib.util
+
+    from mkb.dsl import backend_from_target, backend_target, dsl_names
+
+    missing = []
+    for dsl in dsls or dsl_names():
+        for name in backend_from_target(backend_target(dsl), dsl).import_modules:
+            try:
+                found = importlib.util.find_spec(name) is not None
+            except (ImportError, ValueError):  # a parent package that is not there
+                found = False
+            if not found:
+                missing.append(f"{dsl}: {name}")
+                break
+    if missing:
+        raise SystemExit(f"cannot grade: the DSL toolchain is not importable here ({'; '.join(missing)}); hint: install "
+                         "the DSL wheels (on the device host: every part of .gpu/, then bash .gpu/pN/unpack-wheels) and "
+                         "export the PYTHONPATH it prints")
+
+
 def row_of(v, **extra) -> dict:
     t = v.stage("timing")
     i = v.stage("integrity")
@@ -129,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import redteam_hacks as R
 
+    preflight()
     summary: dict = {"versions": versions(), "baselines": [], "redteam": [], "bench": None, "skipped": [], "errors": []}
     log("versions", json.dumps(summary["versions"]))
     try:

@@ -264,9 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     store.mkdir(parents=True, exist_ok=True)
     sections = set(a.sections.split(","))
 
-    from gpu_grader_run import versions
+    from gpu_grader_run import preflight, versions
 
     from mkb.grader import GradeJob, GraderConfig, GradingQueue, WorkerPool, grade
+
+    if a.device.startswith("cuda") and sections & {"serial", "queue", "bench"}:
+        preflight()  # every registered DSL: the jobs are both DSLs' baselines and red-team forms
 
     summary: dict = {"versions": versions(), "serial": {}, "queue": {}, "pair": [], "compare": [], "errors": [], "skipped": []}
     log("versions", json.dumps(summary["versions"]))

@@ -377,3 +377,25 @@ def test_the_write_check_and_the_verdict_rules_are_watched_by_the_guard():
     finally:
         _verdict.timing_decided = orig_t
     assert g.check() is None
+
+
+def test_a_gpu_run_stops_before_any_grading_when_a_dsl_toolchain_is_missing(repo_script, monkeypatch):
+    """One line naming the DSL and the module, before the call's minutes go to recording infra_errors."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    g = repo_script("scripts/gpu_grader_run.py")
+    import mkb.dsl
+
+    present = SimpleNamespace(import_modules=("json", "importlib.util"))
+    absent = SimpleNamespace(import_modules=("json", "mkb_no_such_toolchain.runtime"))
+    table = {"good": present, "bad": absent}
+    monkeypatch.setattr(mkb.dsl, "dsl_names", lambda: ("good", "bad"))
+    monkeypatch.setattr(mkb.dsl, "backend_target", lambda dsl: dsl)
+    monkeypatch.setattr(mkb.dsl, "backend_from_target", lambda target, dsl: table[dsl])
+    g.preflight(("good",))  # everything importable: no word
+    with pytest.raises(SystemExit) as e:
+        g.preflight()
+    msg = str(e.value)
+    assert "\n" not in msg and "(bad: mkb_no_such_toolchain.runtime)" in msg and "hint: install the DSL wheels" in msg

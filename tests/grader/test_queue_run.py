@@ -183,7 +183,8 @@ def _fake_run(monkeypatch, tmp_path, argv: list[str], *, step_s: float) -> dict:
              qr.Case("redteam/control/cute", 28, "cute", tmp_path / "ctl.py", None),
              qr.Case("redteam/host_compute/cute", 28, "cute", tmp_path / "hole.py", ("integrity_host_compute",))]
     monkeypatch.setattr(qr, "cases", lambda tmp: cases)
-    monkeypatch.setitem(sys.modules, "gpu_grader_run", types.SimpleNamespace(versions=lambda: {"mkb_grader": "test"}))
+    monkeypatch.setitem(sys.modules, "gpu_grader_run", types.SimpleNamespace(versions=lambda: {"mkb_grader": "test"},
+                                                                            preflight=lambda *a: None))
     monkeypatch.setattr(mkb.grader, "WorkerPool", lambda **kw: _FakeQueue())
     monkeypatch.setattr(mkb.grader, "grade", lambda problem, dsl, path, **kw: _FakeVerdict(
         mkb.grader.GradeJob(problem, dsl, path)))
