@@ -249,7 +249,9 @@ def quiet_table(history, since: float) -> dict:
     started: dict[int, tuple[str, float]] = {}
     imported: dict[int, float] = {}
     waits_deferred: set[int] = set()
-    for t, event, pid in list(history):
+    at_once = 0  # the most warm-ups and prefetches on the device at one time
+    history = sorted(history, key=lambda e: e[0])  # in time order (stable: one instant keeps its order of notes)
+    for t, event, pid in history:
         if t < since:
             continue
         if event == "imported":
@@ -263,11 +265,16 @@ def quiet_table(history, since: float) -> dict:
         elif event == "warmed" and pid in started:
             kind, t0 = started.pop(pid)
             (warm if kind == "go" else prep).append(t - t0)
+        at_once = max(at_once, len(started))
 
     def stats(xs: list[float]) -> dict:
         return {"n": len(xs), "median_s": statistics.median(xs) if xs else None, "max_s": max(xs) if xs else None}
 
-    return {"warm_ups": stats(warm), "prepares": stats(prep), "deferred_go": stats(deferred)}
+    # the record itself too (seconds from `since`, event, pid), so the warm-up schedule can be read offline against the
+    # gradings' phases: which warm-up a timing phase waited behind, and how many ran at once
+    timeline = [[round(t - since, 4), event, pid] for t, event, pid in history if t >= since]
+    return {"warm_ups": stats(warm), "prepares": stats(prep), "deferred_go": stats(deferred), "at_once_max": at_once,
+            "timeline": timeline}
 
 
 def _quiet_line(head: str, q: dict | None) -> list[str]:
@@ -277,7 +284,7 @@ def _quiet_line(head: str, q: dict | None) -> list[str]:
     return [f"{head}: spares' GPU warm-ups {w['n']} (median {_f(w['median_s'], '.3f')} s, max {_f(w['max_s'], '.3f')}), "
             f"prefetches {p['n']} (median {_f(p['median_s'], '.3f')} s, max {_f(p['max_s'], '.3f')}); go deferred behind a "
             f"grading's timing phase for {d['n']} spares (imports to go: median {_f(d['median_s'], '.3f')} s, "
-            f"max {_f(d['max_s'], '.3f')})"]
+            f"max {_f(d['max_s'], '.3f')}); at most {q.get('at_once_max', '-')} warm-ups and prefetches at once"]
 
 
 def clock_warm_table(rows: list[dict]) -> dict:

@@ -339,6 +339,10 @@ def test_grader_bench_quiet_table_times_warm_ups_prefetches_and_deferred_gos(rep
     assert q["prepares"] == {"n": 1, "median_s": pytest.approx(0.25), "max_s": pytest.approx(0.25)}
     assert q["deferred_go"] == {"n": 1, "median_s": pytest.approx(1.4), "max_s": pytest.approx(1.4)}
     assert "go deferred behind a grading's timing phase for 1 spares" in bench._quiet_line("FIGURE x", q)[0]
+    # the record itself from `since` on, in seconds after it, for reading the schedule offline
+    assert q["timeline"][0] == [5.0, "imported", 1] and q["timeline"][-1] == [8.4, "warmed", 2]  # in time order
+    assert len(q["timeline"]) == len(history) - 3
+    assert q["at_once_max"] == 2  # spare 1's warm-up still ran when spare 2 got its go
 
 
 def test_a_prepared_worker_that_dies_before_its_job_is_replaced(tmp_path, fake_dsl, cpu_config, store):
