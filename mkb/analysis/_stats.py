@@ -356,8 +356,11 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
     # a thread per core runs the blocks: BLAS threads of its own inside each product would oversubscribe the cores
     # (OpenBLAS's spin-waiting threads cost ~10% of the bootstrap's CPU on 2 cores)
+    limits = None
     if pool is not None:
-        _ONE_BLAS_THREAD.__enter__()
+        from threadpoolctl import threadpool_limits
+
+        limits = threadpool_limits(limits=1, user_api="blas")
     try:
         for key in sorted(groups):
             cs = groups[key]
@@ -376,38 +379,9 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     finally:
         if pool is not None:
             pool.shutdown()
-            _ONE_BLAS_THREAD.__exit__()
+        if limits is not None:
+            limits.restore_original_limits()
     return {name: (est[name], lo[name], hi[name]) for name in [*stats, *shares]}
-
-
-class _OneBlasThread:
-    """BLAS held at one thread while any bootstrap runs its blocks on threads: the first to enter limits it, the last to
-    leave restores what it was. Bootstraps may run at once (the CLI makes the contrast table beside the lift table);
-    each saving and restoring the limit on its own would leave BLAS at one thread for good when the second saved the
-    first's limit as the original."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._limits = None
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._users == 0:
-                from threadpoolctl import threadpool_limits
-
-                self._limits = threadpool_limits(limits=1, user_api="blas")
-            self._users += 1
-
-    def __exit__(self, *exc) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0:
-                self._limits.restore_original_limits()
-                self._limits = None
-
-
-_ONE_BLAS_THREAD = _OneBlasThread()
 
 
 def _fast(stat) -> bool:

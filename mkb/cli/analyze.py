@@ -343,18 +343,11 @@ def lift(store: Optional[str] = STORE, stratify: bool = STRATIFY, seed: int = SE
     # tables are made (at 10M events, 2M rows held through every bootstrap otherwise)
     meta = _meta(t, spec)
     t.attempts = t.attempts.clear()
-    from concurrent.futures import ThreadPoolExecutor
-
-    # the contrast table on a second thread while the lift table is made and printed: each is polars group-bys and joins
-    # (which release the GIL) and a bootstrap of its own generator, so neither changes a figure of the other, and the
-    # stretches where one leaves a core idle (a single-threaded join, a Python loop over cells) the other fills
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        ct_f = pool.submit(contrast_table, t.pairs, spec=spec)
-        lt = lift_table(t.pairs, spec=spec, pooled=True)
-        print_lift(lt, spec=spec, max_rows=None if all_rows else 120)
-        limit = None if all_rows else 120
-        print_rates(lt, max_rows=limit)
-        ct = ct_f.result()
+    lt = lift_table(t.pairs, spec=spec, pooled=True)
+    print_lift(lt, spec=spec, max_rows=None if all_rows else 120)
+    limit = None if all_rows else 120
+    print_rates(lt, max_rows=limit)
+    ct = contrast_table(t.pairs, spec=spec)
     print_contrast(ct, max_rows=limit)
     flagged = t.pairs.filter(pl.col("skill_flagged") & pl.col("arm_kind").is_in(["transfer", "same", "wrong"]))
     sens = None

@@ -190,26 +190,3 @@ def test_pooled_cells_from_the_directions_sums_equal_the_pooled_pairs_grouped(pl
     monkeypatch.setattr(st, "_pooled_per_problem", lambda *a, **k: None)  # every cell grouped from the pairs
     assert pooled.equals(lift_table(pairs, spec=spec, pooled=True))
     assert (pooled["direction"] == "pooled").sum() > 0
-
-
-def test_overlapping_bootstraps_hold_blas_at_one_thread_until_the_last_restores_it():
-    """Two bootstraps at once (the CLI's lift and contrast tables): the first to leave must not restore BLAS's threads
-    under the other, and the last must restore what was there before either (not the one thread the second saw)."""
-    from threadpoolctl import threadpool_info, threadpool_limits
-
-    from mkb.analysis._stats import _OneBlasThread
-
-    def blas():
-        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
-
-    with threadpool_limits(limits=2, user_api="blas"):
-        before = blas()
-        assert before and all(n == 2 for n in before)
-        hold = _OneBlasThread()
-        hold.__enter__()
-        hold.__enter__()  # the second bootstrap starts while the first runs
-        assert all(n == 1 for n in blas())
-        hold.__exit__()  # the first ends: the second still runs on one BLAS thread
-        assert all(n == 1 for n in blas())
-        hold.__exit__()
-        assert blas() == before

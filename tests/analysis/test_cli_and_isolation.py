@@ -125,23 +125,3 @@ def test_cli_sets_an_allocator_setting_before_its_library_loads_and_keeps_the_us
     env[var] = users
     got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout.split()
     assert got == ["False", users]
-
-
-def test_lift_command_makes_the_contrast_beside_the_lift_table_with_the_figures_each_has_alone(planted_lift, tmp_path):
-    """`lift` makes the contrast table on a second thread while it makes the lift table: each bootstrap has its own
-    generator and neither table reads the other, so the figures are those of each table made on its own."""
-    import json
-
-    from mkb.analysis import BootstrapSpec, contrast_table, lift_table
-    from mkb.cli.analyze import _emit
-
-    got, alone = tmp_path / "got.json", tmp_path / "alone.json"
-    r = runner.invoke(app, ["lift", "--store", planted_lift.store, "--resamples", "2000", "--json", str(got)])
-    assert r.exit_code == 0, r.output
-    t = load_tables(planted_lift.store, columns="lift")
-    spec = BootstrapSpec(resamples=2000)
-    _emit({"lift": lift_table(t.pairs, spec=spec, pooled=True), "contrast": contrast_table(t.pairs, spec=spec)},
-          json_path=str(alone), csv_path=None)
-    tables, expected = json.loads(got.read_text())["tables"], json.loads(alone.read_text())["tables"]
-    assert tables["contrast"] and tables["lift"]
-    assert tables["lift"] == expected["lift"] and tables["contrast"] == expected["contrast"]
