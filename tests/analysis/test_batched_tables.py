@@ -72,3 +72,16 @@ def test_a_corrupt_file_found_while_reading_is_named_in_the_tables(many_files, t
     with pytest.warns(UserWarning, match="corrupt data pages"):
         t = _load(str(store), 50, monkeypatch, columns="lift")
     assert any(Path(p).name == victim.name and "corrupt data pages" in why for p, why in t.skipped_files.items())
+
+
+@pytest.mark.parametrize("p_flagged", [0.0, 0.2])
+def test_lean_tables_mark_flagged_skills_as_the_full_tables_do_with_or_without_any(tmp_path, p_flagged):
+    """The lean tables read the skills' hashes only when a flag is raised (a first read of the flags alone): with none,
+    no attempt is marked; with some, the same attempts as the full tables' join by hash."""
+    spec = SynthSpec(seed=5, models=("m",), model_means=(0.5,), n_problems=10, replicates=3, p_skill_flagged=p_flagged)
+    store = write_synthetic(spec, str(tmp_path / "ds")).store
+    full, lean = load_tables(store), load_tables(store, columns="lift")
+    cols = ["model", "problem", "replicate", "target_dsl", "arm_kind", "skill_flagged"]
+    assert_frame_equal(_text(lean.attempts).select(cols).sort(cols), full.attempts.select(cols).sort(cols))
+    assert_frame_equal(_text(lean.pairs).select(cols).sort(cols), full.pairs.select(cols).sort(cols))
+    assert lean.pairs["skill_flagged"].any() == (p_flagged > 0) and full.attempts["skill_sha256"].is_not_null().any()
