@@ -11,7 +11,9 @@ the plain runs' so their overhead shows.
 
 Usage: python benchmarks/analyze_bench.py [--events 1000000,10000000] [--runs K] [--runs-large K] [--dir DIR]
 Each dataset is generated once (not timed) under DIR (default: the temp dir) and reused while its
-`.complete` marker is there (the 10M store takes several minutes to write). The machine may be shared:
+`.complete` marker is there (the 10M store takes several minutes to write). Every tree measured has its mkb's
+bytecode written first, as an installed mkb has (a checkout run with PYTHONDONTWRITEBYTECODE set would otherwise
+compile mkb from source in every timed process). The machine may be shared:
 K runs, min and median reported, with the load average before and after.
 
 `--against ROOT` (a checkout of another mkb, e.g. `git worktree add /tmp/main main`) runs that code and this one
@@ -200,6 +202,17 @@ def alternate(store: str, events: int, runs: int, envs: dict[str, tuple[dict, st
     print(f"load average now {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
 
 
+def compiled_like_installed(tree: Path) -> None:
+    """Bytecode for `tree`'s mkb, as pip writes at install: a user's `mkb-analyze` never compiles mkb from source, but
+    a checkout run with PYTHONDONTWRITEBYTECODE set (some sandboxes set it) would on every run (~0.04-0.05 s, a few %
+    of the 1M figure). The packages in the environment already have theirs."""
+    import compileall
+
+    ok = compileall.compile_dir(str(tree / "mkb"), quiet=1, workers=1)
+    print(f"bytecode of {tree / 'mkb'} {'written or current' if ok else 'NOT all written'} "
+          f"(PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r})", flush=True)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--phases-child":
         return phases_child(sys.argv[2:])
@@ -212,6 +225,8 @@ def main() -> None:
     ap.add_argument("--against", default=None, help="another mkb checkout: check the same output, then alternate runs with it")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for tree in [ROOT] + ([Path(args.against).resolve()] if args.against else []):
+        compiled_like_installed(tree)
     stores = [ensure_store(int(x), args.replicates, args.dir) for x in args.events.split(",")]
     if args.against:
         other = str(Path(args.against).resolve())
