@@ -346,12 +346,15 @@ def main(argv: list[str] | None = None) -> int:
                         futs[key] = f
 
             async def asyncio_producer() -> None:
-                subs = {key: q.submit(GradeJob(c.problem, c.dsl, c.path, experiment="producer-asyncio")) for key, c in qjobs[1::2]}
-                for key, f in subs.items():
-                    f.add_done_callback(lambda f, key=key: done(key, f))
-                with lock:
-                    futs.update(subs)
-                pushed.set()
+                subs: dict[str, concurrent.futures.Future] = {}
+                try:
+                    for key, c in qjobs[1::2]:
+                        subs[key] = q.submit(GradeJob(c.problem, c.dsl, c.path, experiment="producer-asyncio"))
+                        subs[key].add_done_callback(lambda f, key=key: done(key, f))
+                finally:  # whatever it managed to submit is waited for, and the main thread never waits on it forever
+                    with lock:
+                        futs.update(subs)
+                    pushed.set()
                 mine = [asyncio.wrap_future(f) for f in subs.values()]
                 await asyncio.gather(*mine, return_exceptions=True)  # an awaiting producer, as an agent's task is
 
@@ -363,8 +366,15 @@ def main(argv: list[str] | None = None) -> int:
                     return
                 log(f"QDONE  {key:58s} -> {v.reason or 'passed'} median={v.candidate_median_us} wait={v.queue_wait_s:.1f}s")
 
-            th = threading.Thread(target=thread_producer)
-            aio = threading.Thread(target=lambda: asyncio.run(asyncio_producer()))
+            def producing(run) -> None:  # a producer that fails is recorded, never an unhandled thread exception
+                try:
+                    run()
+                except Exception:  # noqa: BLE001
+                    summary["errors"].append({"what": "queue producer", "traceback": traceback.format_exc()})
+                    log(f"ERROR  a queue producer failed: {traceback.format_exc().strip().splitlines()[-1]}")
+
+            th = threading.Thread(target=producing, args=(thread_producer,))
+            aio = threading.Thread(target=producing, args=(lambda: asyncio.run(asyncio_producer()),))
             th.start()
             aio.start()
             th.join()
@@ -377,7 +387,10 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"SKIP queue: budget spent, {cancelled} queue gradings cancelled before they started")
             aio.join()
             for key, c in qjobs:
-                f = futs[key]
+                f = futs.get(key)
+                if f is None:  # its producer failed before submitting it (the thread's traceback is in the log)
+                    summary["errors"].append({"what": f"queue {key}", "traceback": "never submitted: its producer failed first"})
+                    continue
                 if f.cancelled():
                     summary["skipped"].append(f"queue {key}")
                     continue

@@ -229,3 +229,20 @@ def test_a_hole_in_a_later_serial_round_or_in_a_queue_job_without_a_serial_gradi
     assert res["redteam_all_rejected"] is False and res["compared"] == 0
     assert any(line.startswith("HOLE") and "host_compute/cute#s1" in line for line in lines)
     assert any(line.startswith("HOLE") and "kill_self/cute" in line and "no serial grading" in line for line in lines)
+
+
+def test_a_producer_that_fails_mid_push_neither_hangs_the_run_nor_loses_what_it_submitted(monkeypatch, tmp_path) -> None:
+    calls = {"n": 0}
+    real = _FakeQueue.submit
+
+    def flaky(self, job):
+        calls["n"] += 1
+        if job.experiment == "producer-asyncio" and calls["n"] > 2:
+            raise RuntimeError("the queue refused the job")
+        return real(self, job)
+
+    monkeypatch.setattr(_FakeQueue, "submit", flaky)
+    s = _fake_run(monkeypatch, tmp_path, ["--sections", "queue", "--queue-jobs", "passing", "--queue-rounds", "2"], step_s=0.0)
+    never = [e for e in s["errors"] if e["traceback"].startswith("never submitted")]
+    assert never and len(s["queue"]) + len(never) == 6  # every job graded or named
+    assert any(e["what"] == "queue producer" and "the queue refused the job" in e["traceback"] for e in s["errors"])
