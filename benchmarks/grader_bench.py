@@ -265,6 +265,8 @@ def quiet_table(history, since: float) -> dict:
         elif event == "warmed" and pid in started:
             kind, t0 = started.pop(pid)
             (warm if kind == "go" else prep).append(t - t0)
+        elif event == "forgotten":  # killed while warming: no longer on the device, and no duration to count
+            started.pop(pid, None)
         at_once = max(at_once, len(started))
 
     def stats(xs: list[float]) -> dict:

@@ -202,11 +202,11 @@ def policy_of_store(summary_path: str, summary: dict) -> str:
         t = read("timing", str(store))
     except Exception as exc:  # noqa: BLE001 - any unreadable store is one line naming it
         raise SystemExit(f"--pool {summary_path}: no timing policy recorded and the store {store} cannot be read ({exc}); "
-                         "hint: pool it without --across-graders") from exc
+                         "hint: pool the summary.json that sits in its dataset's logs/ folder (the dataset's timing events name the policy), or a run that recorded timing_policy (grader >= 2.9)") from exc
     found = {p for e, p in zip(t["evaluation_id"].to_list(), t["timing_policy"].to_list()) if e in ids}
     if len(found) != 1 or not ids:
         raise SystemExit(f"--pool {summary_path}: no timing policy recorded, and its gradings' timing events in {store} "
-                         f"name {sorted(map(str, found)) or 'none'}; hint: pool it without --across-graders")
+                         f"name {sorted(map(str, found)) or 'none'}; hint: pool the summary.json that sits in its dataset's logs/ folder (the dataset's timing events name the policy), or a run that recorded timing_policy (grader >= 2.9)")
     return found.pop()
 
 

@@ -92,27 +92,41 @@ def versions() -> dict:
     return out
 
 
-def preflight(dsls: tuple[str, ...] | None = None) -> None:
-    """Stop before any grading when a DSL's toolchain is not importable here, in one line naming it: without it every
-    grading is an `infra_error`, and a GPU call would spend its minutes recording them (one did: the wheels' first part
-    never reached the host). `find_spec` only: nothing is imported, so the parent stays as light as a run needs."""
-    import importlib.util
+def preflight(dsls: tuple[str, ...] | None = None, *, timeout_s: float = 300.0) -> None:
+    """Stop before any grading when a DSL's toolchain does not import as a worker imports it, in one line naming the DSL
+    and the error: without it every grading is an `infra_error`, and a GPU call would spend its minutes recording them
+    (one did: the wheels' first part never reached the host). Each DSL's modules are imported in a child process with
+    the worker's environment (`environment(arch)` where a GPU is found), all DSLs at once, so the parent stays light
+    and a package that is there but broken (a library missing) is caught as surely as one that is absent."""
+    from mkb.dsl import backend_target, dsl_names
+    from mkb.grader._backends import backend_from_target
 
-    from mkb.dsl import backend_from_target, backend_target, dsl_names
+    try:
+        from mkb.measure._device import detect_arch
 
-    missing = []
+        arch: str | None = detect_arch()
+    except Exception:  # noqa: BLE001 - no GPU here: the plain environment (CPU runs and tests)
+        arch = None
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)"
+    children = {}
     for dsl in dsls or dsl_names():
-        for name in backend_from_target(backend_target(dsl), dsl).import_modules:
-            try:
-                found = importlib.util.find_spec(name) is not None
-            except (ImportError, ValueError):  # a parent package that is not there
-                found = False
-            if not found:
-                missing.append(f"{dsl}: {name}")
-                break
-    if missing:
-        raise SystemExit(f"cannot grade: the DSL toolchain is not importable here ({'; '.join(missing)}); hint: install "
-                         "the DSL wheels (on the device host: every part of .gpu/, then bash .gpu/pN/unpack-wheels) and "
+        backend = backend_from_target(backend_target(dsl), dsl)
+        env = dict(os.environ, **(backend.environment(arch) if arch else {}))
+        children[dsl] = subprocess.Popen([sys.executable, "-c", code, *backend.import_modules], env=env,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    failed = []
+    for dsl, child in children.items():
+        try:
+            _, err = child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            failed.append(f"{dsl}: its imports took more than {timeout_s:.0f} s")
+            continue
+        if child.returncode != 0:
+            failed.append(f"{dsl}: {(err.strip().splitlines() or ['exit code ' + str(child.returncode)])[-1]}")
+    if failed:
+        raise SystemExit(f"cannot grade: a DSL toolchain does not import here ({'; '.join(failed)}); hint: install the "
+                         "DSL wheels (on the device host: every part of .gpu/, then bash .gpu/pN/unpack-wheels) and "
                          "export the PYTHONPATH it prints")
 
 

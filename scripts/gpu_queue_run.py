@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["serial_s"] = time.monotonic() - t
         save("serial")
         log(f"SAVED serial: {summary['result']['redteam_serial_rejected']} of {summary['result']['redteam_serial_forms']} "
-            f"red-team forms rejected with an expected reason, {summary['serial_s']:.0f} s")
+            f"red-team gradings rejected with an expected reason, {summary['serial_s']:.0f} s")
 
     # ---- 2. the queue: two producers at once, then a pair batch ----
     if "queue" in sections and left() <= 0:
@@ -359,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
                 await asyncio.gather(*mine, return_exceptions=True)  # an awaiting producer, as an agent's task is
 
             def done(key: str, f) -> None:  # each verdict logged as it lands, so a killed run shows how far it got
+                if f.cancelled():
+                    log(f"QDONE  {key:58s} -> cancelled (budget)")
+                    return
                 try:
                     v = f.result()
                 except Exception as exc:  # noqa: BLE001 - recorded below, with its traceback

@@ -101,8 +101,9 @@ def warm_start(device: str) -> None:
 def warm_start_steps() -> dict[str, float] | None:
     """Seconds of each step of this worker's GPU warm start (None off the GPU): the warm-up a spare holds the device
     for under the quiet rule, attributed (grader 2.10), since that is what the throughput of one GPU waits on."""
-    steps = {k[: -len("_s")]: round(v, 4) for k, v in _WARM.items()
-             if k in ("profiler_init_s", "sm_clock_s", "hold_compile_s", "first_use_s")}
+    names = {"profiler_init_s": "cuda_context_and_profiler_init",  # the profiler's first use is the first CUDA use
+             "sm_clock_s": "sm_clock", "hold_compile_s": "hold_compile", "first_use_s": "first_use"}
+    steps = {names[k]: round(v, 4) for k, v in _WARM.items() if k in names}
     return steps or None
 
 

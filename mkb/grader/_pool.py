@@ -251,7 +251,9 @@ class GpuQuiet:
             w._forgotten = True
             if w in self._waiting:
                 self._waiting.remove(w)
-            self._warming.discard(w)
+            if w in self._warming:  # a warm-up or prefetch that ends without `warmed` (the record says so)
+                self._warming.discard(w)
+                self._note("forgotten", w.pid)
             self._untimed.discard(w)
             if self._holds.pop(w, None) is not None:
                 self._note("release", w.pid)

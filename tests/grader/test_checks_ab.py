@@ -202,7 +202,7 @@ def test_a_summary_without_a_recorded_policy_gets_the_one_its_timing_events_name
     policy = ab.policy_of_store(str(ds / "logs" / "summary.json"), summary)
     assert policy.endswith("/preallocated-sets/v6")
     foreign = {"rows": {"1/tirx": {"A1": {**_v(1.0), "evaluation_id": "not-in-this-store"}}}}
-    with pytest.raises(SystemExit, match="name none; hint: pool it without --across-graders"):
+    with pytest.raises(SystemExit, match="name none; hint: pool the summary.json that sits in its dataset"):
         ab.policy_of_store(str(ds / "logs" / "summary.json"), foreign)
     with pytest.raises(SystemExit, match="timing events in .* name none"):  # a summary outside any dataset
         (tmp_path / "logs").mkdir()

@@ -380,22 +380,31 @@ def test_the_write_check_and_the_verdict_rules_are_watched_by_the_guard():
 
 
 def test_a_gpu_run_stops_before_any_grading_when_a_dsl_toolchain_is_missing(repo_script, monkeypatch):
-    """One line naming the DSL and the module, before the call's minutes go to recording infra_errors."""
-    from types import SimpleNamespace
+    """One line naming the DSL and the import error, before the call's minutes go to recording infra_errors. The real
+    registry and lookup: the CPU-only test backends, one of whose toolchain modules is not installed."""
+    import os
+    import sys
+    from pathlib import Path
 
     import pytest
 
-    g = repo_script("scripts/gpu_grader_run.py")
-    import mkb.dsl
+    from mkb.dsl import _registry
+    from mkb.grader._backends import backend_from_target
 
-    present = SimpleNamespace(import_modules=("json", "importlib.util"))
-    absent = SimpleNamespace(import_modules=("json", "mkb_no_such_toolchain.runtime"))
-    table = {"good": present, "bad": absent}
-    monkeypatch.setattr(mkb.dsl, "dsl_names", lambda: ("good", "bad"))
-    monkeypatch.setattr(mkb.dsl, "backend_target", lambda dsl: dsl)
-    monkeypatch.setattr(mkb.dsl, "backend_from_target", lambda target, dsl: table[dsl])
-    g.preflight(("good",))  # everything importable: no word
-    with pytest.raises(SystemExit) as e:
-        g.preflight()
+    here = str(Path(__file__).resolve().parent)
+    g = repo_script("scripts/gpu_grader_run.py")
+    monkeypatch.setitem(_registry.BACKENDS, "fake", "fake_dsl:FakeBackend")
+    monkeypatch.setitem(_registry.BACKENDS, "broken", "fake_dsl:FakeBackendBrokenToolchain")
+    monkeypatch.syspath_prepend(here)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    backend_from_target.cache_clear()
+    try:
+        g.preflight(("fake",))  # its toolchain (torch) imports in a child: no word
+        with pytest.raises(SystemExit) as e:
+            g.preflight(("fake", "broken"))
+    finally:
+        backend_from_target.cache_clear()
     msg = str(e.value)
-    assert "\n" not in msg and "(bad: mkb_no_such_toolchain.runtime)" in msg and "hint: install the DSL wheels" in msg
+    assert "\n" not in msg and "hint: install the DSL wheels" in msg
+    assert "(broken: ModuleNotFoundError: No module named 'mkb_no_such_toolchain_module')" in msg
+    assert "fake:" not in msg

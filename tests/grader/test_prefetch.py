@@ -343,6 +343,8 @@ def test_grader_bench_quiet_table_times_warm_ups_prefetches_and_deferred_gos(rep
     assert q["timeline"][0] == [5.0, "imported", 1] and q["timeline"][-1] == [8.4, "warmed", 2]  # in time order
     assert len(q["timeline"]) == len(history) - 3
     assert q["at_once_max"] == 2  # spare 1's warm-up still ran when spare 2 got its go
+    killed = [(20.0, "go", 5), (20.5, "forgotten", 5), (21.0, "go", 6), (22.0, "warmed", 6)]
+    assert bench.quiet_table(killed, since=19.0)["at_once_max"] == 1  # a killed warm-up no longer counts
 
 
 def test_a_prepared_worker_that_dies_before_its_job_is_replaced(tmp_path, fake_dsl, cpu_config, store):

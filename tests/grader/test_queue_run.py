@@ -208,13 +208,31 @@ def test_one_call_of_the_jobs_that_must_pass_runs_both_passes_and_pools_them(mon
 
 
 def test_past_the_budget_the_queue_cancels_what_has_not_started_and_still_writes_its_summary(monkeypatch, tmp_path) -> None:
-    s = _fake_run(monkeypatch, tmp_path, ["--sections", "serial,queue", "--queue-rounds", "8", "--budget-s", "0.6"],
-                  step_s=0.15)
+    """On the script's own clock, never the machine's speed: the budget runs out while the queue's pool warms (the fake
+    clock jumps there), so the section cancels every job not yet started and skips the pair batch."""
+    import time
+    import types
+
+    clock = {"now": 1000.0}
+    fake_time = types.SimpleNamespace(monotonic=lambda: clock["now"], strftime=time.strftime)
+    monkeypatch.setattr(qr, "time", fake_time)
+
+    def warm_then_late(*a) -> bool:
+        clock["now"] += 60.0  # past --budget-s 30: the section started in budget, its pushes end past it
+        return True
+
+    real_init = _FakeQueue.__init__
+
+    def init(self, **kw) -> None:
+        real_init(self, **kw)
+        self.pool.wait_warm = warm_then_late
+
+    monkeypatch.setattr(_FakeQueue, "__init__", init)
+    s = _fake_run(monkeypatch, tmp_path, ["--sections", "queue", "--queue-rounds", "8", "--budget-s", "30"], step_s=0.2)
     skipped = [k for k in s["skipped"] if k.startswith("queue ")]
-    assert skipped and "pair" in s["skipped"]  # 32 jobs of 0.15 s cannot finish in 0.6 s
+    assert len(skipped) >= 28 and "pair" in s["skipped"]  # at most the one running (and a push-time race) finishes
     assert len(s["queue"]) + len(skipped) == 32  # every job either graded or named as skipped
-    # the queue graded the red-team form too, and its verdict was judged without waiting for a comparison
-    assert s["result"]["redteam_all_rejected"] is True or not any(k.startswith("redteam/host") for k in s["queue"])
+    assert not s["errors"]
 
 
 def test_a_hole_in_a_later_serial_round_or_in_a_queue_job_without_a_serial_grading_is_named() -> None:

@@ -99,7 +99,7 @@ def test_a_warm_start_records_each_of_its_steps_for_the_verdict(monkeypatch) -> 
     _harness.warm_start("cuda")
     assert ran == ["streams", "clock", "hold", "first_use"]
     steps = _harness.warm_start_steps()
-    assert list(steps) == ["profiler_init", "sm_clock", "hold_compile", "first_use"]
+    assert list(steps) == ["cuda_context_and_profiler_init", "sm_clock", "hold_compile", "first_use"]
     assert all(isinstance(v, float) and v >= 0 for v in steps.values())
 
 
