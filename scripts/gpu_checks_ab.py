@@ -149,27 +149,32 @@ def read_summary(path: str, flag: str, *, needs: str = "compare") -> dict:
     return s
 
 
-def pool_runs(summaries: list[dict], *, paths: list[str] | None = None, across_graders: bool = False) -> list[dict]:
-    """`compare` over the gradings of several runs of one arm pair (each run's rounds numbered after the previous run's),
-    refused when they compared different arms or timing policies: one A/B read over more gradings than one call's
-    budget holds.
-
-    A run that did not record its timing policy (before grader 2.9) gets the one its dataset's timing events name
-    (`policy_of_store`, from `paths`); one whose policy is still unknown is refused, never pooled blindly.
-    `across_graders` lets runs of different grader versions pool when their timing policy is the same one: the policy
-    names everything that decides what a timed window holds, so a grader bump that left it unchanged (2.8 -> 2.9 added
-    figures only) times the same; a different policy is still refused."""
-    from mkb.grader import GraderConfig
-
+def timing_policies(summaries: list[dict], paths: list[str] | None = None) -> list[str]:
+    """Each run's timing policy: the one it recorded (since grader 2.9), else the one its dataset's timing events name
+    (`policy_of_store`, from `paths`); a run whose policy is still unknown is refused, never pooled blindly."""
     policies = []
     for j, s in enumerate(summaries):
         policy = (s.get("versions") or {}).get("timing_policy")
         if not policy and paths is not None:
             policy = policy_of_store(paths[j], s)
         if not policy:
-            raise SystemExit(f"--pool: run {j + 1} does not say which timing policy it ran under; hint: pool the "
-                             "summary.json of a dataset folder (its timing events name the policy)")
+            raise SystemExit(f"--pool: run {j + 1} does not say which timing policy it ran under; {_POLICY_HINT}")
         policies.append(policy)
+    return policies
+
+
+def pool_runs(summaries: list[dict], *, policies: list[str] | None = None, paths: list[str] | None = None,
+              across_graders: bool = False) -> list[dict]:
+    """`compare` over the gradings of several runs of one arm pair (each run's rounds numbered after the previous run's),
+    refused when they compared different arms or timing policies (`policies`, else `timing_policies(summaries, paths)`):
+    one A/B read over more gradings than one call's budget holds.
+
+    `across_graders` lets runs of different grader versions pool when their timing policy is the same one: the policy
+    names everything that decides what a timed window holds, so a grader bump that left it unchanged (2.8 -> 2.9 added
+    figures only) times the same; a different policy is still refused."""
+    from mkb.grader import GraderConfig
+
+    policies = policies if policies is not None else timing_policies(summaries, paths)
 
     def identity(s: dict, policy: str) -> str:
         # each arm as its overrides of the defaults (a field added later with its default is no difference), the
@@ -191,6 +196,10 @@ def pool_runs(summaries: list[dict], *, paths: list[str] | None = None, across_g
     return compare(merged)
 
 
+_POLICY_HINT = ("hint: pool the summary.json that sits in its dataset's logs/ folder (the dataset's timing events name "
+                "the policy), or a run that recorded timing_policy (grader >= 2.9)")
+
+
 def policy_of_store(summary_path: str, summary: dict) -> str:
     """The one timing policy the timing events of the summary's gradings name, read from the dataset the summary sits
     in (`<dataset>/logs/summary.json`), for runs that did not record it in the summary."""
@@ -202,11 +211,11 @@ def policy_of_store(summary_path: str, summary: dict) -> str:
         t = read("timing", str(store))
     except Exception as exc:  # noqa: BLE001 - any unreadable store is one line naming it
         raise SystemExit(f"--pool {summary_path}: no timing policy recorded and the store {store} cannot be read ({exc}); "
-                         "hint: pool the summary.json that sits in its dataset's logs/ folder (the dataset's timing events name the policy), or a run that recorded timing_policy (grader >= 2.9)") from exc
+                         + _POLICY_HINT) from exc
     found = {p for e, p in zip(t["evaluation_id"].to_list(), t["timing_policy"].to_list()) if e in ids}
     if len(found) != 1 or not ids:
         raise SystemExit(f"--pool {summary_path}: no timing policy recorded, and its gradings' timing events in {store} "
-                         f"name {sorted(map(str, found)) or 'none'}; hint: pool the summary.json that sits in its dataset's logs/ folder (the dataset's timing events name the policy), or a run that recorded timing_policy (grader >= 2.9)")
+                         f"name {sorted(map(str, found)) or 'none'}; {_POLICY_HINT}")
     return found.pop()
 
 
@@ -281,11 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.pool:
         runs = [read_summary(f, "--pool", needs="rows") for f in a.pool]
-        cmp = pool_runs(runs, paths=a.pool, across_graders=a.across_graders)
-        for f, s in zip(a.pool, runs):
+        policies = timing_policies(runs, a.pool)
+        cmp = pool_runs(runs, policies=policies, across_graders=a.across_graders)
+        for f, s, policy in zip(a.pool, runs, policies):
             v = s.get("versions") or {}
-            log(f"POOL {f}: grader {v.get('mkb_grader') or 'not recorded'}, timing policy "
-                f"{v.get('timing_policy') or policy_of_store(f, s) + ' (from its timing events)'}")
+            log(f"POOL {f}: grader {v.get('mkb_grader') or 'not recorded'}, timing policy {policy}"
+                f"{'' if v.get('timing_policy') else ' (from its timing events)'}")
         _print_pool(cmp)
         return 0
     if a.report:
