@@ -108,6 +108,12 @@ def write_outputs(out: Path, summary: dict, *, stage: str, store: Path | None, n
         os.replace(out / "events.tar.gz.tmp", out / "events.tar.gz")
 
 
+def job_of(key: str) -> str:
+    """The job a round's key names: "baseline/28/cute#s1" (serial round 2) and "...#r0" (queue round 1) are both
+    "baseline/28/cute"."""
+    return key.split("#")[0]
+
+
 def serial_jobs(all_cases: list[Case], *, jobs: str = "all", rounds: int = 1) -> list[tuple[str, Case]]:
     """The serial pass's (key, case) in grading order: every job once per round, round after round (so a drift lands on
     every job alike); the first round keeps the bare key, which `--serial-from` and the per-grading comparison read."""
@@ -131,7 +137,7 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
     summary["compare"] = []
     by_key = {c.key: c for c in all_cases}
     for qkey, qv in summary["queue"].items():
-        c = by_key[qkey.split("#")[0]]
+        c = by_key[job_of(qkey)]
         s = summary["serial"].get(c.key)
         if s is None:
             continue
@@ -147,7 +153,7 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
     # the queue's own verdicts judged against what each job must get, whether or not the serial pass graded the job
     # (`--serial-jobs passing` with `--queue-jobs all`, or `--serial-from` such a pass): a hole never hides behind a
     # missing comparison
-    queued = [(qkey, by_key[qkey.split("#")[0]], qv) for qkey, qv in summary["queue"].items() if qkey.split("#")[0] in by_key]
+    queued = [(qkey, by_key[job_of(qkey)], qv) for qkey, qv in summary["queue"].items() if job_of(qkey) in by_key]
     summary["result"] = {
         "gradings_per_pass": len(all_cases), "serial_gradings": len(summary["serial"]), "queue_gradings": len(summary["queue"]),
         "compared": len(cmp),
@@ -162,15 +168,15 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
         if summary["pair"] else None,
     }
     # every serial grading of a red-team form, in every round (a form that slips through once is a hole)
-    red = [(k, by_key[k.split("#")[0]], v) for k, v in summary["serial"].items()
-           if k.split("#")[0] in by_key and by_key[k.split("#")[0]].expected is not None]
+    red = [(k, by_key[job_of(k)], v) for k, v in summary["serial"].items()
+           if job_of(k) in by_key and by_key[job_of(k)].expected is not None]
     summary["result"]["redteam_serial_rejected"] = sum(1 for _, c, v in red if as_expected(c, v))
     summary["result"]["redteam_serial_forms"] = len(red)
     summary["result"]["redteam_serial_all_rejected"] = (summary["result"]["redteam_serial_rejected"] == summary["result"]["redteam_serial_forms"]
                                                         if summary["result"]["redteam_serial_forms"] else None)
     must_pass = {c.key for c in all_cases if c.expected is None}
     summary["result"]["serial_must_pass_passed"] = _all_or_none(v["passed"] for k, v in summary["serial"].items()
-                                                                if k.split("#")[0] in must_pass)
+                                                                if job_of(k) in must_pass)
     summary["pooled"] = pooled(summary, must_pass)
     summary["result"]["medians_pooled_compared"] = sum(r["a_vs_b"] is not None for r in summary["pooled"])
     summary["result"]["medians_pooled_within_0_5pct"] = sum(r["within_tol"] for r in summary["pooled"])
@@ -206,7 +212,7 @@ def pooled(summary: dict, must_pass: set[str]) -> list[dict]:
     rows: dict[str, dict[str, dict]] = {}
     for arm, side in (("A", "serial"), ("B", "queue")):
         for k, v in summary[side].items():
-            base = k.split("#")[0]
+            base = job_of(k)
             if base in must_pass:
                 tags = rows.setdefault(base, {})
                 tags[f"{arm}{sum(t[0] == arm for t in tags) + 1}"] = {
