@@ -41,6 +41,7 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import statistics
 import sys
 import tarfile
 import threading
@@ -92,7 +93,17 @@ def row(c: Case, v) -> dict:
     return {"key": c.key, "problem": v.problem, "dsl": v.dsl, "passed": v.passed, "reason": v.reason,
             "candidate_median_us": v.candidate_median_us, "eager_median_us": v.eager_median_us, "speedup": v.speedup,
             "cv": t.figures.get("cv") if t else None, "wall_s": v.wall_s, "overhead_s": v.overhead_s,
-            "queue_wait_s": v.queue_wait_s, "evaluation_id": v.evaluation_id, "message": (v.message or "")[:800]}
+            "queue_wait_s": v.queue_wait_s, "evaluation_id": v.evaluation_id, "message": (v.message or "")[:800],
+            "host_syncs": host_syncs(v.stage("integrity").figures if v.stage("integrity") else None)}
+
+
+def host_syncs(integrity: dict | None) -> int | None:
+    """The most times one profiled call made the host wait for the device (None when nothing was profiled): a call
+    that reads device data on the host repeats only within its measured spread (DESIGN, the repeat promise), so the
+    queue's effect is read over the calls that only work on the device."""
+    seen = [p.get("host_syncs") for p in (integrity or {}).get("profiled") or [] if isinstance(p, dict)]
+    seen = [int(x) for x in seen if x is not None]
+    return max(seen) if seen else None
 
 
 def write_outputs(out: Path, summary: dict, *, stage: str, store: Path | None, name: str) -> None:
@@ -180,6 +191,8 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
     summary["pooled"] = pooled(summary, must_pass)
     summary["result"]["medians_pooled_compared"] = sum(r["a_vs_b"] is not None for r in summary["pooled"])
     summary["result"]["medians_pooled_within_0_5pct"] = sum(r["within_tol"] for r in summary["pooled"])
+    summary["queue_effect"] = queue_effect(summary)
+    summary["result"]["queue_effect_within_0_5pct"] = summary["queue_effect"]["within_tol"] if summary["queue_effect"] else None
     for k, c, v in red:
         if log and not as_expected(c, v):
             log(f"HOLE   {k:55s} serial={v['reason'] or 'passed'} expected one of {c.expected}")
@@ -197,8 +210,51 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
             se = f"{r['a_vs_b_se'] * 100:.2f}%" if r["a_vs_b_se"] is not None else "-"
             log(f"POOLED {r['key']:55s} serial {len(r['a_us'])} queue {len(r['b_us'])} gradings, means "
                 f"{r['a_vs_b'] * 100:.2f}% apart (se {se}) {'within 0.5%' if r['within_tol'] else 'OUTSIDE 0.5%'}")
+    e = summary["queue_effect"]
+    if log and e:
+        log(f"EFFECT over {e['jobs']} jobs that only work on the device (left out, reading the host: {e['left_out_host'] or 'none'}): "
+            f"queue against serial {e['mean'] * 100:+.2f}% (se {e['se'] * 100:.2f}%; +-2 se "
+            f"{(e['mean'] - 2 * e['se']) * 100:+.2f}% .. {(e['mean'] + 2 * e['se']) * 100:+.2f}%) "
+            f"{'within 0.5%' if e['within_tol'] else 'NOT shown within 0.5%'}; one grading against one: serial-serial "
+            f"median {'-' if e['same_arm_median'] is None else format(e['same_arm_median'] * 100, '.2f')}% "
+            f"({e['same_arm_over_tol']} of {e['same_arm_pairs']} over 0.5%), "
+            f"serial-queue median {e['cross_median'] * 100:.2f}% ({e['cross_over_tol']} of {e['cross_pairs']} over 0.5%)")
     if log:
         log("RESULT " + json.dumps(summary["result"]))
+
+
+def queue_effect(summary: dict) -> dict | None:
+    """The queue's effect on the median over every job that only works on the device: per job its queue gradings' mean
+    against its serial gradings' mean (signed), then the mean of those over jobs with its standard error, judged within
+    0.5% when the mean +- 2 se lies inside +-0.5%. Beside it the one-against-one spreads: every serial grading against
+    every other of its job, and every serial against every queue grading, as medians and counts over 0.5%.
+    Why: a job's single gradings of 01, 25 or 72 repeat only to 0.2-0.95% (DESIGN, the repeat promise), so with two
+    rounds a job's pooled means can be 0.5% apart with no queue effect at all; the queue would show as a shift shared by
+    the jobs, which the mean over jobs reads to a fraction of that. Jobs with a grading that read the host are left
+    out and named; None without a job graded both ways."""
+    rows: dict[str, dict[str, list]] = {}
+    host: set[str] = set()
+    for side in ("serial", "queue"):
+        for k, v in summary[side].items():
+            job = job_of(k)
+            if (v.get("host_syncs") or 0) > 0:
+                host.add(job)
+            if v["passed"] and v["candidate_median_us"]:
+                rows.setdefault(job, {"serial": [], "queue": []})[side].append(float(v["candidate_median_us"]))
+    jobs = {j: r for j, r in rows.items() if r["serial"] and r["queue"] and j not in host}
+    if not jobs:
+        return None
+    diffs = [statistics.fmean(r["queue"]) / statistics.fmean(r["serial"]) - 1 for r in jobs.values()]
+    mean = statistics.fmean(diffs)
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("inf")
+    same = [abs(b / a - 1) for r in jobs.values() for i, a in enumerate(r["serial"]) for b in r["serial"][i + 1:]]
+    cross = [abs(b / a - 1) for r in jobs.values() for a in r["serial"] for b in r["queue"]]
+    return {"jobs": len(jobs), "left_out_host": sorted(host & set(rows)), "per_job": dict(zip(jobs, diffs)),
+            "mean": mean, "se": se, "within_tol": abs(mean) + 2 * se <= MEDIAN_TOL,
+            "same_arm_pairs": len(same), "same_arm_median": statistics.median(same) if same else None,
+            "same_arm_over_tol": sum(x > MEDIAN_TOL for x in same),
+            "cross_pairs": len(cross), "cross_median": statistics.median(cross),
+            "cross_over_tol": sum(x > MEDIAN_TOL for x in cross)}
 
 
 def pooled(summary: dict, must_pass: set[str]) -> list[dict]:
@@ -218,6 +274,45 @@ def pooled(summary: dict, must_pass: set[str]) -> list[dict]:
                 tags[f"{arm}{sum(t[0] == arm for t in tags) + 1}"] = {
                     "passed": v["passed"], "median_us": v["candidate_median_us"], "timed_calls": None, "n_timed_planned": None}
     return [r for r in compare(rows) if r["a_us"] and r["b_us"]]
+
+
+def with_host_syncs(summary: dict, store: Path) -> int:
+    """Fill `host_syncs` into the verdict rows of a summary written before the figure was (gpu_queue_run before
+    2026-12-02 evening) from the dataset's own integrity events, by evaluation id; returns how many rows it filled."""
+    from mkb.events import read
+
+    try:
+        frame = read("integrity", str(store)).select("evaluation_id", "details")
+    except Exception as exc:  # noqa: BLE001 - one line naming the store, not a traceback
+        raise SystemExit(f"--store {store}: its integrity events cannot be read ({type(exc).__name__}: {exc}); hint: pass "
+                         "the dataset folder the summary's run wrote (events/<name>)") from None
+    by_id: dict[str, int | None] = {}
+    for eid, details in frame.iter_rows():
+        d = json.loads(details) if isinstance(details, str) else (details or {})
+        by_id[eid] = host_syncs(d)
+    filled = 0
+    for side in ("serial", "queue"):
+        for v in summary[side].values():
+            if v.get("host_syncs") is None and v.get("evaluation_id") in by_id:
+                v["host_syncs"] = by_id[v["evaluation_id"]]
+                filled += 1
+    return filled
+
+
+def rejudge(path: Path, store: Path | None) -> dict:
+    """A recorded run's comparison computed again by this script (no GPU): what a later reading, such as the queue's
+    effect over jobs, says about a committed dataset, from its summary and events alone."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--rejudge {path}: not a readable summary.json ({exc}); hint: pass a run's logs/summary.json")
+    if not isinstance(summary, dict) or not {"serial", "queue"} <= set(summary):
+        raise SystemExit(f"--rejudge {path}: it holds no serial and queue verdicts; hint: pass a gpu_queue_run summary.json")
+    summary.setdefault("pair", [])
+    if store is not None:
+        log(f"host_syncs filled from {store}'s integrity events for {with_host_syncs(summary, store)} verdicts")
+    conclude(summary, cases(Path("/tmp/mkb-queue-redteam")), log=log)
+    return summary
 
 
 def _environment(versions: dict) -> dict:
@@ -260,7 +355,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serial-from", default="", help="an earlier call's summary.json: its serial pass is the reference, so serial and "
                     "queue fit two calls of the device's 600 s limit; refused unless it ran on the same GPU (uuid), grader "
                     "version, timing policy, packages and commit (where the copy has one)")
+    ap.add_argument("--rejudge", default="", help="a recorded run's summary.json: compute its comparison again and print "
+                    "it (no GPU); with --store, the dataset folder its verdicts' integrity events are read from")
+    ap.add_argument("--store", default="", help="with --rejudge: the run's dataset folder (events/<name>)")
     a = ap.parse_args(argv)
+    if a.rejudge:
+        rejudge(Path(a.rejudge), Path(a.store) if a.store else None)
+        return 0
     if a.serial_rounds < 1 or a.queue_rounds < 1:
         ap.error("--serial-rounds and --queue-rounds are at least 1")
     t0 = time.monotonic()

@@ -264,3 +264,79 @@ def test_a_producer_that_fails_mid_push_neither_hangs_the_run_nor_loses_what_it_
     never = [e for e in s["errors"] if e["traceback"].startswith("never submitted")]
     assert never and len(s["queue"]) + len(never) == 6  # every job graded or named
     assert any(e["what"] == "queue producer" and "the queue refused the job" in e["traceback"] for e in s["errors"])
+
+
+def _job(*, serial: list[float], queue: list[float], syncs: int = 0, key: str = "baseline/28/cute") -> dict:
+    s = {(key if i == 0 else f"{key}#s{i}"): _r(True, None, us) | {"host_syncs": syncs} for i, us in enumerate(serial)}
+    q = {f"{key}#r{i}": _r(True, None, us) | {"host_syncs": syncs} for i, us in enumerate(queue)}
+    return {"serial": s, "queue": q}
+
+
+def test_the_queue_effect_is_read_over_jobs_and_leaves_out_calls_that_read_the_host() -> None:
+    import pytest
+
+    jobs = [_job(key=f"baseline/{p}/cute", serial=[100.0, 100.4], queue=[100.0 + d, 100.4 + d])
+            for p, d in ((1, 0.3), (25, -0.3), (28, 0.1), (72, -0.1))]
+    host = _job(key="baseline/23/cute", serial=[100.0, 150.0], queue=[60.0, 70.0], syncs=2)
+    s = _summary({k: v for j in jobs + [host] for k, v in j["serial"].items()},
+                 {k: v for j in jobs + [host] for k, v in j["queue"].items()})
+    cases = [qr.Case(f"baseline/{p}/cute", p, "cute", Path("b.py"), None) for p in (1, 23, 25, 28, 72)]
+    lines: list[str] = []
+    qr.conclude(s, cases, log=lambda *a: lines.append(" ".join(map(str, a))))
+    e = s["queue_effect"]
+    # 23 reads the host: left out and named, though its 40% shift would swamp the rest
+    assert e["jobs"] == 4 and e["left_out_host"] == ["baseline/23/cute"]
+    assert e["mean"] == pytest.approx(0.0, abs=1e-4) and e["within_tol"] and s["result"]["queue_effect_within_0_5pct"]
+    assert e["same_arm_pairs"] == 4 and e["cross_pairs"] == 16
+    assert any(line.startswith("EFFECT over 4 jobs") and "within 0.5%" in line for line in lines)
+    # a shift every job shares is the queue's, and is not hidden by each job's own spread
+    shifted = [_job(key=f"baseline/{p}/cute", serial=[100.0, 100.4], queue=[100.9 + d, 101.3 + d])
+               for p, d in ((1, 0.1), (25, -0.1), (28, 0.05), (72, -0.05))]
+    s2 = _summary({k: v for j in shifted for k, v in j["serial"].items()}, {k: v for j in shifted for k, v in j["queue"].items()})
+    qr.conclude(s2, cases)
+    assert s2["queue_effect"]["mean"] == pytest.approx(0.009, abs=5e-4) and not s2["queue_effect"]["within_tol"]
+    # spread across jobs widens the interval: a mean of 0 with jobs at +-0.6% is not shown within 0.5% from two jobs
+    wide = [_job(key=f"baseline/{p}/cute", serial=[100.0], queue=[100.0 + d]) for p, d in ((1, 0.6), (25, -0.6))]
+    s3 = _summary({k: v for j in wide for k, v in j["serial"].items()}, {k: v for j in wide for k, v in j["queue"].items()})
+    qr.conclude(s3, cases)
+    assert not s3["queue_effect"]["within_tol"] and s3["queue_effect"]["same_arm_median"] is None
+    # no job graded both ways: nothing to read
+    s4 = _summary({k: v for k, v in jobs[0]["serial"].items()})
+    qr.conclude(s4, cases)
+    assert s4["queue_effect"] is None and s4["result"]["queue_effect_within_0_5pct"] is None
+
+
+def test_host_syncs_is_the_most_of_any_profiled_call() -> None:
+    assert qr.host_syncs({"profiled": [{"host_syncs": 0}, {"host_syncs": 2}, {"other": 1}]}) == 2
+    assert qr.host_syncs({"profiled": []}) is None and qr.host_syncs(None) is None
+
+
+def test_a_recorded_run_is_judged_again_from_its_summary_and_its_events(tmp_path, monkeypatch) -> None:
+    import json
+
+    import pytest
+
+    from mkb.events import EventWriter
+
+    store = tmp_path / "events" / "run"
+    w = EventWriter(str(store))
+    w.emit("integrity", evaluation_id="e-host", problem=23, dsl="cute", kernel_sha256="x", ok=True,
+           details=json.dumps({"profiled": [{"host_syncs": 2}]}))
+    w.close()
+    summary = {"serial": {"baseline/23/cute": _r(True, None, 100.0) | {"evaluation_id": "e-host"},
+                          "baseline/28/cute": _r(True, None, 82.0) | {"evaluation_id": "e-dev"}},
+               "queue": {"baseline/23/cute#r0": _r(True, None, 140.0) | {"evaluation_id": "e-host-q"},
+                         "baseline/28/cute#r0": _r(True, None, 82.1) | {"evaluation_id": "e-dev-q"}}}
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    monkeypatch.setattr(qr, "cases", lambda tmp: [qr.Case("baseline/23/cute", 23, "cute", Path("b.py"), None),
+                                                  qr.Case("baseline/28/cute", 28, "cute", Path("c.py"), None)])
+    out = qr.rejudge(path, store)
+    assert out["serial"]["baseline/23/cute"]["host_syncs"] == 2  # read from the run's own integrity events
+    assert out["queue_effect"]["left_out_host"] == ["baseline/23/cute"] and out["queue_effect"]["jobs"] == 1
+    with pytest.raises(SystemExit, match="hint: pass a gpu_queue_run summary.json"):
+        bad = tmp_path / "bad.json"
+        bad.write_text("{}")
+        qr.rejudge(bad, None)
+    with pytest.raises(SystemExit, match="not a readable summary.json"):
+        qr.rejudge(tmp_path / "missing.json", None)
