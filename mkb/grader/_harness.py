@@ -91,7 +91,7 @@ def build_hold_before_go(device: str) -> None:
 def warm_start(device: str) -> None:
     """Work that does not depend on the job, done while the worker waits for one: the profiler's (CUPTI)
     first-use initialisation, the harness stream's id as the profiler names it, and the timing window's
-    SM hold (a raw NVRTC kernel, compiled and launched once). A failure names its step (`WarmStartError`): it is the
+    SM hold (a raw NVRTC kernel, loaded from the cubin `build_hold_before_go` made, else compiled, and launched once). A failure names its step (`WarmStartError`): it is the
     host's, never a candidate's, and the operator needs to know which piece of the toolchain broke."""
     if device == "cuda" and "streams" not in _WARM:
         t0 = _perf()
@@ -105,8 +105,8 @@ def warm_start(device: str) -> None:
         _WARM["sm_clock_s"] = _perf() - t0
         t0 = _perf()
         hold = _warm_step("building the timing window's SM hold (a raw kernel compiled by NVRTC, torch.cuda._compile_kernel)",
-                   "check that torch can compile and launch an NVRTC kernel here (torch.cuda._compile_kernel; NVRTC "
-                   "in the CUDA runtime torch ships); there is no timing without the hold", sm_hold)
+                          "check that torch can compile and launch an NVRTC kernel here (torch.cuda._compile_kernel; "
+                          "NVRTC in the CUDA runtime torch ships); there is no timing without the hold", sm_hold)
         _WARM["hold_compile_s"] = _perf() - t0
         _WARM["hold_build"] = getattr(hold, "build", None)
         t0 = _perf()
