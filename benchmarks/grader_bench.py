@@ -43,6 +43,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,16 +77,21 @@ def _row(v) -> dict:
         "run_phases_s": tim.figures.get("run_phases_s") if tim else None,
         "hold_wait_s": (tim.figures.get("quiet_wait_s") if tim else None),
         "warm_start_s": comp.figures.get("warm_start_s") if comp else None,
+        "hold_build": comp.figures.get("hold_build") if comp else None,
         "phases_s": v.phases_s,
     }
 
 
 def warm_start_table(rows: list[dict]) -> dict:
     """Median seconds of each step of the graded workers' GPU warm starts (grader 2.10; the warm-up a spare holds the
-    device for under the quiet rule, `warm_ups` in `quiet_table`), so the warm-up's cost is attributed to its steps."""
+    device for under the quiet rule, `warm_ups` in `quiet_table`), so the warm-up's cost is attributed to its steps.
+    Since 2.11 the hold's NVRTC build before `imported` is a step too (`hold_nvrtc_before_go`, not under the quiet
+    rule), and `hold_builds` counts how the workers got the hold ("prebuilt", else "compiled (why)")."""
     steps = [r["warm_start_s"] for r in rows if r.get("warm_start_s")]
     names = list(dict.fromkeys(k for st in steps for k in st))
-    return {"n": len(steps), "median_s": {k: statistics.median([st.get(k, 0.0) for st in steps]) for k in names}}
+    builds = Counter(r["hold_build"] for r in rows if r.get("warm_start_s") and r.get("hold_build"))
+    return {"n": len(steps), "median_s": {k: statistics.median([st.get(k, 0.0) for st in steps]) for k in names},
+            "hold_builds": dict(builds.most_common())}
 
 
 def phase_table(rows: list[dict]) -> list[dict]:
@@ -545,8 +551,10 @@ def summary(res: dict) -> str:
         lines += _quiet_line("FIGURE throughput quiet rule", t.get("quiet"))
         w = t.get("warm_start") or {}
         if w.get("n"):
-            lines.append(f"FIGURE throughput workers' GPU warm starts by step (median s over {w['n']}): "
-                         + ", ".join(f"{k} {v:.3f}" for k, v in w["median_s"].items()))
+            lines.append(f"FIGURE throughput workers' GPU warm starts by step (median s over {w['n']}; "
+                         f"hold_nvrtc_before_go is before `imported`, not under the quiet rule): "
+                         + ", ".join(f"{k} {v:.3f}" for k, v in w["median_s"].items())
+                         + (f"; hold builds {w['hold_builds']}" if w.get("hold_builds") else ""))
     return "\n".join(lines)
 
 

@@ -61,16 +61,24 @@ def _side(launch, hold_us: float) -> float:
 
 
 def check() -> dict:
-    """Builds the process's hold (as a worker's warm start does) and measures it."""
+    """Builds the process's hold (as a worker does: NVRTC before any CUDA use, then the load in the warm start) and
+    measures it. How it was built is recorded (`hold_build`), not judged: a hold compiled as before is the same kernel."""
     import torch
 
-    from mkb.measure import sm_hold
+    from mkb.measure import build_hold_binary, nvml_capability, sm_hold
 
+    t0 = time.perf_counter()
+    cap = nvml_capability(0)
+    early = build_hold_binary(cap) if cap is not None else None
+    early_s = time.perf_counter() - t0
+    context_before = torch.cuda.is_initialized()  # the early build must not have created one
     t0 = time.perf_counter()
     hold = sm_hold()
     build_s = time.perf_counter() - t0
     props = torch.cuda.get_device_properties(0)
     fig: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "build_s": round(build_s, 4),
+                 "early_build_s": round(early_s, 4), "nvml_capability": cap, "early_build": early is not None,
+                 "cuda_initialized_by_early_build": context_before, "hold_build": hold.build,
                  "sms": props.multi_processor_count, "threads_per_sm": props.max_threads_per_multi_processor,
                  "grid": hold.grid, "block": hold.block, "threads": hold.threads, "max_mhz": hold.mhz}
     torch.cuda.synchronize()

@@ -52,8 +52,12 @@ class CompileFigures(_Figures):
     trusted_phases_s: dict[str, float] | None = None
     quiet_wait_s: dict[str, float] | None = None
     # grader 2.10: the worker's GPU warm start by step, in seconds: cuda_context_and_profiler_init (the profiler's first
-    # use is the worker's first CUDA use, so it creates the context too), sm_clock, hold_compile, first_use
+    # use is the worker's first CUDA use, so it creates the context too), sm_clock, hold_compile, first_use; since 2.11
+    # hold_nvrtc_before_go first (before `imported`, not under the quiet rule)
     warm_start_s: dict[str, float] | None = None
+    # grader 2.11: how the warm start got the SM hold: "prebuilt" (the cubin NVRTC built before `imported`, step
+    # hold_nvrtc_before_go, loaded) or "compiled (why not)" (as in 2.10)
+    hold_build: str | None = None
     # graders 2.4-2.9 recorded two of those steps on their own; kept so their events read back whole, never written now
     profiler_init_at_warm_start_s: float | None = None
     first_use_at_warm_start_s: float | None = None

@@ -1,7 +1,7 @@
 """Entry point of a single-use grader worker: warm start (torch, the DSL, CUDA), then one job, then exit.
 
-The warm start has two halves: the imports (CPU only) run at once and end with an `imported`
-message; the GPU half (CUDA init, profiler init, stream calibration) starts only when the parent
+The warm start has two halves: the imports and the SM hold's NVRTC build (CPU only) run at once and end with an
+`imported` message; the GPU half (CUDA init, profiler init, stream calibration) starts only when the parent
 sends `go` on the job pipe, which it does while no other worker of this process is timing (the
 quiet rule, mkb.grader._pool). The job's own GPU-sensitive phases send `hold` and wait for `go` too. A ready
 worker may get one `prepare` before its job (the job's trusted plan made ahead, mkb.grader._prefetch); the parent
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
             importlib.import_module(name)
         import mkb.grader._harness as harness
 
+        harness.build_hold_before_go(a.device)  # the SM hold's NVRTC build: CPU work, no CUDA context; never raises
         # CPU work is done; the GPU half waits until no other worker of the parent's process is timing
         import_s = time.perf_counter() - t0
         write_msg(a.result_fd, {"type": "imported", "import_s": import_s, "imported_at": time.monotonic()})

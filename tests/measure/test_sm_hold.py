@@ -18,6 +18,7 @@ from mkb.measure import HOLD_US, TIMING_POLICY, SmHold, hold_cycles, hold_launch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import gpu_sm_hold_check as check_script  # noqa: E402
 
+_REAL_COMPILE_KERNEL = getattr(torch.cuda, "_compile_kernel", None)  # before any fixture replaces it
 _cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
 
@@ -85,7 +86,7 @@ def fake_cuda(monkeypatch):
 
     log: list = []
     props = SimpleNamespace(multi_processor_count=132, max_threads_per_multi_processor=2048, max_threads_per_block=1024,
-                            warp_size=32)
+                            warp_size=32, major=9, minor=0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
@@ -109,6 +110,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(T, "_sync", lambda d=None: log.append(("sync", str(d))))
     monkeypatch.setattr(D, "SmClock", lambda d=None: SimpleNamespace(max_mhz=1980.0))
     monkeypatch.setattr(T, "_HOLDS", {})
+    monkeypatch.setattr(T, "_EARLY_HOLDS", {})
     return log
 
 
@@ -121,6 +123,7 @@ def test_the_hold_is_compiled_once_launched_once_before_any_window_and_then_spin
     assert fake_cuda[-1] == ("sync", "cuda:0")  # launched under the device's context, in the build, then waited for
     assert (hold.grid, hold.block, hold.threads) == (264, 1024, 132 * 2048)
     assert hold.us == HOLD_US and hold.cycles == 1_980_000 and not hasattr(hold, "per_thread")
+    assert hold.build == "compiled (no early build)"
     del fake_cuda[:]
     hold.set_us(300.0)
     hold()
@@ -148,6 +151,109 @@ def test_without_nvrtc_kernels_the_hold_is_not_built_and_says_so(fake_cuda, monk
     with pytest.raises(RuntimeError, match=r"no torch\.cuda\._compile_kernel"):
         SmHold("cuda:0")
     assert not T._HOLDS
+
+
+@pytest.fixture
+def fake_nvrtc(fake_cuda, monkeypatch):
+    """torch's NVRTC and module loader recorded: the early build's compile returns a cubin, the load a fake kernel."""
+    calls: dict = {"nvrtc": [], "load": []}
+
+    def nvrtc(src, name, *a, **k):
+        calls["nvrtc"].append((src, name, a, k))
+        return b"\x7fELF-cubin", "mkb_sm_hold"
+
+    def load(binary, names=None):
+        calls["load"].append((binary, names))
+        fake_cuda.append(("load",))
+        return {n: _FakeKernel(fake_cuda) for n in names}
+
+    monkeypatch.setattr(torch.cuda._utils, "_nvrtc_compile", nvrtc)
+    monkeypatch.setattr(torch.cuda._utils, "_cuda_load_module", load)
+    return calls
+
+
+def test_the_early_build_compiles_the_holds_source_for_a_capability_without_touching_a_device(fake_nvrtc, fake_cuda,
+                                                                                             monkeypatch):
+    def no_device(*a, **k):
+        raise AssertionError("the early build touched the device")
+
+    for name in ("get_device_properties", "current_device", "init", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, no_device)
+    built = T.build_hold_binary((9, 0))
+    assert built is not None and built.capability == (9, 0) and built.binary == b"\x7fELF-cubin"
+    assert built.name == "mkb_sm_hold" and built.build_s >= 0
+    assert fake_nvrtc["nvrtc"] == [(T._HOLD_SRC, T._HOLD_KERNEL, (), {"compute_capability": "90"})]
+    assert fake_cuda == [] and fake_nvrtc["load"] == []  # no context, no load: that is the warm start's
+
+
+def test_the_early_build_asks_nvrtc_for_what_compile_kernel_asks_on_that_device(fake_nvrtc, fake_cuda):
+    """The installed torch's own `_compile_kernel` (today's path) passes the same source and name and nothing but
+    defaults, so the capability it derives from the device is the one difference: nothing timed changes."""
+    if _REAL_COMPILE_KERNEL is None:
+        pytest.skip(f"torch {torch.__version__} has no torch.cuda._compile_kernel")
+    _REAL_COMPILE_KERNEL(T._HOLD_SRC, T._HOLD_KERNEL)
+    T.build_hold_binary((9, 0))
+    (theirs_src, theirs_name, theirs_a, theirs_k), ours = fake_nvrtc["nvrtc"]
+    assert (theirs_src, theirs_name) == ours[:2] == (T._HOLD_SRC, T._HOLD_KERNEL)
+    assert all(v is None for v in (*theirs_a, *theirs_k.values())), (theirs_a, theirs_k)  # the capability from the device
+    assert ours[2:] == ((), {"compute_capability": "90"})
+
+
+def test_a_hold_whose_capability_was_built_early_loads_that_cubin_and_never_compiles(fake_nvrtc, fake_cuda):
+    T.build_hold_binary((9, 0))
+    hold = sm_hold("cuda")
+    assert hold.build == "prebuilt"
+    assert [e[0] for e in fake_cuda] == ["device", "load", "device", "launch", "sync"]  # loaded in the device's context
+    assert fake_nvrtc["load"] == [(b"\x7fELF-cubin", ["mkb_sm_hold"])] and len(fake_nvrtc["nvrtc"]) == 1
+    assert not any(e[0] == "compile" for e in fake_cuda)
+    del fake_cuda[:]
+    hold()  # the loaded kernel launches as the compiled one did: same grid, block and only argument
+    assert fake_cuda == [("launch", (264, 1, 1), (1024, 1, 1), [1_980_000], ("stream", "cuda:0"))]
+
+
+def test_a_hold_built_early_for_another_capability_compiles_as_before(fake_nvrtc, fake_cuda):
+    T.build_hold_binary((10, 0))
+    hold = sm_hold("cuda")
+    assert hold.build == "compiled (built early for sm_100, the device is sm_90)"
+    assert [e[0] for e in fake_cuda] == ["device", "compile", "device", "launch", "sync"] and not fake_nvrtc["load"]
+
+
+def test_an_early_build_that_raised_is_silent_and_the_hold_compiles_as_before(fake_nvrtc, fake_cuda, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("nvrtc: error: failed to open libnvrtc-builtins.so.13.0\nmore lines")
+
+    monkeypatch.setattr(torch.cuda._utils, "_nvrtc_compile", broken)
+    assert T.build_hold_binary((9, 0)) is None  # never raises
+    hold = sm_hold("cuda")
+    assert hold.build == ("compiled (the early build failed: RuntimeError: nvrtc: error: failed to open "
+                          "libnvrtc-builtins.so.13.0)")
+    assert [e[0] for e in fake_cuda] == ["device", "compile", "device", "launch", "sync"] and not fake_nvrtc["load"]
+
+
+@pytest.mark.parametrize("returned", [(b"", "mkb_sm_hold"), ("ptx text", "mkb_sm_hold"), (b"cubin", ""), b"cubin"])
+def test_an_early_build_that_returned_no_binary_and_name_is_not_loaded(fake_nvrtc, fake_cuda, monkeypatch, returned):
+    monkeypatch.setattr(torch.cuda._utils, "_nvrtc_compile", lambda *a, **k: returned)
+    assert T.build_hold_binary((9, 0)) is None
+    assert sm_hold("cuda").build.startswith("compiled (the early build failed: ")
+    assert not fake_nvrtc["load"]
+
+
+def test_a_torch_without_the_nvrtc_helpers_compiles_as_before(fake_nvrtc, fake_cuda, monkeypatch):
+    monkeypatch.delattr(torch.cuda._utils, "_nvrtc_compile")
+    assert T.build_hold_binary((9, 0)) is None
+    assert sm_hold("cuda").build == ("compiled (the early build failed: RuntimeError: torch "
+                                     f"{torch.__version__} has no torch.cuda._utils._nvrtc_compile)")
+
+
+def test_a_cubin_that_fails_to_load_falls_back_to_compiling(fake_nvrtc, fake_cuda, monkeypatch):
+    def bad_load(binary, names=None):
+        raise RuntimeError("CUDA error: device kernel image is invalid")
+
+    T.build_hold_binary((9, 0))
+    monkeypatch.setattr(torch.cuda._utils, "_cuda_load_module", bad_load)
+    hold = sm_hold("cuda")
+    assert hold.build == "compiled (loading the early build failed: RuntimeError: CUDA error: device kernel image is invalid)"
+    assert [e[0] for e in fake_cuda] == ["device", "device", "compile", "device", "launch", "sync"]
 
 
 def test_the_policy_names_the_quiet_hold():
@@ -191,3 +297,83 @@ def test_gpu_the_hold_fills_every_slot_allocates_nothing_lasts_and_holds_back_si
     fig = check_script.check()
     assert check_script.judge(fig) == [], fig
     assert fig["side"]["sleep_side_done_us"] < fig["side"]["hold_side_done_us"]  # the contrast: a sleep lets it run
+
+
+def _fake_pynvml(monkeypatch, capability=(9, 0), fail: str | None = None) -> list:
+    """A pynvml whose calls are logged; `fail` names the call that raises."""
+    log: list = []
+
+    def call(name, result=None):
+        def fn(*a):
+            log.append((name, *a))
+            if name == fail:
+                raise RuntimeError(f"NVML {name} failed")
+            return result
+        return fn
+
+    fake = SimpleNamespace(nvmlInit=call("init"), nvmlShutdown=call("shutdown"),
+                           nvmlDeviceGetHandleByIndex=lambda i: log.append(("handle", i)) or ("handle", i),
+                           nvmlDeviceGetCudaComputeCapability=call("capability", capability))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return log
+
+
+@pytest.fixture
+def no_cuda_context(monkeypatch):
+    def touched(*a, **k):
+        raise AssertionError("the capability lookup touched CUDA")
+
+    for name in ("init", "current_device", "get_device_properties", "get_device_capability", "_lazy_init"):
+        monkeypatch.setattr(torch.cuda, name, touched, raising=False)
+
+
+@pytest.mark.parametrize("visible, index, physical", [(None, 0, 0), ("3,5", 0, 3), ("3,5", 1, 5), ("7", 0, 7)])
+def test_nvml_gives_the_capability_of_the_visible_device_without_a_cuda_context(monkeypatch, no_cuda_context, visible,
+                                                                                 index, physical):
+    from mkb.measure import nvml_capability
+
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    log = _fake_pynvml(monkeypatch, capability=(10, 3))
+    assert nvml_capability(index) == (10, 3)
+    assert log == [("init",), ("handle", physical), ("capability", ("handle", physical)), ("shutdown",)]
+
+
+@pytest.mark.parametrize("fail", ["init", "capability"])
+def test_an_nvml_that_does_not_answer_gives_no_capability_and_is_shut_down(monkeypatch, no_cuda_context, fail):
+    from mkb.measure import nvml_capability
+
+    log = _fake_pynvml(monkeypatch, fail=fail)
+    assert nvml_capability(0) is None
+    assert (log[-1] == ("shutdown",)) == (fail != "init")  # opened only when init succeeded
+
+
+def test_without_pynvml_there_is_no_capability(monkeypatch, no_cuda_context):
+    from mkb.measure import nvml_capability
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    assert nvml_capability(0) is None
+
+
+@pytest.mark.gpu
+@_cuda
+def test_gpu_a_fresh_process_builds_the_hold_before_any_cuda_use_and_loads_it():
+    """Grader 2.11 on the device: NVML's capability, NVRTC with no CUDA context, then the hold loaded (not compiled)
+    and as long as its cycles, in a fresh process as a worker is."""
+    import subprocess
+
+    code = ("import json, torch; from mkb.measure import build_hold_binary, nvml_capability, sm_hold\n"
+            "cap = nvml_capability(0); early = build_hold_binary(cap) if cap else None\n"
+            "ctx = torch.cuda.is_initialized(); h = sm_hold(); h.set_us(1000.0)\n"
+            "a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)\n"
+            "a.record(); h(); b.record(); b.synchronize()\n"
+            "print(json.dumps({'cap': cap, 'early': early is not None, 'ctx': ctx, 'build': h.build,"
+            " 'us': a.elapsed_time(b) * 1000.0, 'device_cap': list(torch.cuda.get_device_capability())}))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=str(Path(__file__).resolve().parents[2]))
+    assert res.returncode == 0, res.stderr[-3000:]
+    fig = __import__("json").loads(res.stdout.strip().splitlines()[-1])
+    assert fig["cap"] == fig["device_cap"] and fig["early"] and not fig["ctx"], fig
+    assert fig["build"] == "prebuilt" and fig["us"] >= 950.0, fig
