@@ -461,9 +461,13 @@ def main(argv: list[str] | None = None) -> None:
         cfg = dataclasses.replace(cfg, floor_hold_us=a.floor_hold_us)
     dsls = tuple(a.dsl) if a.dsl else None
     res: dict = {"budget_s": a.budget_s, "config_overrides": cfg.overrides()}  # an A/B arm's figures say so
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    if not a.smoke:  # the packages, grader, timing policy and code that ran (the GPU scripts' one record of them)
+        from gpu_grader_run import versions
+
+        res["versions"] = versions()
     sections = a.sections.split(",")
     if not a.smoke and a.device.startswith("cuda") and set(sections) - {"committed"}:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
         from gpu_grader_run import preflight
 
         preflight(dsls)  # one line, before any grading, when a DSL's toolchain is missing here

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata as md
+import hashlib
 import json
 import os
 import platform
@@ -62,6 +63,18 @@ def log(*a) -> None:
     print(time.strftime("%H:%M:%S"), *a, flush=True)
 
 
+def source_digest(root: Path) -> str:
+    """sha256 over every `mkb/**/*.py` of `root` (relative path and bytes, in path order): the code that ran, named
+    where the copy's `git rev-parse HEAD` cannot be trusted (the device host's copy kept a session's first .git while
+    its files moved on: h200-grader-2-11-queue recorded a commit two merges old). A checkout's own figure, to match a
+    dataset against: `python scripts/gpu_grader_run.py --source-digest`."""
+    h = hashlib.sha256()
+    for f in sorted((root / "mkb").rglob("*.py")):
+        rel = f.relative_to(root).as_posix()
+        h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def versions() -> dict:
     out = {"python": platform.python_version()}
     for d in ("torch", "nvidia-cutlass-dsl", "apache-tvm", "apache-tvm-ffi", "pyarrow", "fsspec"):
@@ -73,6 +86,7 @@ def versions() -> dict:
     from mkb.measure import TIMING_POLICY
 
     out["mkb_grader"], out["timing_policy"] = GRADER_VERSION, TIMING_POLICY
+    out["mkb_source_sha256"] = source_digest(Path(__file__).resolve().parents[1])
     try:
         out["mkb_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[1],
                                            capture_output=True, text=True, timeout=20).stdout.strip() or None
@@ -149,6 +163,8 @@ def row_of(v, **extra) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mkb-gpu-out"))
+    ap.add_argument("--source-digest", action="store_true", help="print this checkout's mkb_source_sha256 (what a "
+                    "dataset's versions record) and exit; no GPU")
     ap.add_argument("--budget-s", type=float, default=420.0, help="start nothing new after this many seconds")
     ap.add_argument("--sections", default="baselines,redteam,early_stop,bench")
     ap.add_argument("--compare", default=str(DEFAULT_COMPARE), help="summary.json whose baseline medians this run is compared with")
@@ -156,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redteam-timed", type=int, default=50)
     ap.add_argument("--name", default="h200-grader", help="dataset name: the store's folder and the tar's top folder")
     a = ap.parse_args(argv)
+    if a.source_digest:
+        print(source_digest(Path(__file__).resolve().parents[1]))
+        return 0
     t_start = time.monotonic()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -315,6 +315,22 @@ def rejudge(path: Path, store: Path | None) -> dict:
     return summary
 
 
+def pooled_effect(summaries: list[dict]) -> dict | None:
+    """The queue's effect over several recorded runs (each judged on its own machine against its own serial pass): per
+    job the mean of its runs' effects, then their mean over jobs with its se, judged as `queue_effect` is. A job's runs
+    are averaged before the mean over jobs, so a job that repeats in every run counts once, not once per run."""
+    per_job: dict[str, list[float]] = {}
+    for s in summaries:
+        for job, d in ((s.get("queue_effect") or {}).get("per_job") or {}).items():
+            per_job.setdefault(job, []).append(d)
+    diffs = [statistics.fmean(v) for v in per_job.values()]
+    if not diffs:
+        return None
+    mean = statistics.fmean(diffs)
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("inf")
+    return {"runs": len(summaries), "jobs": len(diffs), "mean": mean, "se": se, "within_tol": abs(mean) + 2 * se <= MEDIAN_TOL}
+
+
 def _environment(versions: dict) -> dict:
     """What must match between two passes compared: packages, grader version, timing policy, commit, the GPU (uuid, name,
     driver); not nvidia-smi's clocks, temperature and power, which change call to call."""
@@ -355,12 +371,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serial-from", default="", help="an earlier call's summary.json: its serial pass is the reference, so serial and "
                     "queue fit two calls of the device's 600 s limit; refused unless it ran on the same GPU (uuid), grader "
                     "version, timing policy, packages and commit (where the copy has one)")
-    ap.add_argument("--rejudge", default="", help="a recorded run's summary.json: compute its comparison again and print "
-                    "it (no GPU); with --store, the dataset folder its verdicts' integrity events are read from")
-    ap.add_argument("--store", default="", help="with --rejudge: the run's dataset folder (events/<name>)")
+    ap.add_argument("--rejudge", nargs="*", default=[], help="recorded runs' summary.json files: compute each one's "
+                    "comparison again and print it (no GPU); with several, the queue's effect pooled over them too")
+    ap.add_argument("--store", nargs="*", default=[], help="with --rejudge: each run's dataset folder (events/<name>), "
+                    "in the same order, where its verdicts' integrity events are read from")
     a = ap.parse_args(argv)
     if a.rejudge:
-        rejudge(Path(a.rejudge), Path(a.store) if a.store else None)
+        if a.store and len(a.store) != len(a.rejudge):
+            ap.error(f"--store names {len(a.store)} folders for {len(a.rejudge)} summaries; hint: one per summary, in order")
+        runs = [rejudge(Path(p), Path(st) if a.store else None) for p, st in zip(a.rejudge, a.store or a.rejudge)]
+        if len(runs) > 1:
+            e = pooled_effect(runs)
+            if e:
+                log(f"POOLED EFFECT over {len(runs)} runs, {e['jobs']} jobs (each job's runs averaged first): queue against "
+                    f"serial {e['mean'] * 100:+.2f}% (se {e['se'] * 100:.2f}%; +-2 se {(e['mean'] - 2 * e['se']) * 100:+.2f}% .. "
+                    f"{(e['mean'] + 2 * e['se']) * 100:+.2f}%) {'within 0.5%' if e['within_tol'] else 'NOT shown within 0.5%'}")
         return 0
     if a.serial_rounds < 1 or a.queue_rounds < 1:
         ap.error("--serial-rounds and --queue-rounds are at least 1")

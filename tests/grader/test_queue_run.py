@@ -340,3 +340,35 @@ def test_a_recorded_run_is_judged_again_from_its_summary_and_its_events(tmp_path
         qr.rejudge(bad, None)
     with pytest.raises(SystemExit, match="not a readable summary.json"):
         qr.rejudge(tmp_path / "missing.json", None)
+
+
+def test_the_effect_pooled_over_runs_counts_each_job_once() -> None:
+    import pytest
+
+    a = {"queue_effect": {"per_job": {"baseline/1/cute": 0.004, "baseline/25/cute": -0.002}}}
+    b = {"queue_effect": {"per_job": {"baseline/1/cute": 0.000, "baseline/28/cute": 0.001}}}
+    e = qr.pooled_effect([a, b])
+    # 1 cute's two runs averaged (0.2%), then the mean over the three jobs
+    assert e["jobs"] == 3 and e["runs"] == 2 and e["mean"] == pytest.approx((0.002 - 0.002 + 0.001) / 3)
+    assert e["within_tol"]
+    assert qr.pooled_effect([{"queue_effect": None}]) is None
+    shifted = [{"queue_effect": {"per_job": {f"baseline/{p}/cute": 0.01 + 0.0001 * p for p in (1, 25, 28)}}}]
+    assert not qr.pooled_effect(shifted)["within_tol"]
+
+
+def test_the_source_digest_names_the_code_not_the_commit(tmp_path) -> None:
+    import gpu_grader_run as gr
+
+    (tmp_path / "mkb" / "grader").mkdir(parents=True)
+    (tmp_path / "mkb" / "__init__.py").write_text("")
+    (tmp_path / "mkb" / "grader" / "_x.py").write_text("A = 1\n")
+    (tmp_path / "README.md").write_text("not code")
+    first = gr.source_digest(tmp_path)
+    (tmp_path / "README.md").write_text("changed, still not code")
+    assert gr.source_digest(tmp_path) == first
+    (tmp_path / "mkb" / "grader" / "_x.py").write_text("A = 2\n")
+    assert gr.source_digest(tmp_path) != first
+    # a file moved is other code, though its bytes are the same
+    (tmp_path / "mkb" / "grader" / "_x.py").write_text("A = 1\n")
+    (tmp_path / "mkb" / "grader" / "_x.py").rename(tmp_path / "mkb" / "_x.py")
+    assert gr.source_digest(tmp_path) != first
