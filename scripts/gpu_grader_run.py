@@ -64,12 +64,13 @@ def log(*a) -> None:
 
 
 def source_digest(root: Path) -> str:
-    """sha256 over every `mkb/**/*.py` of `root` (relative path and bytes, in path order): the code that ran, named
-    where the copy's `git rev-parse HEAD` cannot be trusted (the device host's copy kept a session's first .git while
-    its files moved on: h200-grader-2-11-queue recorded a commit two merges old). A checkout's own figure, to match a
-    dataset against: `python scripts/gpu_grader_run.py --source-digest`."""
+    """sha256 over every `.py` file under `mkb/` and `problems/` of `root`, tracked or not (relative path and bytes, in
+    path order): the grader and the problems it times, named where the copy's `git rev-parse HEAD` cannot be trusted
+    (the device host's copy kept a session's first .git while its files moved on: h200-grader-2-11-queue recorded a
+    commit two merges old). Not the scripts or the red-team forms. A checkout's own figure, to match a dataset's
+    `mkb_source_sha256` against: `python scripts/gpu_grader_run.py --source-digest`."""
     h = hashlib.sha256()
-    for f in sorted((root / "mkb").rglob("*.py")):
+    for f in sorted(p for top in ("mkb", "problems") for p in (root / top).rglob("*.py")):
         rel = f.relative_to(root).as_posix()
         h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()

@@ -212,7 +212,8 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
                 f"{r['a_vs_b'] * 100:.2f}% apart (se {se}) {'within 0.5%' if r['within_tol'] else 'OUTSIDE 0.5%'}")
     e = summary["queue_effect"]
     if log and e:
-        log(f"EFFECT over {e['jobs']} jobs that only work on the device (left out, reading the host: {e['left_out_host'] or 'none'}): "
+        unknown = f"; not known to: {e['left_out_unknown']}" if e.get("left_out_unknown") else ""
+        log(f"EFFECT over {e['jobs']} jobs that only work on the device (left out, reading the host: {e['left_out_host'] or 'none'}{unknown}): "
             f"queue against serial {e['mean'] * 100:+.2f}% (se {e['se'] * 100:.2f}%; +-2 se "
             f"{(e['mean'] - 2 * e['se']) * 100:+.2f}% .. {(e['mean'] + 2 * e['se']) * 100:+.2f}%) "
             f"{'within 0.5%' if e['within_tol'] else 'NOT shown within 0.5%'}; one grading against one: serial-serial "
@@ -231,17 +232,22 @@ def queue_effect(summary: dict) -> dict | None:
     Why: a job's single gradings of 01, 25 or 72 repeat only to 0.2-0.95% (DESIGN, the repeat promise), so with two
     rounds a job's pooled means can be 0.5% apart with no queue effect at all; the queue would show as a shift shared by
     the jobs, which the mean over jobs reads to a fraction of that. Jobs with a grading that read the host are left
-    out and named; None without a job graded both ways."""
+    out and named, and so are jobs with a passing grading whose `host_syncs` is unknown (nothing profiled, or a summary
+    older than the figure: `--rejudge` with `--store` fills it in); None without a job graded both ways."""
     rows: dict[str, dict[str, list]] = {}
     host: set[str] = set()
+    unknown: set[str] = set()
     for side in ("serial", "queue"):
         for k, v in summary[side].items():
             job = job_of(k)
-            if (v.get("host_syncs") or 0) > 0:
-                host.add(job)
             if v["passed"] and v["candidate_median_us"]:
                 rows.setdefault(job, {"serial": [], "queue": []})[side].append(float(v["candidate_median_us"]))
-    jobs = {j: r for j, r in rows.items() if r["serial"] and r["queue"] and j not in host}
+                if v.get("host_syncs") is None:  # nothing profiled, or a summary older than the figure: not device-only
+                    unknown.add(job)
+            if (v.get("host_syncs") or 0) > 0:
+                host.add(job)
+    unknown -= host
+    jobs = {j: r for j, r in rows.items() if r["serial"] and r["queue"] and j not in host and j not in unknown}
     if not jobs:
         return None
     diffs = [statistics.fmean(r["queue"]) / statistics.fmean(r["serial"]) - 1 for r in jobs.values()]
@@ -249,7 +255,8 @@ def queue_effect(summary: dict) -> dict | None:
     se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("inf")
     same = [abs(b / a - 1) for r in jobs.values() for i, a in enumerate(r["serial"]) for b in r["serial"][i + 1:]]
     cross = [abs(b / a - 1) for r in jobs.values() for a in r["serial"] for b in r["queue"]]
-    return {"jobs": len(jobs), "left_out_host": sorted(host & set(rows)), "per_job": dict(zip(jobs, diffs)),
+    return {"jobs": len(jobs), "left_out_host": sorted(host & set(rows)), "left_out_unknown": sorted(unknown & set(rows)),
+            "per_job": dict(zip(jobs, diffs)),
             "mean": mean, "se": se, "within_tol": abs(mean) + 2 * se <= MEDIAN_TOL,
             "same_arm_pairs": len(same), "same_arm_median": statistics.median(same) if same else None,
             "same_arm_over_tol": sum(x > MEDIAN_TOL for x in same),
@@ -291,11 +298,17 @@ def with_host_syncs(summary: dict, store: Path) -> int:
         d = json.loads(details) if isinstance(details, str) else (details or {})
         by_id[eid] = host_syncs(d)
     filled = 0
+    wanted = 0
     for side in ("serial", "queue"):
         for v in summary[side].values():
-            if v.get("host_syncs") is None and v.get("evaluation_id") in by_id:
-                v["host_syncs"] = by_id[v["evaluation_id"]]
-                filled += 1
+            if v.get("host_syncs") is None:
+                wanted += 1
+                if v.get("evaluation_id") in by_id:
+                    v["host_syncs"] = by_id[v["evaluation_id"]]
+                    filled += 1
+    if wanted and not filled:
+        raise SystemExit(f"--store {store}: none of the summary's {wanted} verdicts without host_syncs has integrity events "
+                         "there; hint: pass the dataset folder the summary's own run wrote (events/<name>)")
     return filled
 
 
@@ -311,6 +324,11 @@ def rejudge(path: Path, store: Path | None) -> dict:
     summary.setdefault("pair", [])
     if store is not None:
         log(f"host_syncs filled from {store}'s integrity events for {with_host_syncs(summary, store)} verdicts")
+    missing = [k for side in ("serial", "queue") for k, v in summary[side].items()
+               if v.get("passed") and v.get("host_syncs") is None]
+    if missing:
+        raise SystemExit(f"--rejudge {path}: {len(missing)} passing verdicts have no host_syncs (e.g. {missing[0]}), so the "
+                         "calls that read the host cannot be told apart; hint: add --store with the run's dataset folder")
     conclude(summary, cases(Path("/tmp/mkb-queue-redteam")), log=log)
     return summary
 
@@ -346,9 +364,11 @@ def load_serial(path: Path, versions: dict) -> dict:
         raise SystemExit(f"--serial-from {path}: cannot read it ({exc}); hint: pass the summary.json an earlier call wrote") from exc
     if not earlier.get("serial"):
         raise SystemExit(f"--serial-from {path}: it holds no serial pass; hint: run that call with --sections serial")
-    if _environment(earlier.get("versions") or {}) != _environment(versions):
-        raise SystemExit(f"--serial-from {path}: it ran another environment ({_environment(earlier.get('versions') or {})}, "
-                         f"here {_environment(versions)}); hint: compare passes of one machine and one environment")
+    there, here = _environment(earlier.get("versions") or {}), _environment(versions)
+    if there != here:
+        differ = {k: (there.get(k), here.get(k)) for k in sorted(set(there) | set(here)) if there.get(k) != here.get(k)}
+        raise SystemExit(f"--serial-from {path}: it ran another environment (there, here: {differ}); hint: compare passes "
+                         "of one machine, one environment and the same code (mkb_source_sha256)")
     return earlier["serial"]
 
 
@@ -383,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(runs) > 1:
             e = pooled_effect(runs)
             if e:
-                log(f"POOLED EFFECT over {len(runs)} runs, {e['jobs']} jobs (each job's runs averaged first): queue against "
+                graders = ", ".join(str((r.get("versions") or {}).get("mkb_grader")) for r in runs)
+                log(f"POOLED EFFECT over {len(runs)} runs (graders {graders}), {e['jobs']} jobs (each job's runs averaged first): queue against "
                     f"serial {e['mean'] * 100:+.2f}% (se {e['se'] * 100:.2f}%; +-2 se {(e['mean'] - 2 * e['se']) * 100:+.2f}% .. "
                     f"{(e['mean'] + 2 * e['se']) * 100:+.2f}%) {'within 0.5%' if e['within_tol'] else 'NOT shown within 0.5%'}")
         return 0

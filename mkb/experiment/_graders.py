@@ -31,7 +31,17 @@ class LocalGpuGrader:
             if n == 0:
                 raise RuntimeError("no GPU is visible to grade on\nhint: use --grader replay:events/replay-demo on a machine without one")
             devices = [f"cuda:{i}" for i in range(n)]
-        self.queues = [GradingQueue(device=d, store=store, writer=writer, config=config) for d in devices]
+        self.queues = []
+        try:
+            for d in devices:  # two names of one GPU (cuda, cuda:0) are refused by the second queue, naming it
+                self.queues.append(GradingQueue(device=d, store=store, writer=writer, config=config))
+        except BaseException:
+            for q in self.queues:  # the queues already open go with their workers, each whatever another's close raises
+                try:
+                    q.close()
+                except Exception:  # noqa: BLE001 - the error that stopped the start is the one to raise
+                    pass
+            raise
         self.version = GRADER_VERSION
         self._load = [0] * len(self.queues)
         self._lock = threading.Lock()

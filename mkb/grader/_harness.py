@@ -83,8 +83,10 @@ def build_hold_before_go(device: str) -> None:
         cap = nvml_capability(torch.device(device).index or 0)
         if cap is not None:
             build_hold_binary(cap)
-    except Exception:  # noqa: BLE001 - both never raise; a bug here must not stop a worker that can still compile
-        pass
+        else:  # said in `hold_build`, which otherwise reads only "no early build"
+            _WARM["hold_early_note"] = "NVML gave no compute capability"
+    except Exception as exc:  # noqa: BLE001 - both never raise; a bug here must not stop a worker that can still compile
+        _WARM["hold_early_note"] = f"the early build raised {type(exc).__name__}"
     _WARM["hold_nvrtc_before_go_s"] = _perf() - t0
 
 
@@ -108,7 +110,8 @@ def warm_start(device: str) -> None:
                           "check that torch can compile and launch an NVRTC kernel here (torch.cuda._compile_kernel; "
                           "NVRTC in the CUDA runtime torch ships); there is no timing without the hold", sm_hold)
         _WARM["hold_compile_s"] = _perf() - t0
-        _WARM["hold_build"] = getattr(hold, "build", None)
+        build, note = getattr(hold, "build", None), _WARM.get("hold_early_note")
+        _WARM["hold_build"] = f"{build}; {note}" if build and build != "prebuilt" and note else build
         t0 = _perf()
         _warm_step("the first use of cuBLAS and of the timing window's kernels",
                    "check that torch can run a bf16 matmul on this GPU (cuBLAS in the CUDA runtime torch ships)",

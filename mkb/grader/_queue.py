@@ -69,6 +69,16 @@ class GradingQueue:
                  env: dict[str, str] | None = None, prestart: bool = True, depth: int = 3,
                  low_water: int | None = 1, prefetch: bool = True) -> None:
         self.device = normalize_device(device)
+        _claim_device(self)
+        try:
+            self._start(store=store, writer=writer, config=config, dsls=dsls, env=env, prestart=prestart, depth=depth,
+                        low_water=low_water, prefetch=prefetch)
+        except BaseException:
+            _release_device(self)
+            raise
+
+    def _start(self, *, store: Any, writer: Any, config: GraderConfig | None, dsls: Sequence[str] | None,
+               env: dict[str, str] | None, prestart: bool, depth: int, low_water: int | None, prefetch: bool) -> None:
         kind = device_kind(self.device)
         cfg = config or GraderConfig(device=kind)
         self.config = cfg if cfg.device == kind else dataclasses.replace(cfg, device=kind)
@@ -280,26 +290,59 @@ class GradingQueue:
 
     def close(self) -> None:
         """Grade everything already submitted, then stop the dispatcher and the workers and flush the events."""
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join()
-        with self._cv:
-            left, self._prepared = self._prepared, None
-        if left is not None:  # made for a job that never came (drained without it): its spare goes
-            left.drop()
-        self.pool.close()
-        if self._own_writer:
-            self.writer.close()
-        else:
-            self.writer.flush()
+        try:
+            with self._cv:
+                self._closed = True
+                self._cv.notify_all()
+            if self._thread is not threading.current_thread():
+                self._thread.join()
+            with self._cv:
+                left, self._prepared = self._prepared, None
+            if left is not None:  # made for a job that never came (drained without it): its spare goes
+                left.drop()
+            self.pool.close()
+            if self._own_writer:
+                self.writer.close()
+            else:
+                self.writer.flush()
+        finally:  # whatever raised above (an interrupt in the join included), the device is this process's again
+            _release_device(self)
 
     def __enter__(self) -> "GradingQueue":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# the process's open queue of each device it guards (module docstring: one grading at a time per GPU)
+_OPEN: dict[str, GradingQueue] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def _guarded(device: str) -> bool:
+    """A GPU, or an indexed CPU stand-in for one (tests); a bare "cpu" (smoke runs, most tests) times nothing."""
+    return device != "cpu"
+
+
+def _claim_device(q: GradingQueue) -> None:
+    """Refuse a second open queue of one device in this process. Why: two queues of one GPU would each grade one job at
+    a time, so one's candidate would compile and run beside the other's timing loop (the quiet coordinator keeps
+    warm-ups out of a timing phase, not another queue's grading), and its medians would move with no error anywhere."""
+    if not _guarded(q.device):
+        return
+    with _OPEN_LOCK:
+        if q.device in _OPEN:
+            raise ValueError(f"a grading queue of {q.device} is already open in this process\nhint: one queue per GPU: "
+                             "submit every experiment's jobs to that queue (it takes them round-robin), or close() it first; "
+                             "devices are named as normalize_device names them (cuda and cuda:0 are one GPU)")
+        _OPEN[q.device] = q
+
+
+def _release_device(q: GradingQueue) -> None:
+    with _OPEN_LOCK:
+        if _OPEN.get(q.device) is q:
+            del _OPEN[q.device]
 
 
 def _check_job(job: Any) -> None:

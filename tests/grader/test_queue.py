@@ -312,3 +312,48 @@ def test_pool_refills_in_batches_below_its_low_water_mark(monkeypatch):
     n = len(spawned)
     one.take("x")
     assert len(spawned) == n + 2  # default: a cold worker for the take, and its successor at once
+
+
+def test_one_open_queue_per_device_and_a_closed_one_frees_it(fake_grader):
+    """Two queues of one GPU would grade one job each at a time, one's candidate beside the other's timing loop."""
+    first = GradingQueue(device="cpu:3", writer=_NullWriter(), dsls=())
+    try:
+        with pytest.raises(ValueError, match=r"cpu:3 is already open.*\nhint: one queue per GPU"):
+            GradingQueue(device="cpu:3", writer=_NullWriter(), dsls=())
+        other = GradingQueue(device="cpu:4", writer=_NullWriter(), dsls=())  # another device is another coordinator
+        other.close()
+    finally:
+        first.close()
+    again = GradingQueue(device="cpu:3", writer=_NullWriter(), dsls=())  # closed: the device is free again
+    again.close()
+    third = GradingQueue(device="cpu:3", writer=_NullWriter(), dsls=())
+    try:
+        again.close()  # a queue closed twice frees nothing of the queue now open on its device
+        with pytest.raises(ValueError, match="cpu:3 is already open"):
+            GradingQueue(device="cpu:3", writer=_NullWriter(), dsls=())
+    finally:
+        third.close()
+    a, b = GradingQueue(device="cpu", writer=_NullWriter(), dsls=()), GradingQueue(device="cpu", writer=_NullWriter(), dsls=())
+    a.close()
+    b.close()  # a bare "cpu" times nothing: smoke runs and tests may open several
+
+
+def test_a_queue_that_fails_to_start_frees_its_device(monkeypatch, fake_grader):
+    import mkb.grader._queue as Q
+
+    def broken(self, **kw):
+        raise RuntimeError("pool could not start")
+
+    monkeypatch.setattr(Q.GradingQueue, "_start", broken)
+    with pytest.raises(RuntimeError, match="pool could not start"):
+        GradingQueue(device="cpu:5", writer=_NullWriter(), dsls=())
+    monkeypatch.undo()
+    GradingQueue(device="cpu:5", writer=_NullWriter(), dsls=()).close()
+
+
+def test_the_experiment_grader_closes_what_it_opened_when_two_names_are_one_gpu(monkeypatch):
+    from mkb.experiment._graders import LocalGpuGrader
+
+    with pytest.raises(ValueError, match="cpu:6 is already open"):
+        LocalGpuGrader(writer=_NullWriter(), devices=["cpu:6", "cpu:6"])
+    GradingQueue(device="cpu:6", writer=_NullWriter(), dsls=()).close()  # the first one was closed, not leaked

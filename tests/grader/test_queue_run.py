@@ -320,8 +320,9 @@ def test_a_recorded_run_is_judged_again_from_its_summary_and_its_events(tmp_path
 
     store = tmp_path / "events" / "run"
     w = EventWriter(str(store))
-    w.emit("integrity", evaluation_id="e-host", problem=23, dsl="cute", kernel_sha256="x", ok=True,
-           details=json.dumps({"profiled": [{"host_syncs": 2}]}))
+    for eid, syncs in (("e-host", 2), ("e-host-q", 2), ("e-dev", 0), ("e-dev-q", 0)):
+        w.emit("integrity", evaluation_id=eid, problem=23 if "host" in eid else 28, dsl="cute", kernel_sha256="x", ok=True,
+               details=json.dumps({"profiled": [{"host_syncs": syncs}]}))
     w.close()
     summary = {"serial": {"baseline/23/cute": _r(True, None, 100.0) | {"evaluation_id": "e-host"},
                           "baseline/28/cute": _r(True, None, 82.0) | {"evaluation_id": "e-dev"}},
@@ -368,7 +369,51 @@ def test_the_source_digest_names_the_code_not_the_commit(tmp_path) -> None:
     assert gr.source_digest(tmp_path) == first
     (tmp_path / "mkb" / "grader" / "_x.py").write_text("A = 2\n")
     assert gr.source_digest(tmp_path) != first
+    second = gr.source_digest(tmp_path)
+    (tmp_path / "problems" / "x").mkdir(parents=True)
+    (tmp_path / "problems" / "x" / "problem.py").write_text("N = 1\n")  # the problems it times are the code too
+    assert gr.source_digest(tmp_path) != second
+    (tmp_path / "problems" / "x" / "problem.py").unlink()
+    (tmp_path / "mkb" / "grader" / "_x.py").write_text("A = 1\n")
+    assert gr.source_digest(tmp_path) == first
     # a file moved is other code, though its bytes are the same
     (tmp_path / "mkb" / "grader" / "_x.py").write_text("A = 1\n")
     (tmp_path / "mkb" / "grader" / "_x.py").rename(tmp_path / "mkb" / "_x.py")
     assert gr.source_digest(tmp_path) != first
+
+
+def test_an_unknown_host_syncs_is_not_taken_for_device_only_and_rejudge_asks_for_the_store(tmp_path) -> None:
+    import json
+
+    import pytest
+
+    # a summary older than the figure: 23's rows have no host_syncs; taken as 0, its 40% shift would swamp the effect
+    serial = {"baseline/23/cute": _r(True, None, 100.0), "baseline/28/cute": _r(True, None, 82.0) | {"host_syncs": 0}}
+    queue = {"baseline/23/cute#r0": _r(True, None, 140.0), "baseline/28/cute#r0": _r(True, None, 82.1) | {"host_syncs": 0}}
+    s = _summary(serial, queue)
+    cases = [qr.Case("baseline/23/cute", 23, "cute", Path("b.py"), None), qr.Case("baseline/28/cute", 28, "cute", Path("c.py"), None)]
+    lines: list[str] = []
+    qr.conclude(s, cases, log=lambda *a: lines.append(" ".join(map(str, a))))
+    assert s["queue_effect"]["jobs"] == 1 and s["queue_effect"]["left_out_unknown"] == ["baseline/23/cute"]
+    assert any("not known to: ['baseline/23/cute']" in line for line in lines)
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(_summary(serial, queue)))
+    with pytest.raises(SystemExit, match="no host_syncs.*hint: add --store"):
+        qr.rejudge(path, None)
+
+
+def test_a_store_that_holds_none_of_the_summarys_verdicts_is_refused(tmp_path) -> None:
+    import json
+
+    import pytest
+
+    from mkb.events import EventWriter
+
+    store = tmp_path / "other"
+    w = EventWriter(str(store))
+    w.emit("integrity", evaluation_id="someone-else", problem=23, dsl="cute", kernel_sha256="x", ok=True,
+           details=json.dumps({"profiled": [{"host_syncs": 2}]}))
+    w.close()
+    summary = {"serial": {"baseline/23/cute": _r(True, None, 100.0) | {"evaluation_id": "e1"}}, "queue": {}}
+    with pytest.raises(SystemExit, match="none of the summary's 1 verdicts.*hint: pass the dataset folder"):
+        qr.with_host_syncs(summary, store)
