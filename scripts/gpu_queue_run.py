@@ -31,7 +31,11 @@ h200-grader-2-9 these 20 jobs took 130 s of the serial pass, so about 260 s seri
 about 210 s queued; past `--budget-s` the serial pass starts no grading and the queue cancels what has not started,
 naming each in `skipped`, so the call's limit never loses a section) and adds the pooled
 comparison (`POOLED` lines, `summary["pooled"]`): per job the mean of its queue gradings against the mean of its serial
-ones, with the standard error from both sides' spread.
+ones, with the standard error from both sides' spread; and the queue's effect over every job that only works on the
+device (`EFFECT` line, `summary["queue_effect"]`), the reading the queue is judged by (DESIGN). A recorded run is judged
+again on a CPU, alone or pooled with others (`POOLED EFFECT`), from its summary and its dataset's events:
+
+    python scripts/gpu_queue_run.py --rejudge A/logs/summary.json B/logs/summary.json --store A B
 """
 
 from __future__ import annotations
