@@ -60,6 +60,24 @@ def _side(launch, hold_us: float) -> float:
     return t0.elapsed_time(done) * 1000.0
 
 
+def primary_context_active(index: int = 0) -> bool | None:
+    """Whether device `index` has its primary CUDA context now, asked of the driver (`cuDevicePrimaryCtxGetState`, which
+    creates none); None where libcuda cannot be asked. Stronger than `torch.cuda.is_initialized()`, torch's own flag,
+    which a context made outside torch would not set."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+        if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), index) != 0:
+            return None
+        if cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) != 0:
+            return None
+        return bool(active.value)
+    except (OSError, AttributeError):
+        return None
+
+
 def check() -> dict:
     """Builds the process's hold (as a worker does: NVRTC before any CUDA use, then the load in the warm start) and
     measures it. How it was built is recorded (`hold_build`), not judged: a hold compiled as before is the same kernel."""
@@ -72,13 +90,15 @@ def check() -> dict:
     early = build_hold_binary(cap) if cap is not None else None
     early_s = time.perf_counter() - t0
     context_before = torch.cuda.is_initialized()  # the early build must not have created one
+    primary_before = primary_context_active(0)  # nor a context torch does not know of (None: libcuda not asked)
     t0 = time.perf_counter()
     hold = sm_hold()
     build_s = time.perf_counter() - t0
     props = torch.cuda.get_device_properties(0)
     fig: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "build_s": round(build_s, 4),
                  "early_build_s": round(early_s, 4), "nvml_capability": cap, "early_build": early is not None,
-                 "cuda_initialized_by_early_build": context_before, "hold_build": hold.build,
+                 "cuda_initialized_by_early_build": context_before, "primary_context_after_early_build": primary_before,
+                 "hold_build": hold.build,
                  "sms": props.multi_processor_count, "threads_per_sm": props.max_threads_per_multi_processor,
                  "grid": hold.grid, "block": hold.block, "threads": hold.threads, "max_mhz": hold.mhz}
     torch.cuda.synchronize()

@@ -377,3 +377,45 @@ def test_gpu_a_fresh_process_builds_the_hold_before_any_cuda_use_and_loads_it():
     fig = __import__("json").loads(res.stdout.strip().splitlines()[-1])
     assert fig["cap"] == fig["device_cap"] and fig["early"] and not fig["ctx"], fig
     assert fig["build"] == "prebuilt" and fig["us"] >= 950.0, fig
+
+
+def test_the_hold_check_asks_the_driver_whether_a_primary_context_exists(monkeypatch) -> None:
+    """gpu_sm_hold_check's `primary_context_active` on a fake libcuda: the driver's answer, or None when it cannot ask."""
+    import ctypes
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "gpu_sm_hold_check", Path(__file__).resolve().parents[2] / "scripts" / "gpu_sm_hold_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    class FakeCuda:
+        def __init__(self, active: int, init: int = 0) -> None:
+            self.active, self.init, self.calls = active, init, []
+
+        def cuInit(self, flags):
+            self.calls.append("init")
+            return self.init
+
+        def cuDeviceGet(self, dev, index):
+            self.calls.append(("get", index))
+            return 0
+
+        def cuDevicePrimaryCtxGetState(self, dev, flags, active):
+            ctypes.cast(active, ctypes.POINTER(ctypes.c_int)).contents.value = self.active
+            self.calls.append("state")
+            return 0
+
+    for active, want in ((0, False), (1, True)):
+        fake = FakeCuda(active)
+        monkeypatch.setattr(ctypes, "CDLL", lambda name, fake=fake: fake)
+        assert mod.primary_context_active(0) is want and fake.calls == ["init", ("get", 0), "state"]
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeCuda(0, init=100))  # cuInit failed: not known
+    assert mod.primary_context_active(0) is None
+
+    def missing(name):
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", missing)
+    assert mod.primary_context_active(0) is None
