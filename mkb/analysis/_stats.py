@@ -167,9 +167,11 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarr
         pad = np.full((len(rs), W), np.inf, dtype=x.dtype)
         pad.ravel()[np.arange(flat.size) + np.repeat(np.arange(len(rs)) * W - start, cnt)] = x.ravel().take(flat)
         srt = np.sort(pad, axis=1)
-        real = np.arange(W) < cnt[:, None]  # the candidates, not the padding
         if len(tails) == 2:
-            c_lo = np.count_nonzero((srt <= tails[0][3][rs, None]) & real, axis=1)
+            b_lo = tails[0][3][rs, None]
+            c_lo = np.count_nonzero(srt <= b_lo, axis=1)
+            if np.isposinf(b_lo).any():  # a bracket at +inf counts the padding (+inf) too: only the candidates
+                c_lo = np.count_nonzero((srt <= b_lo) & (np.arange(W) < cnt[:, None]), axis=1)
             counts = (c_lo, cnt - c_lo)
         else:
             counts = (cnt,)
@@ -178,7 +180,7 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarr
             ok &= (c > depth.max()) & (c <= _TAIL_CAP)
         if not ok.all():  # a bracket that holds too few or too many: those rows are selected in full below
             good[rs[~ok]] = False
-            rs, cnt, start, pad, srt, real = rs[ok], cnt[ok], start[ok], pad[ok], srt[ok], real[ok]
+            rs, cnt, start, pad, srt = rs[ok], cnt[ok], start[ok], pad[ok], srt[ok]
         for low, sel, depth, _ in tails:
             if not len(rs):
                 break
@@ -190,11 +192,12 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarr
                 # among the candidates from x's smallest to its largest one wanted (below: how many sorted candidates precede
                 # them), and only those are computed in float64 (usually one value of x, a few positions)
                 lo_v, hi_v = got.min(0)[:, None], got.max(0)[:, None]
-                below = np.count_nonzero(srt < lo_v, axis=1)
+                below = _count_below(srt, pos.min(0), lo_v[:, 0])
                 win = (pad >= lo_v) & (pad <= hi_v)
                 if np.isinf(hi_v).any():  # the padding (+inf) too: only the candidates
-                    win &= real
-                wr, wc = np.nonzero(win)  # row-major: each row's window together
+                    win &= np.arange(W) < cnt[:, None]
+                # row-major: each row's window together (a flat scan of the sparse mask: np.nonzero's two indices cost ~4x)
+                wr, wc = np.divmod(np.flatnonzero(win), W)
                 e = exact(flat[start[wr] + wc])
                 order = np.lexsort((e, wr))  # by row, then value
                 first = np.searchsorted(wr[order], np.arange(len(rs)))
@@ -206,6 +209,20 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarr
         full = x[bad] if exact is None else exact((bad[:, None] * n + np.arange(n)).ravel()).reshape(len(bad), n)
         out[:, bad] = np.partition(full, ks, axis=1)[:, ks].T
     return out
+
+
+def _count_below(srt: np.ndarray, at: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Per row of `srt` (each row sorted ascending, `srt[r, at[r]] == v[r]`): how many values are below v[r].
+
+    Usually `at` itself (no tie just before it): read off one value a row, not counted over the row's candidates; a row
+    whose value ties the one before is counted in full.
+    """
+    rows = np.arange(len(at))
+    below = at.copy()
+    tied = np.flatnonzero((at > 0) & (srt[rows, np.maximum(at - 1, 0)] >= v))
+    if len(tied):
+        below[tied] = np.count_nonzero(srt[tied] < v[tied, None], axis=1)
+    return below
 
 
 def _count_percentiles(counts: np.ndarray, n: int, qs: list[float], *, scratch: np.ndarray | None = None) -> np.ndarray:
