@@ -228,23 +228,25 @@ def _count_below(srt: np.ndarray, at: np.ndarray, v: np.ndarray) -> np.ndarray:
 def _count_percentiles(counts: np.ndarray, n: int, qs: list[float], *, scratch: np.ndarray | None = None) -> np.ndarray:
     """[len(qs), rows]: np.quantile(counts / n, qs, axis=1) of a [rows, resamples] array of integers in 0..n.
 
-    A share of problems resampled with replacement is a count over a fixed number n of drawn problems, so
-    its order statistics come from one histogram per row (a bincount) instead of a partition of every
-    resample: the same values as `_percentiles` (numpy's interpolation written out), several times faster.
-    `scratch`: a reused intp buffer of at least counts.size for the bins (a fresh one costs a page fault per 4 KiB, more
-    than the counting).
+    A share of problems resampled with replacement is a count over a fixed number n of drawn problems: small integers,
+    so each row is sorted as bytes (numpy's stable sort of 8- and 16-bit integers is a radix sort: two passes, no
+    comparison) and its order statistics read off by place: the same values as `_percentiles` (numpy's interpolation
+    written out), several times faster than a partition. (A histogram per row, np.bincount over intp keys, moved 8 bytes
+    a value through memory: ~1.6x the time of the byte sort.) `scratch`: a reused buffer of at least 2 x counts.size
+    bytes (a fresh one costs a page fault per 4 KiB, more than the sorting).
     """
     rows, B = counts.shape
     # float32 counts are the exact (integer) products of the float32 path; float64 ones may carry rounding: rounded
     src = counts if counts.dtype == np.float32 else np.rint(counts)
-    if scratch is None:
-        c = src.astype(np.intp)
+    dtype = np.uint8 if n < 2**8 else np.uint16 if n < 2**16 else np.int64
+    size = counts.size * np.dtype(dtype).itemsize
+    buf = None if scratch is None else scratch.reshape(-1).view(np.uint8)
+    if buf is None or buf.size < size or dtype is np.int64:
+        c = np.empty((rows, B), dtype=dtype)
     else:
-        c = scratch[:counts.size].reshape(rows, B)
-        np.copyto(c, src, casting="unsafe")
-    c += (np.arange(rows) * (n + 1))[:, None]
-    hist = np.bincount(c.ravel(), minlength=rows * (n + 1)).reshape(rows, n + 1)
-    cum = hist.cumsum(1)
+        c = buf[:size].view(dtype).reshape(rows, B)
+    np.copyto(c, src, casting="unsafe")
+    c.sort(axis=1, kind="stable")
     virtual = (B - 1) * np.asarray(qs, dtype=np.float64)
     prev = np.floor(virtual)
     top = virtual >= B - 1
@@ -252,10 +254,9 @@ def _count_percentiles(counts: np.ndarray, n: int, qs: list[float], *, scratch: 
     gamma = virtual - prev
     pi = np.where(top, B - 1, prev.astype(np.intp))
     ni = np.where(top, B - 1, pi + 1)
-    order = lambda j: (cum > j).argmax(1) / n  # noqa: E731  (the j-th smallest value of each row, as a share)
     out = np.empty((len(qs), rows))
     for i in range(len(qs)):
-        a, b, g = order(pi[i]), order(ni[i]), gamma[i]
+        a, b, g = c[:, pi[i]] / n, c[:, ni[i]] / n, gamma[i]  # the order statistics as shares
         diff = b - a
         out[i] = b - diff * (1 - g) if g >= 0.5 else a + diff * g
     return out
@@ -323,7 +324,7 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
             local.buf = np.empty((rows, spec.resamples)) if wide else None
             local.buf32 = np.empty((rows, spec.resamples), dtype=np.float32) if exact32 else None
             local.r32 = np.empty((block, spec.resamples), dtype=np.float32) if fast else None
-            local.bins = np.empty(block * spec.resamples, dtype=np.intp) if shares else None
+            local.bins = np.empty(2 * block * spec.resamples, dtype=np.uint8) if shares else None
         # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous for
         # the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts), so every
         # product is exact and equals the former per-sum `w @ v.T` bit for bit

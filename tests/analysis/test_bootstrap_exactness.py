@@ -137,18 +137,26 @@ def test_lift_and_contrast_are_unchanged_by_the_float32_selection(planted_lift, 
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_share_percentiles_by_counting_equal_numpy_quantile(dtype):
-    """Shares of problems are counts over the drawn problems: their percentiles come from a histogram per row, the
-    same values as np.quantile of the shares (float32 counts are the float32 path's exact products)."""
+@pytest.mark.parametrize("n", [74, 255, 256, 3_000, 70_000])
+def test_share_percentiles_by_counting_equal_numpy_quantile(dtype, n):
+    """Shares of problems are counts over the drawn problems: their percentiles come from each row sorted as small
+    integers (bytes up to 255 problems, 16 bits up to 65,535, 64 past that), the same values as np.quantile of the
+    shares (float32 counts are the float32 path's exact products), in a reused scratch buffer or not; ties, rows all 0
+    and all n included."""
+    from mkb.analysis._stats import _count_percentiles
+
     rng = np.random.default_rng(11)
-    n = 74
     counts = rng.binomial(n, rng.uniform(0, 1, (50, 1)), (50, 10_000)).astype(dtype)
     counts[3] = 0
     counts[4] = n
+    counts[5, ::2] = n  # half the resamples at one end: the order statistics around the middle tie across a jump
+    counts[5, 1::2] = 0
+    scratch = np.full(2 * counts.size, 7, dtype=np.uint8)  # stale bytes, as a buffer reused from an earlier block has
     for qs in ([0.025, 0.975], [0.0, 0.5, 1.0]):
-        from mkb.analysis._stats import _count_percentiles
-
-        _same(_count_percentiles(counts, n, qs), np.quantile(counts.astype(np.float64) / n, qs, axis=1))
+        want = np.quantile(counts.astype(np.float64) / n, qs, axis=1)
+        _same(_count_percentiles(counts, n, qs), want)
+        _same(_count_percentiles(counts, n, qs, scratch=scratch), want)
+        _same(_count_percentiles(counts[:7], n, qs, scratch=scratch), want[:, :7])  # a block shorter than the buffer
 
 
 @pytest.mark.parametrize("n", [4_500, 10_000])
