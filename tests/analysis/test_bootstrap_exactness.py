@@ -198,3 +198,23 @@ def test_pooled_cells_from_the_directions_sums_equal_the_pooled_pairs_grouped(pl
     monkeypatch.setattr(st, "_pooled_per_problem", lambda *a, **k: None)  # every cell grouped from the pairs
     assert pooled.equals(lift_table(pairs, spec=spec, pooled=True))
     assert (pooled["direction"] == "pooled").sum() > 0
+
+
+def test_the_count_below_a_wanted_candidate_is_read_off_its_place_or_counted_on_a_tie():
+    """`_count_below` reads how many sorted candidates lie below the one at a row's place from the place itself, and
+    counts a row only where the value ties the one before it: the same counts as counting every row, on rows with long
+    runs of ties at, before and from the first place, places at 0, and the +inf padding after the candidates."""
+    from mkb.analysis._stats import _count_below
+
+    rng = np.random.default_rng(5)
+    rows, W = 400, 60
+    srt = np.sort(rng.integers(0, 12, size=(rows, W)).astype(np.float32), axis=1)  # ~5 copies of each value: ties everywhere
+    srt[::7, 40:] = np.inf  # padding
+    srt[3] = 2.0  # one value throughout
+    at = rng.integers(0, W, size=rows)
+    at[::5] = 0
+    at[3] = W - 1
+    v = srt[np.arange(rows), at]
+    want = np.count_nonzero(srt < v[:, None], axis=1)
+    assert (at != want).sum() > rows // 3  # the tied case is exercised, not only the read-off
+    np.testing.assert_array_equal(_count_below(srt, at, v), want)
