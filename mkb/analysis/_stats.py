@@ -320,7 +320,8 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
         own = [k for k in names if alias[k] == k]
         v = np.concatenate([sub[k] for k in own])  # [sums x cells, problems]
         rows = len(names) * block
-        if getattr(local, "buf", None) is None:
+        if not getattr(local, "ready", False):  # this thread's first block (`buf` is None when not wide: not the test)
+            local.ready = True
             local.buf = np.empty((rows, spec.resamples)) if wide else None
             local.buf32 = np.empty((rows, spec.resamples), dtype=np.float32) if exact32 else None
             local.r32 = np.empty((block, spec.resamples), dtype=np.float32) if fast else None
