@@ -20,6 +20,10 @@ DETECT_LIFT = 0.10  # a cell whose relative-lift CI half-width exceeds this coul
 ARM_ORDER = ("transfer", "placebo", "same", "wrong", NOISE_ARM)
 _EPS = 1e-9
 BLOCK_BYTES = 24 * 2**20  # resampled sums held at once by each bootstrap thread (bounds its memory at any number of cells)
+# the buffers of the last `cluster_bootstrap_many`'s threads (~30 MiB a thread), taken by the next call's: a call's threads are
+# new, and the buffers a thread made were given back to the system when it ended, then faulted in again by the next call's
+# threads a page per 4 KiB (at 1M events ~40k page faults over the lift and contrast tables' three calls)
+_SPARE: list[dict] = []
 
 
 @dataclass(frozen=True)
@@ -62,9 +66,14 @@ class Ratio:
 
 def _cluster_weights(n: int, spec: BootstrapSpec, rng: np.random.Generator) -> np.ndarray:
     """[resamples, n] counts: how often each of n clusters is drawn in each resample."""
+    return _cluster_counts(n, spec, rng).astype(np.float64)
+
+
+def _cluster_counts(n: int, spec: BootstrapSpec, rng: np.random.Generator) -> np.ndarray:
+    """`_cluster_weights` as integers (the bootstrap casts them once, to the dtype of its products)."""
     idx = rng.integers(0, n, size=(spec.resamples, n))
-    flat = (idx + np.arange(spec.resamples)[:, None] * n).ravel()
-    return np.bincount(flat, minlength=spec.resamples * n).reshape(spec.resamples, n).astype(np.float64)
+    idx += np.arange(spec.resamples)[:, None] * n  # each resample's draws in a range of its own, in place
+    return np.bincount(idx.ravel(), minlength=spec.resamples * n).reshape(spec.resamples, n)
 
 
 def _percentiles(x: np.ndarray, qs: list[float], *, exact=None) -> np.ndarray:
@@ -309,6 +318,7 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
     # fresh arrays of this size cost a page fault per 4 KiB, which took longer than filling them
     block = max(1, int(BLOCK_BYTES // (len(names) * spec.resamples * (8 if wide else 4))))
     local = threading.local()
+    used: list[dict] = []  # the buffer sets this call's threads took: the next call's spares
 
     def run(cb: list[int], cols: np.ndarray, wt: np.ndarray) -> None:
         # a sum equal to an earlier one on these cells (the pairs with S_sol are often all of them: n_sol = n) is not
@@ -320,12 +330,17 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
         own = [k for k in names if alias[k] == k]
         v = np.concatenate([sub[k] for k in own])  # [sums x cells, problems]
         rows = len(names) * block
-        if not getattr(local, "ready", False):  # this thread's first block (`buf` is None when not wide: not the test)
+        if not getattr(local, "ready", False):  # this thread's first block: its buffers, an earlier call's where there are
             local.ready = True
-            local.buf = np.empty((rows, spec.resamples)) if wide else None
-            local.buf32 = np.empty((rows, spec.resamples), dtype=np.float32) if exact32 else None
-            local.r32 = np.empty((block, spec.resamples), dtype=np.float32) if fast else None
-            local.bins = np.empty(2 * block * spec.resamples, dtype=np.uint8) if shares else None
+            try:
+                spare = _SPARE.pop()
+            except IndexError:
+                spare = {}
+            used.append(spare)
+            local.buf = _buffer(spare, "buf", (rows, B), np.float64) if wide else None
+            local.buf32 = _buffer(spare, "buf32", (rows, B), np.float32) if exact32 else None
+            local.r32 = _buffer(spare, "r32", (block, B), np.float32) if fast else None
+            local.bins = _buffer(spare, "bins", (2 * block * B,), np.uint8) if shares else None
         # one product for every sum and cell, laid out [cells, resamples] so each cell's resamples are contiguous for
         # the percentiles; the sums mkb passes are integer-valued (S is a multiple of 20, the rest counts), so every
         # product is exact and equals the former per-sum `w @ v.T` bit for bit
@@ -386,8 +401,9 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
             cols = np.flatnonzero(present[cs[0]])
             if len(cols) < 2:
                 continue
-            w = _cluster_weights(len(cols), spec, rng)  # [resamples, problems], drawn in group order whatever the threads
+            w = _cluster_counts(len(cols), spec, rng)  # [resamples, problems], drawn in group order whatever the threads
             wt = np.ascontiguousarray(w.T, dtype=np.float32 if exact32 else np.float64)
+            del w
             blocks = [cs[b0:b0 + block] for b0 in range(0, len(cs), block)]
             if pool is None or len(blocks) == 1:
                 for cb in blocks:
@@ -400,7 +416,16 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
             pool.shutdown()
         if limits is not None:
             limits.restore_original_limits()
+        _SPARE[:] = used  # as many as this call had threads: the memory kept is one call's buffers, never more
     return {name: (est[name], lo[name], hi[name]) for name in [*stats, *shares]}
+
+
+def _buffer(spare: dict, name: str, shape: tuple, dtype) -> np.ndarray:
+    """A [shape] array of `dtype` on the bytes of `spare[name]`, made (and kept there) when it holds too few."""
+    n = math.prod(shape) * np.dtype(dtype).itemsize
+    if name not in spare or spare[name].size < n:
+        spare[name] = np.empty(n, dtype=np.uint8)
+    return spare[name][:n].view(dtype).reshape(shape)
 
 
 def _fast(stat) -> bool:

@@ -218,3 +218,36 @@ def test_the_count_below_a_wanted_candidate_is_read_off_its_place_or_counted_on_
     want = np.count_nonzero(srt < v[:, None], axis=1)
     assert (at != want).sum() > rows // 3  # the tied case is exercised, not only the read-off
     np.testing.assert_array_equal(_count_below(srt, at, v), want)
+
+
+def test_buffers_kept_from_an_earlier_call_change_no_figure(monkeypatch):
+    """A call's threads take the buffers the previous call's threads made (`_SPARE`), whatever their sizes and dtypes
+    were: float64 sums after float32 ones and back, a call of more cells and sums after one of fewer, each on two threads
+    and on one, give the figures a call with no buffer to take gives."""
+    import mkb.analysis._stats as S
+
+    small = _near_ties(0)  # float64 products (sums of ~10^5 x problems: not exact in float32)
+    rng = np.random.default_rng(3)
+    n = rng.integers(1, 4, size=(300, 40)).astype(float)
+    big = {"A": 20.0 * rng.integers(0, 6, size=n.shape) * (n > 0), "B": 20.0 * rng.integers(1, 6, size=n.shape) * (n > 0),
+           "n": n, "d": (rng.random(n.shape) < 0.3) * (n > 0).astype(float)}
+    spec = BootstrapSpec(seed=9, resamples=10_000)
+    stats = {"rel": Ratio("A", sub="B", den="B"), "mean": Ratio("A", den="n")}
+    shares = {"d": lambda d, **_: d}
+    monkeypatch.setattr(S, "BLOCK_BYTES", 2**20)  # several blocks a call: both threads take a set
+
+    def run(sums, with_shares):
+        return cluster_bootstrap_many(list(range(sums["n"].shape[0])), np.arange(sums["n"].shape[1]), sums, stats, spec,
+                                      shares=shares if with_shares else None)
+
+    fresh = {}
+    for name, sums, sh in (("small", small, False), ("big", big, True)):
+        S._SPARE.clear()
+        fresh[name] = run(sums, sh)
+    for workers in (2, 1):
+        monkeypatch.setattr(S.os, "cpu_count", lambda: workers)
+        for name, sums, sh in (("big", big, True), ("small", small, False), ("big", big, True), ("small", small, False)):
+            got = run(sums, sh)
+            assert S._SPARE  # the buffers are kept for the next call
+            for k, (est, lo, hi) in fresh[name].items():
+                _same(got[k][0], est), _same(got[k][1], lo), _same(got[k][2], hi)
