@@ -71,6 +71,9 @@ class _LocalFS:
 
     protocol = ("file", "local")  # LocalFileSystem.protocol: what `_protocols` and `Store.is_local` read
 
+    def __reduce__(self) -> str:
+        return "_LOCAL"  # one instance, pickled and copied by name: stores compare equal across processes, as fsspec's do
+
     def __getattr__(self, name: str):
         from fsspec.implementations.local import LocalFileSystem
 

@@ -83,6 +83,10 @@ def test_a_local_path_resolves_where_fsspec_resolves_it(url, tmp_path, monkeypat
     assert store.root == str(Path(root).expanduser().resolve()).rstrip("/")
     assert store.is_local and store.fs.protocol == fs.protocol
     assert resolve_store(f"file://{store.root}").root == store.root  # a file:// URL still goes through fsspec
+    import copy
+    import pickle
+
+    assert pickle.loads(pickle.dumps(store)) == store == copy.deepcopy(store)  # as fsspec's cached filesystems compare
     here = resolve_store(str(tmp_path / "w" / "s"))
     here.fs.makedirs(f"{here.root}/kind=demo", exist_ok=True)
     here.fs.pipe_file(f"{here.root}/kind=demo/x.bin", b"12")
