@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fsspec
 import polars as pl
 
 from mkb.events import read, schemas
@@ -42,6 +41,8 @@ def export_dataset(store: str, out: str, *, tables=None, redact: bool = False) -
 
     `redact` replaces message and code text by its byte count (mkb.analysis._transcript.redact_frame).
     """
+    import fsspec  # here, not at import: every command imports mkb.analysis, and a local read needs no fsspec (_store._LocalFS)
+
     fs, root = fsspec.core.url_to_fs(out)
     kinds: dict[str, int] = {}
     for kind in sorted(schemas()):

@@ -21,7 +21,6 @@ os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 
 import typer  # noqa: E402
 from rich.console import Console
-from rich.table import Table as _RichTable
 
 app = typer.Typer(
     name="mkb-analyze",
@@ -52,7 +51,9 @@ class Table:
     def add_row(self, *cells: str) -> None:
         self.rows.append(tuple("" if c is None else str(c) for c in cells))
 
-    def rich(self) -> _RichTable:
+    def rich(self):
+        from rich.table import Table as _RichTable  # here: a command whose tables are all long draws none (~5 ms of import)
+
         t = _RichTable(title=self.title, **self.kw)
         for h, j in self.columns:
             t.add_column(h, justify=j)

@@ -137,18 +137,26 @@ def test_lift_and_contrast_are_unchanged_by_the_float32_selection(planted_lift, 
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_share_percentiles_by_counting_equal_numpy_quantile(dtype):
-    """Shares of problems are counts over the drawn problems: their percentiles come from a histogram per row, the
-    same values as np.quantile of the shares (float32 counts are the float32 path's exact products)."""
+@pytest.mark.parametrize("n", [74, 255, 256, 3_000, 70_000])
+def test_share_percentiles_by_counting_equal_numpy_quantile(dtype, n):
+    """Shares of problems are counts over the drawn problems: their percentiles come from each row sorted as small
+    integers (bytes up to 255 problems, 16 bits up to 65,535, 64 past that), the same values as np.quantile of the
+    shares (float32 counts are the float32 path's exact products), in a reused scratch buffer or not; ties, rows all 0
+    and all n included."""
+    from mkb.analysis._stats import _count_percentiles
+
     rng = np.random.default_rng(11)
-    n = 74
     counts = rng.binomial(n, rng.uniform(0, 1, (50, 1)), (50, 10_000)).astype(dtype)
     counts[3] = 0
     counts[4] = n
+    counts[5, ::2] = n  # half the resamples at one end: the order statistics around the middle tie across a jump
+    counts[5, 1::2] = 0
+    scratch = np.full(2 * counts.size, 7, dtype=np.uint8)  # stale bytes, as a buffer reused from an earlier block has
     for qs in ([0.025, 0.975], [0.0, 0.5, 1.0]):
-        from mkb.analysis._stats import _count_percentiles
-
-        _same(_count_percentiles(counts, n, qs), np.quantile(counts.astype(np.float64) / n, qs, axis=1))
+        want = np.quantile(counts.astype(np.float64) / n, qs, axis=1)
+        _same(_count_percentiles(counts, n, qs), want)
+        _same(_count_percentiles(counts, n, qs, scratch=scratch), want)
+        _same(_count_percentiles(counts[:7], n, qs, scratch=scratch), want[:, :7])  # a block shorter than the buffer
 
 
 @pytest.mark.parametrize("n", [4_500, 10_000])
@@ -190,3 +198,56 @@ def test_pooled_cells_from_the_directions_sums_equal_the_pooled_pairs_grouped(pl
     monkeypatch.setattr(st, "_pooled_per_problem", lambda *a, **k: None)  # every cell grouped from the pairs
     assert pooled.equals(lift_table(pairs, spec=spec, pooled=True))
     assert (pooled["direction"] == "pooled").sum() > 0
+
+
+def test_the_count_below_a_wanted_candidate_is_read_off_its_place_or_counted_on_a_tie():
+    """`_count_below` reads how many sorted candidates lie below the one at a row's place from the place itself, and
+    counts a row only where the value ties the one before it: the same counts as counting every row, on rows with long
+    runs of ties at, before and from the first place, places at 0, and the +inf padding after the candidates."""
+    from mkb.analysis._stats import _count_below
+
+    rng = np.random.default_rng(5)
+    rows, W = 400, 60
+    srt = np.sort(rng.integers(0, 12, size=(rows, W)).astype(np.float32), axis=1)  # ~5 copies of each value: ties everywhere
+    srt[::7, 40:] = np.inf  # padding
+    srt[3] = 2.0  # one value throughout
+    at = rng.integers(0, W, size=rows)
+    at[::5] = 0
+    at[3] = W - 1
+    v = srt[np.arange(rows), at]
+    want = np.count_nonzero(srt < v[:, None], axis=1)
+    assert (at != want).sum() > rows // 3  # the tied case is exercised, not only the read-off
+    np.testing.assert_array_equal(_count_below(srt, at, v), want)
+
+
+def test_buffers_kept_from_an_earlier_call_change_no_figure(monkeypatch):
+    """A call's threads take the buffers the previous call's threads made (`_SPARE`), whatever their sizes and dtypes
+    were: float64 sums after float32 ones and back, a call of more cells and sums after one of fewer, each on two threads
+    and on one, give the figures a call with no buffer to take gives."""
+    import mkb.analysis._stats as S
+
+    small = _near_ties(0)  # float64 products (sums of ~10^5 x problems: not exact in float32)
+    rng = np.random.default_rng(3)
+    n = rng.integers(1, 4, size=(300, 40)).astype(float)
+    big = {"A": 20.0 * rng.integers(0, 6, size=n.shape) * (n > 0), "B": 20.0 * rng.integers(1, 6, size=n.shape) * (n > 0),
+           "n": n, "d": (rng.random(n.shape) < 0.3) * (n > 0).astype(float)}
+    spec = BootstrapSpec(seed=9, resamples=10_000)
+    stats = {"rel": Ratio("A", sub="B", den="B"), "mean": Ratio("A", den="n")}
+    shares = {"d": lambda d, **_: d}
+    monkeypatch.setattr(S, "BLOCK_BYTES", 2**20)  # several blocks a call: both threads take a set
+
+    def run(sums, with_shares):
+        return cluster_bootstrap_many(list(range(sums["n"].shape[0])), np.arange(sums["n"].shape[1]), sums, stats, spec,
+                                      shares=shares if with_shares else None)
+
+    fresh = {}
+    for name, sums, sh in (("small", small, False), ("big", big, True)):
+        S._SPARE.clear()
+        fresh[name] = run(sums, sh)
+    for workers in (2, 1):
+        monkeypatch.setattr(S.os, "cpu_count", lambda: workers)
+        for name, sums, sh in (("big", big, True), ("small", small, False), ("big", big, True), ("small", small, False)):
+            got = run(sums, sh)
+            assert S._SPARE  # the buffers are kept for the next call
+            for k, (est, lo, hi) in fresh[name].items():
+                _same(got[k][0], est), _same(got[k][1], lo), _same(got[k][2], hi)

@@ -68,3 +68,42 @@ def test_polars_schema_matches_the_arrow_schema_for_every_kind():
 
     for kind, sc in schemas().items():
         assert sc.polars() == dict(pl.Schema(pl.from_arrow(sc.arrow().empty_table()).schema)), kind
+
+
+@pytest.mark.parametrize("url", ["events/local", "./a/b", "../a/b/", "~/x", "//tmp//a/./b/", "a b/c"])
+def test_a_local_path_resolves_where_fsspec_resolves_it(url, tmp_path, monkeypatch):
+    """A plain local path skips fsspec (_store._LocalFS): the same root as url_to_fs's path made absolute, and a
+    filesystem that lists, writes and reads there like fsspec's own."""
+    import fsspec
+
+    (tmp_path / "w").mkdir()
+    monkeypatch.chdir(tmp_path / "w")
+    store = resolve_store(url)
+    fs, root = fsspec.core.url_to_fs(url)
+    assert store.root == str(Path(root).expanduser().resolve()).rstrip("/")
+    assert store.is_local and store.fs.protocol == fs.protocol
+    assert resolve_store(f"file://{store.root}").root == store.root  # a file:// URL still goes through fsspec
+    import copy
+    import pickle
+
+    assert pickle.loads(pickle.dumps(store)) == store == copy.deepcopy(store)  # as fsspec's cached filesystems compare
+    here = resolve_store(str(tmp_path / "w" / "s"))
+    here.fs.makedirs(f"{here.root}/kind=demo", exist_ok=True)
+    here.fs.pipe_file(f"{here.root}/kind=demo/x.bin", b"12")
+    assert here.kinds() == ["demo"] and here.fs.cat_file(f"{here.root}/kind=demo/x.bin") == b"12"
+
+
+def test_reading_a_local_store_imports_no_fsspec(tmp_path):
+    """fsspec's import (~40 ms: its registry, asyncio) is left to the stores that need it: a local store is listed and
+    read without it."""
+    import subprocess
+    import sys
+
+    from mkb.analysis.synthetic import SynthSpec, write_synthetic
+
+    write_synthetic(SynthSpec(n_problems=4, replicates=1), str(tmp_path / "s"))
+    code = ("import sys\nfrom mkb.analysis import load_tables\n"
+            f"t = load_tables({str(tmp_path / 's')!r})\nassert t.attempts.height > 0\nprint('fsspec' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parents[2]))
+    assert out.stdout.strip() == "False"
