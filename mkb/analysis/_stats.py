@@ -22,8 +22,11 @@ _EPS = 1e-9
 BLOCK_BYTES = 24 * 2**20  # resampled sums held at once by each bootstrap thread (bounds its memory at any number of cells)
 # the buffers of the last `cluster_bootstrap_many`'s threads (~30 MiB a thread), taken by the next call's: a call's threads are
 # new, and the buffers a thread made were given back to the system when it ended, then faulted in again by the next call's
-# threads a page per 4 KiB (at 1M events ~40k page faults over the lift and contrast tables' three calls)
+# threads a page per 4 KiB (at 1M events ~40k page faults over the lift and contrast tables' three calls). Bounded: a set
+# keeps only the kinds of buffer its last call used, and the sets kept hold at most SPARE_MAX_BYTES in all (a machine of
+# many cores runs many threads a call; what is kept stays for the process's life, inside the analysis' 1 GiB)
 _SPARE: list[dict] = []
+SPARE_MAX_BYTES = 128 * 2**20
 
 
 @dataclass(frozen=True)
@@ -178,9 +181,7 @@ def _order_stats_block(x: np.ndarray, ks: np.ndarray, *, exact=None) -> np.ndarr
         srt = np.sort(pad, axis=1)
         if len(tails) == 2:
             b_lo = tails[0][3][rs, None]
-            c_lo = np.count_nonzero(srt <= b_lo, axis=1)
-            if np.isposinf(b_lo).any():  # a bracket at +inf counts the padding (+inf) too: only the candidates
-                c_lo = np.count_nonzero((srt <= b_lo) & (np.arange(W) < cnt[:, None]), axis=1)
+            c_lo = np.count_nonzero(srt <= b_lo, axis=1)  # b_lo < b_hi on these rows, so never +inf: the padding never counts
             counts = (c_lo, cnt - c_lo)
         else:
             counts = (cnt,)
@@ -336,6 +337,9 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
                 spare = _SPARE.pop()
             except IndexError:
                 spare = {}
+            for kind, wanted in (("buf", wide), ("buf32", exact32), ("r32", fast), ("bins", shares)):
+                if not wanted:  # an earlier call's kind this call does not use is given back, not carried on
+                    spare.pop(kind, None)
             used.append(spare)
             local.buf = _buffer(spare, "buf", (rows, B), np.float64) if wide else None
             local.buf32 = _buffer(spare, "buf32", (rows, B), np.float32) if exact32 else None
@@ -416,8 +420,19 @@ def cluster_bootstrap_many(cells: list, problems: np.ndarray, sums: dict[str, np
             pool.shutdown()
         if limits is not None:
             limits.restore_original_limits()
-        _SPARE[:] = used  # as many as this call had threads: the memory kept is one call's buffers, never more
+        _SPARE[:] = _within(used, SPARE_MAX_BYTES)  # the first of this call's sets, at most SPARE_MAX_BYTES in all
     return {name: (est[name], lo[name], hi[name]) for name in [*stats, *shares]}
+
+
+def _within(sets: list[dict], limit: int) -> list[dict]:
+    """The leading buffer sets whose bytes add up to at most `limit` (the rest are dropped to the allocator)."""
+    kept, total = [], 0
+    for spare in sets:
+        total += sum(a.nbytes for a in spare.values())
+        if total > limit:
+            break
+        kept.append(spare)
+    return kept
 
 
 def _buffer(spare: dict, name: str, shape: tuple, dtype) -> np.ndarray:

@@ -25,8 +25,19 @@ class Store:
     """A dataset root: `<root>/kind=<kind>/<uuid7>.parquet` below it."""
 
     url: str
+    # an fsspec filesystem, or for a plain local path `_LocalFS`: a stand-in that forwards every method to fsspec's
+    # LocalFileSystem (imported on first use) but is no instance of it; pass `filesystem()` where a real one is needed
     fs: fsspec.AbstractFileSystem
     root: str  # path within fs, no trailing slash
+
+    def filesystem(self) -> fsspec.AbstractFileSystem:
+        """The fsspec filesystem itself (a local store's `fs` is only a stand-in for method calls): for code that
+        checks its type or hands it to another library (pyarrow's `filesystem=`, isinstance checks)."""
+        if isinstance(self.fs, _LocalFS):
+            from fsspec.implementations.local import LocalFileSystem
+
+            return LocalFileSystem()
+        return self.fs
 
     @property
     def is_local(self) -> bool:
@@ -116,7 +127,7 @@ def _read_only(url: str) -> StoreError:
     )
 
 
-def resolve_store(url: str | Store | None = None, *, for_writing: bool = False) -> Store:
+def resolve_store(url: str | os.PathLike | Store | None = None, *, for_writing: bool = False) -> Store:
     """The store `url` names, else $MKB_STORE, else `events/local` under the working directory.
 
     A relative local path is taken against the working directory, never the package, so an
@@ -125,7 +136,7 @@ def resolve_store(url: str | Store | None = None, *, for_writing: bool = False) 
     """
     if isinstance(url, Store):
         return url
-    url = url or os.environ.get(ENV_VAR) or DEFAULT_STORE
+    url = os.fspath(url) if url else (os.environ.get(ENV_VAR) or DEFAULT_STORE)  # a pathlib.Path names a local store
     if for_writing and url.split("://", 1)[0] in READ_ONLY_PROTOCOLS:  # before url_to_fs: huggingface_hub may not be installed
         raise _read_only(url)
     if _local_path(url):

@@ -226,6 +226,7 @@ def test_buffers_kept_from_an_earlier_call_change_no_figure(monkeypatch):
     and on one, give the figures a call with no buffer to take gives."""
     import mkb.analysis._stats as S
 
+    monkeypatch.setattr(S, "_SPARE", [])  # this test's buffers are not left to the rest of the session
     small = _near_ties(0)  # float64 products (sums of ~10^5 x problems: not exact in float32)
     rng = np.random.default_rng(3)
     n = rng.integers(1, 4, size=(300, 40)).astype(float)
@@ -251,3 +252,38 @@ def test_buffers_kept_from_an_earlier_call_change_no_figure(monkeypatch):
             assert S._SPARE  # the buffers are kept for the next call
             for k, (est, lo, hi) in fresh[name].items():
                 _same(got[k][0], est), _same(got[k][1], lo), _same(got[k][2], hi)
+
+
+def test_the_buffers_kept_are_bounded_and_of_the_last_calls_kinds_only(monkeypatch):
+    """On a machine of many cores a call runs many threads: what is kept for the next call is capped in bytes, and a set
+    keeps only the kinds of buffer its last call used (a float64 call's sums are not carried on beside float32 ones)."""
+    import mkb.analysis._stats as S
+
+    monkeypatch.setattr(S, "_SPARE", [])
+    monkeypatch.setattr(S.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(S, "BLOCK_BYTES", 2**18)  # many blocks: every one of the 16 threads takes a set
+    rng = np.random.default_rng(5)
+    n = rng.integers(1, 4, size=(400, 30)).astype(float)
+    exact = {"A": 20.0 * rng.integers(0, 6, size=n.shape) * (n > 0), "B": 20.0 * rng.integers(1, 6, size=n.shape) * (n > 0),
+             "n": n}
+    wide = dict(exact, B=1_000_000.0 + exact["B"])  # sums of ~10^6 x problems: past float32's exact integers, float64 products
+    spec = BootstrapSpec(seed=1, resamples=2_000)
+    stats = {"rel": Ratio("A", sub="B", den="B")}
+
+    def run(sums):
+        return cluster_bootstrap_many(list(range(sums["n"].shape[0])), np.arange(sums["n"].shape[1]), sums, stats, spec)
+
+    def kept() -> int:
+        return sum(a.nbytes for spare in S._SPARE for a in spare.values())
+
+    run(wide)
+    unbounded, sets = kept(), len(S._SPARE)
+    assert sets >= 4  # many threads took a set each
+    monkeypatch.setattr(S, "SPARE_MAX_BYTES", unbounded // 3)
+    run(wide)
+    assert 0 < kept() <= unbounded // 3 and 1 <= len(S._SPARE) < sets
+    monkeypatch.setattr(S, "SPARE_MAX_BYTES", 128 * 2**20)
+    run(wide)
+    assert any("buf" in spare for spare in S._SPARE)
+    run(exact)  # float32 products: the float64 buffers are given back
+    assert S._SPARE and not any("buf" in spare for spare in S._SPARE)

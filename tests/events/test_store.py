@@ -81,7 +81,8 @@ def test_a_local_path_resolves_where_fsspec_resolves_it(url, tmp_path, monkeypat
     store = resolve_store(url)
     fs, root = fsspec.core.url_to_fs(url)
     assert store.root == str(Path(root).expanduser().resolve()).rstrip("/")
-    assert store.is_local and store.fs.protocol == fs.protocol
+    assert store.is_local and isinstance(store.filesystem(), type(fs))  # the real one, for isinstance and pyarrow
+    assert resolve_store(Path(url)).root == store.root  # a pathlib.Path names the same store
     assert resolve_store(f"file://{store.root}").root == store.root  # a file:// URL still goes through fsspec
     import copy
     import pickle
