@@ -26,9 +26,8 @@ red-team suite's serial pass then runs on its own):
     timeout 590 python3 scripts/gpu_queue_run.py --sections serial,queue --serial-jobs passing --queue-jobs passing \
         --serial-rounds 2 --queue-rounds 2 --budget-s 500
 
-which grades the 16 baselines and 4 controls twice each way (80 gradings; an estimate, not yet run: in
-h200-grader-2-9 these 20 jobs took 130 s of the serial pass, so about 260 s serial and, at the queue's ~0.8 of that,
-about 210 s queued; past `--budget-s` the serial pass starts no grading and the queue cancels what has not started,
+which grades the 16 baselines and 4 controls twice each way (80 gradings: 357 s in h200-grader-2-10-queue, 180 s
+serial and 162 s queued with the pair batch; past `--budget-s` the serial pass starts no grading and the queue cancels what has not started,
 naming each in `skipped`, so the call's limit never loses a section) and adds the pooled
 comparison (`POOLED` lines, `summary["pooled"]`): per job the mean of its queue gradings against the mean of its serial
 ones, with the standard error from both sides' spread; and the queue's effect over every job that only works on the
@@ -218,9 +217,7 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
     if log and e:
         unknown = f"; not known to: {e['left_out_unknown']}" if e.get("left_out_unknown") else ""
         log(f"EFFECT over {e['jobs']} jobs that only work on the device (left out, reading the host: {e['left_out_host'] or 'none'}{unknown}): "
-            f"queue against serial {e['mean'] * 100:+.2f}% (se {e['se'] * 100:.2f}%; +-2 se "
-            f"{(e['mean'] - 2 * e['se']) * 100:+.2f}% .. {(e['mean'] + 2 * e['se']) * 100:+.2f}%) "
-            f"{'within 0.5%' if e['within_tol'] else 'NOT shown within 0.5%'}; one grading against one: serial-serial "
+            f"{_effect_text(e)}; one grading against one: serial-serial "
             f"median {'-' if e['same_arm_median'] is None else format(e['same_arm_median'] * 100, '.2f')}% "
             f"({e['same_arm_over_tol']} of {e['same_arm_pairs']} over 0.5%), "
             f"serial-queue median {e['cross_median'] * 100:.2f}% ({e['cross_over_tol']} of {e['cross_pairs']} over 0.5%)")
@@ -255,13 +252,10 @@ def queue_effect(summary: dict) -> dict | None:
     if not jobs:
         return None
     diffs = [statistics.fmean(r["queue"]) / statistics.fmean(r["serial"]) - 1 for r in jobs.values()]
-    mean = statistics.fmean(diffs)
-    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("inf")
     same = [abs(b / a - 1) for r in jobs.values() for i, a in enumerate(r["serial"]) for b in r["serial"][i + 1:]]
     cross = [abs(b / a - 1) for r in jobs.values() for a in r["serial"] for b in r["queue"]]
     return {"jobs": len(jobs), "left_out_host": sorted(host & set(rows)), "left_out_unknown": sorted(unknown & set(rows)),
-            "per_job": dict(zip(jobs, diffs)),
-            "mean": mean, "se": se, "within_tol": abs(mean) + 2 * se <= MEDIAN_TOL,
+            "per_job": dict(zip(jobs, diffs)), **_over_jobs(diffs),
             "same_arm_pairs": len(same), "same_arm_median": statistics.median(same) if same else None,
             "same_arm_over_tol": sum(x > MEDIAN_TOL for x in same),
             "cross_pairs": len(cross), "cross_median": statistics.median(cross),
@@ -348,9 +342,21 @@ def pooled_effect(summaries: list[dict]) -> dict | None:
     diffs = [statistics.fmean(v) for v in per_job.values()]
     if not diffs:
         return None
+    return {"runs": len(summaries), "jobs": len(diffs), **_over_jobs(diffs)}
+
+
+def _over_jobs(diffs: list[float]) -> dict:
+    """The mean of the jobs' effects, its standard error, and the judgement (within 0.5% when mean +- 2 se is)."""
     mean = statistics.fmean(diffs)
     se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("inf")
-    return {"runs": len(summaries), "jobs": len(diffs), "mean": mean, "se": se, "within_tol": abs(mean) + 2 * se <= MEDIAN_TOL}
+    return {"mean": mean, "se": se, "within_tol": abs(mean) + 2 * se <= MEDIAN_TOL}
+
+
+def _effect_text(e: dict) -> str:
+    """An effect's figures as the EFFECT and POOLED EFFECT lines print them."""
+    return (f"queue against serial {e['mean'] * 100:+.2f}% (se {e['se'] * 100:.2f}%; +-2 se "
+            f"{(e['mean'] - 2 * e['se']) * 100:+.2f}% .. {(e['mean'] + 2 * e['se']) * 100:+.2f}%) "
+            f"{'within 0.5%' if e['within_tol'] else 'NOT shown within 0.5%'}")
 
 
 def _environment(versions: dict) -> dict:
@@ -408,9 +414,8 @@ def main(argv: list[str] | None = None) -> int:
             e = pooled_effect(runs)
             if e:
                 graders = ", ".join(str((r.get("versions") or {}).get("mkb_grader")) for r in runs)
-                log(f"POOLED EFFECT over {len(runs)} runs (graders {graders}), {e['jobs']} jobs (each job's runs averaged first): queue against "
-                    f"serial {e['mean'] * 100:+.2f}% (se {e['se'] * 100:.2f}%; +-2 se {(e['mean'] - 2 * e['se']) * 100:+.2f}% .. "
-                    f"{(e['mean'] + 2 * e['se']) * 100:+.2f}%) {'within 0.5%' if e['within_tol'] else 'NOT shown within 0.5%'}")
+                log(f"POOLED EFFECT over {len(runs)} runs (graders {graders}), {e['jobs']} jobs (each job's runs averaged first): "
+                    f"{_effect_text(e)}")
         return 0
     if a.serial_rounds < 1 or a.queue_rounds < 1:
         ap.error("--serial-rounds and --queue-rounds are at least 1")
