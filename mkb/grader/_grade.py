@@ -82,8 +82,12 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
 def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | None, keys: dict, nonce: str,
            book: dict, clock: PhaseClock, *, on_compile: Callable[[], None] | None = None,
            on_plan: Callable[[PlanFootprint], None] | None = None) -> tuple[list[StageResult], str | None, str, dict]:
+    # the job's GPU work before its first timing phase (the trusted plan) is a shared phase: it waits while another
+    # grading of the device times (GpuQuiet.share; with one grading in flight it never waits)
+    book["share_wait_s"] = worker.quiet.share(worker, "setup", pid=worker.pid)
+    clock.mark("share_wait")
     worker.send_job({**job, "type": "job", "nonce": nonce})
-    t_job = time.monotonic()  # `worker_job` (the clock's span from here back to `trusted_lookup`) includes the send
+    t_job = time.monotonic()  # `worker_job` (the clock's span from here back to `share_wait`) includes the send
     wall_deadline = t_job + cfg.wall_limit_s
     deadline = wall_deadline
     phase = "setup"
@@ -116,18 +120,23 @@ def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | N
                         if keys.get(what) is not None:
                             cache.put(keys[what], fig)
         elif kind == "hold":
-            # a GPU-sensitive phase (eager timing, the timing loop): spares' GPU warm-ups wait until it ends
+            # a timing phase (eager timing, the timing loop) is exclusive: spares' GPU warm-ups and other gradings'
+            # phases wait until it ends; its end is a shared phase again, which the worker waits for too. The seconds
+            # waited for either do not count against the grading's limits (the worker does nothing meanwhile).
             if msg.get("on"):
                 holding = str(msg.get("what", ""))
                 waited = worker.quiet.hold(worker, holding, pid=worker.pid,
-                                    timeout=min(WARM_WAIT_S, max(0.0, wall_deadline - time.monotonic())))
+                                           timeout=min(WARM_WAIT_S, max(0.0, wall_deadline - time.monotonic())))
                 book["hold_wait_s"] = book.get("hold_wait_s", 0.0) + waited
-                worker.send_go()
             else:
-                worker.quiet.release(worker, pid=worker.pid)
                 if holding == "timing":  # the candidate's timing loop is over: deferred spares go now
                     worker.quiet.timing_ended(worker, pid=worker.pid)
+                waited = worker.quiet.share(worker, f"after:{holding}", pid=worker.pid)
+                book["share_wait_s"] = book.get("share_wait_s", 0.0) + waited
                 holding = None
+            wall_deadline += waited
+            deadline += waited
+            worker.send_go()
         elif kind == "plan":
             # the trusted plan's footprint and whether it was prefetched, sent before the compile phase message
             if phase == "setup" and "plan" not in book:
@@ -222,7 +231,8 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
                fresh_eager: bool = False, pair_id: str | None = None, prepared: Prepared | None = None,
                on_compile: Callable[[], None] | None = None,
                on_plan: Callable[[PlanFootprint], None] | None = None,
-               device_idle_s: float | None = None) -> tuple[Verdict, dict]:
+               device_idle_s: float | None = None, supersede: Callable[[Verdict], bool] | None = None,
+               supersedes: str | None = None, in_flight: int = 1) -> tuple[Verdict, dict]:
     """One grading on `pool` with its events emitted to `writer` (the queue's and `grade`'s shared core).
 
     Returns the verdict and the trusted figures the worker measured fresh (for a batch's one eager timing).
@@ -230,6 +240,9 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
     secret only if it made the plan and the plan's key is this job's, else the job takes a spare (a failed prepare's
     worker is killed) with a fresh secret. `on_compile` is called once the worker starts the candidate's compile (the
     queue starts the next job's prefetch there); `on_plan` gets the trusted plan's footprint (the prefetch gate).
+    `supersede(verdict)` True: the grading is set aside (its events written with scope "superseded", so the log loses
+    nothing and no analysis counts it) because the queue grades it again alone, whose verdict names it (`supersedes`).
+    `in_flight`: how many gradings the queue runs at once on this device (recorded).
     """
     from mkb.grader._backends import backend_from_target, backend_target
     from mkb.grader._jsonl import uuid7
@@ -292,9 +305,12 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
     prefetch = {**prefetch, "plan_used": plan.get("prefetched"), "plan_discarded": plan.get("discarded")}
     verdict = _verdict(evaluation_id, number, dsl, sha, stages, failure, log, book, t_req, queue_wait_s,
                        problem_hash=None if phash == "unknown" else phash, clock=clock, prefetch=prefetch,
-                       device_idle_s=device_idle_s)
-    _emit(writer, verdict, attempt_id=attempt_id, scope=scope, failure_log=log, pair_id=pair_id,
-          config_overrides=cfg.overrides())
+                       device_idle_s=device_idle_s, supersedes=supersedes,
+                       in_flight={"queue": in_flight, "share_wait_s": book.get("share_wait_s"),
+                                  "hold_wait_s": book.get("hold_wait_s")})
+    set_aside = supersede is not None and supersede(verdict)
+    _emit(writer, verdict, attempt_id=attempt_id, scope="superseded" if set_aside else scope, failure_log=log,
+          pair_id=pair_id, config_overrides=cfg.overrides())
     return verdict, dict(book.get("trusted_fresh") or {})
 
 
@@ -312,7 +328,8 @@ def _claim(prepared: Prepared, job: dict) -> tuple[Worker | None, dict]:
 def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[StageResult], failure: str | None,
              log: str, book: dict, t_req: float, queue_wait_s: float | None = None, *,
              problem_hash: str | None = None, clock: PhaseClock | None = None, prefetch: dict | None = None,
-             device_idle_s: float | None = None) -> Verdict:
+             device_idle_s: float | None = None, supersedes: str | None = None,
+             in_flight: dict | None = None) -> Verdict:
     by = {s.stage: s for s in stages}
     reason = None
     for name in STAGES:
@@ -352,7 +369,7 @@ def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[S
         gpu_model=tf.gpu_model if tf else None, gpu_arch=tf.gpu_arch if tf else None,
         timed_calls=tf.n_timed if tf else None, reference_median_us=tf.reference_median_us if tf else None,
         speedup_upstream=(tf.speedup_upstream if tf and passed else None), problem_hash=problem_hash,
-        phases_s=phases, prefetch=prefetch, device_idle_s=device_idle_s,
+        phases_s=phases, prefetch=prefetch, device_idle_s=device_idle_s, supersedes=supersedes, in_flight=in_flight,
     )
 
 
@@ -391,6 +408,7 @@ def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failur
         queue_wait_s=v.queue_wait_s, pair_id=pair_id, problem_hash=v.problem_hash,
         details=_jsonable({"wall_s": v.wall_s, "overhead_s": v.overhead_s, "worker_wait_s": v.worker_wait_s,
                            "phases_s": v.phases_s, "prefetch": v.prefetch, "device_idle_s": v.device_idle_s,
+                           "in_flight": v.in_flight, "supersedes": v.supersedes,
                            "grader_version": GRADER_VERSION, "config_overrides": config_overrides or {},
                            **_expectations(v)}),
     )

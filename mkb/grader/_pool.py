@@ -103,8 +103,9 @@ class GpuQuiet:
     def __init__(self, device: str = "cuda:0") -> None:
         self.device = device
         self._cv = threading.Condition()
-        self._holds: dict[object, str] = {}
-        self._pending = 0
+        self._holds: dict[object, str] = {}  # exclusive: a timing phase (trusted or the candidate's)
+        self._shared: dict[object, str] = {}  # shared: the rest of a grading in flight (its GPU work beside others')
+        self._pending = 0  # exclusive holds waiting (writer preference: no new shared hold, `go` or side work meanwhile)
         self._waiting: list[Worker] = []
         self._warming: set[Worker] = set()
         self._untimed: set[object] = set()  # gradings in flight whose timing phase has not ended (defer new `go`s)
@@ -117,7 +118,8 @@ class GpuQuiet:
     def busy(self) -> dict[str, object]:
         """What is going on now (for tests and logs)."""
         with self._cv:
-            return {"holds": dict(self._holds), "pending": self._pending, "waiting": [w.pid for w in self._waiting],
+            return {"holds": dict(self._holds), "shared": dict(self._shared), "pending": self._pending,
+                    "waiting": [w.pid for w in self._waiting],
                     "warming": sorted(w.pid for w in self._warming), "untimed": len(self._untimed)}
 
     def want_go(self, w: "Worker") -> None:
@@ -213,26 +215,61 @@ class GpuQuiet:
             self._cv.notify_all()
 
     def hold(self, token: object, what: str, *, pid: int = 0, timeout: float = WARM_WAIT_S) -> float:
-        """Enter a GPU-sensitive phase: wait (<= `timeout`) for spares in their GPU warm-up; returns seconds waited."""
+        """Enter a timing phase, exclusive: returns the seconds waited.
+
+        Waits for every other grading's hold, shared or exclusive, to end (each is bounded by its own grading's limits,
+        and a killed worker's holds end with it), and for spares in their GPU warm-up (at most `timeout`: a warm-up is
+        bounded by WARM_LIMIT_S). `token`'s own shared hold ends first, so a grading never waits while it holds."""
         t0 = time.monotonic()
+        warm_until = t0 + max(0.0, timeout)
         with self._cv:
+            if self._shared.pop(token, None) is not None:
+                self._note("unshare", pid)
+                self._cv.notify_all()
             self._pending += 1
             try:
-                self._cv.wait_for(lambda: not self._warming, timeout=max(0.0, timeout))
+                while True:
+                    others = any(k is not token for k in self._holds) or any(k is not token for k in self._shared)
+                    now = time.monotonic()
+                    warming = bool(self._warming) and now < warm_until
+                    if not others and not warming:
+                        break
+                    self._cv.wait(max(0.01, min(0.5, warm_until - now)) if warming and not others else 0.5)
             finally:
                 self._pending -= 1
             self._holds[token] = what
             self._note(f"hold:{what}", pid)
         return time.monotonic() - t0
 
-    def release(self, token: object, *, pid: int = 0) -> None:
-        """Leave the phase (idempotent); the last one out sends `go` to every waiting spare."""
+    def share(self, token: object, what: str, *, pid: int = 0) -> float:
+        """Enter (or go back to) a shared phase of a grading in flight: returns the seconds waited.
+
+        Shared phases (the trusted plan, the candidate's compile and verification, the final draw) run beside one
+        another and beside spares' warm-ups, never beside a timing phase: this waits while another grading holds one
+        or waits for one (writer preference, so two gradings that alternate cannot starve a timing phase). `token`'s
+        own exclusive hold ends first. With one grading in flight it never waits."""
+        t0 = time.monotonic()
         with self._cv:
             if self._holds.pop(token, None) is not None:
                 self._note("release", pid)
+                self._wake()
+            while any(k is not token for k in self._holds) or self._pending:
+                self._cv.wait(0.5)
+            self._shared[token] = what
+            self._note(f"share:{what}", pid)
+        return time.monotonic() - t0
+
+    def release(self, token: object, *, pid: int = 0) -> None:
+        """Leave every phase `token` holds (idempotent); the last one out sends `go` to every waiting spare."""
+        with self._cv:
+            if self._holds.pop(token, None) is not None:
+                self._note("release", pid)
+            if self._shared.pop(token, None) is not None:
+                self._note("unshare", pid)
             self._wake()
 
     def _wake(self) -> None:
+        self._cv.notify_all()  # a hold or a shared phase may be waiting on what just changed
         if self._holds or self._pending:
             return
         waiting, self._waiting = self._waiting, []
@@ -257,6 +294,8 @@ class GpuQuiet:
             self._untimed.discard(w)
             if self._holds.pop(w, None) is not None:
                 self._note("release", w.pid)
+            if self._shared.pop(w, None) is not None:
+                self._note("unshare", w.pid)
             self._wake()
 
 
