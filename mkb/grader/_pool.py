@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -59,6 +60,8 @@ WARM_LIMIT_S = 120.0
 # a spare that finished its imports while a grading is before the end of its timing phase waits at most this long
 # for that phase to end before its GPU warm-up may start (module docstring; 0 turns the deferral off)
 DEFER_GO_S = 3.0
+# GpuQuiet.history's length: about 15 notes per grading, so a queue run of a thousand gradings can be replayed whole
+HISTORY_MAX = 20_000
 
 
 def normalize_device(device: str) -> str:
@@ -110,7 +113,7 @@ class GpuQuiet:
         self._warming: set[Worker] = set()
         self._untimed: set[object] = set()  # gradings in flight whose timing phase has not ended (defer new `go`s)
         self.defer_s = DEFER_GO_S
-        self.history: collections.deque[tuple[float, str, int]] = collections.deque(maxlen=2000)
+        self.history: collections.deque[tuple[float, str, int]] = collections.deque(maxlen=HISTORY_MAX)
 
     def _note(self, event: str, pid: int) -> None:
         self.history.append((time.monotonic(), event, pid))
@@ -297,6 +300,56 @@ class GpuQuiet:
             if self._shared.pop(w, None) is not None:
                 self._note("unshare", w.pid)
             self._wake()
+
+
+@dataclass(frozen=True)
+class PhaseReplay:
+    """What a coordinator's history shows about phases side by side (`replay_phases`)."""
+
+    most_at_once: int  # the most gradings of the device in a phase (shared or exclusive) at one time
+    exclusive_holds: int  # timing phases entered
+    beside_timing: tuple[str, ...]  # a grading's phase that began beside another's timing phase: the rule broken
+    warm_ups_beside_timing: int  # timing phases entered while a spare warmed up (a hold whose warm wait ran out)
+
+
+def replay_phases(history, *, since: float | None = None) -> PhaseReplay:
+    """Replay `GpuQuiet.history` in order (from `since`, a monotonic time at which no grading was in a phase): the
+    evidence that no timing phase ran beside another grading's phase.
+
+    The history is noted under the coordinator's lock, so its order is the order the states changed in."""
+    if since is not None:
+        history = [e for e in history if e[0] >= since]
+    exclusive: set[int] = set()
+    shared: set[int] = set()
+    warming: set[int] = set()
+    most = holds = beside_warm = 0
+    broken: list[str] = []
+    for t, event, pid in history:
+        if event.startswith("hold:"):
+            shared.discard(pid)
+            others = sorted(p for p in exclusive | shared if p != pid)
+            if others:
+                broken.append(f"{event} of {pid} at {t:.6f} beside the phases of {others}")
+            exclusive.add(pid)
+            holds += 1
+            beside_warm += bool(warming - {pid})
+        elif event.startswith("share:"):
+            exclusive.discard(pid)
+            others = sorted(p for p in exclusive if p != pid)
+            if others:
+                broken.append(f"{event} of {pid} at {t:.6f} beside the timing phase of {others}")
+            shared.add(pid)
+        elif event == "release":
+            exclusive.discard(pid)
+        elif event == "unshare":
+            shared.discard(pid)
+        elif event in ("go", "prepare"):
+            warming.add(pid)
+        elif event in ("warmed", "forgotten"):
+            warming.discard(pid)
+        most = max(most, len(exclusive | shared))
+    return PhaseReplay(most_at_once=most, exclusive_holds=holds, beside_timing=tuple(broken),
+                       warm_ups_beside_timing=beside_warm)
 
 
 _QUIETS: dict[str, GpuQuiet] = {}

@@ -12,7 +12,7 @@ import pytest
 from fake_dsl import TORCH_BASELINE_28
 from mkb.grader import GradeJob, GradingQueue, Verdict
 from mkb.grader import _grade
-from mkb.grader._pool import GpuQuiet, quiet_for
+from mkb.grader._pool import GpuQuiet, quiet_for, replay_phases
 from mkb.grader._queue import neighbour_could_cause
 
 
@@ -40,29 +40,20 @@ def _in_thread(fn, *args, **kw) -> tuple[threading.Thread, dict]:
 
 
 def replay(history) -> dict[str, int]:
-    """Replay a coordinator's history; fail where a timing phase ran beside anything else of another grading.
+    """The coordinator's history replayed (mkb.grader._pool.replay_phases); fails where a timing phase ran beside
+    another grading's phase."""
+    r = replay_phases(history)
+    assert not r.beside_timing, r.beside_timing
+    return {"most_at_once": r.most_at_once, "holds": r.exclusive_holds}
 
-    Returns the most gradings seen in a phase at once (shared or exclusive) and the number of exclusive holds."""
-    exclusive: dict[int, str] = {}
-    shared: dict[int, str] = {}
-    most = holds = 0
-    for t, event, pid in history:
-        if event.startswith("hold:"):
-            shared.pop(pid, None)
-            others = {p for p in (*exclusive, *shared) if p != pid}
-            assert not others, f"{event} of {pid} at {t} beside phases of {others}"
-            exclusive[pid] = event
-            holds += 1
-        elif event.startswith("share:"):
-            exclusive.pop(pid, None)
-            assert not [p for p in exclusive if p != pid], f"{event} of {pid} at {t} beside the timing of {exclusive}"
-            shared[pid] = event
-        elif event == "release":
-            exclusive.pop(pid, None)
-        elif event == "unshare":
-            shared.pop(pid, None)
-        most = max(most, len(set(exclusive) | set(shared)))
-    return {"most_at_once": most, "holds": holds}
+
+def test_the_replay_finds_a_timing_phase_beside_another_gradings_phase():
+    r = replay_phases([(1.0, "share:setup", 1), (2.0, "hold:timing", 2), (3.0, "go", 9), (4.0, "unshare", 1),
+                       (5.0, "hold:timing", 1), (6.0, "release", 2), (7.0, "warmed", 9), (8.0, "hold:timing", 2)])
+    assert r.beside_timing == ("hold:timing of 2 at 2.000000 beside the phases of [1]",
+                               "hold:timing of 1 at 5.000000 beside the phases of [2]",
+                               "hold:timing of 2 at 8.000000 beside the phases of [1]")
+    assert r.most_at_once == 2 and r.exclusive_holds == 3 and r.warm_ups_beside_timing == 1
 
 
 # ---------------- the coordinator: shared and exclusive phases ----------------
@@ -284,7 +275,7 @@ def test_real_gradings_overlap_and_a_failure_beside_another_is_graded_again_alon
     bad.write_text(_FAILS_AT_ONCE)
     device = f"cpu:{70 + in_flight}"
     quiet = quiet_for(device)
-    since = len(quiet.history)
+    since = time.monotonic()
     with GradingQueue(device=device, store=store, config=cpu_config, dsls=(fake_dsl,), in_flight=in_flight,
                       depth=2) as q:
         q.pool.wait_warm(120)
@@ -293,7 +284,7 @@ def test_real_gradings_overlap_and_a_failure_beside_another_is_graded_again_alon
         verdicts = [f.result(300) for f in futs]
     assert [v.passed for v in verdicts] == [True, False, True, True], [v.message for v in verdicts]
     assert verdicts[1].reason == "runtime_error"
-    seen = replay(list(quiet.history)[since:])  # no timing phase ever ran beside another grading's phase
+    seen = replay([e for e in quiet.history if e[0] >= since])  # no timing phase ever ran beside another grading's phase
     assert seen["holds"] >= 3
     rows = read("verdict", store)
     details = {r["evaluation_id"]: json.loads(r["details"]) for r in rows.iter_rows(named=True)}
