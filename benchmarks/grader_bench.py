@@ -309,13 +309,8 @@ def clock_warm_table(rows: list[dict]) -> dict:
 
 
 def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=None, writer=None, store: str | None = None,
-               device: str = "cuda:0", depth: int = 4, low_water: int = 1, log=print, deadline: float | None = None,
-               in_flight: int = 1) -> dict:
+               device: str = "cuda:0", depth: int = 4, low_water: int = 1, log=print, deadline: float | None = None) -> dict:
     """All memory-bound baselines x `rounds`, pushed at once by two producers; gradings per GPU-hour.
-
-    `in_flight`: gradings the queue runs at once (GradingQueue(in_flight=...)); the result replays the device's
-    coordinator (`phases`: whether any timing phase ran beside another grading's phase) and counts the gradings set
-    aside and graded again alone.
 
     Past `deadline` (time.monotonic()) the gradings not yet started are cancelled; the figures count the finished
     ones over the time to the last of them. Beside the measured rate, `steady_gradings_per_gpu_hour` is 3600 over
@@ -330,9 +325,8 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
     since = time.monotonic()
     jobs = [GradeJob(b.problem, b.dsl, b.path, experiment=f"producer{i % 2}") for r in range(rounds) for i, b in enumerate(base)]
     with GradingQueue(device=device, store=store, writer=writer, config=cfg, dsls=tuple(dict.fromkeys(b.dsl for b in base)),
-                      depth=depth, low_water=low_water, in_flight=in_flight) as q:
+                      depth=depth, low_water=low_water) as q:
         q.pool.wait_warm(cfg.start_limit_s)
-        t_replay = time.monotonic()
         futs: list = []
         lock = threading.Lock()
         t0 = time.monotonic()
@@ -355,7 +349,6 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
             verdicts.append(f.result())
             t_last = time.monotonic()
         elapsed = t_last - t0
-        replayed = replay_phases(list(quiet_for(device).history), since=t_replay)
     if cancelled:
         log(f"[bench] throughput: budget spent, {cancelled} gradings cancelled before they started")
     rows = [{**_row(v), "prefetch": v.prefetch} for v in verdicts]
@@ -374,13 +367,11 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
            "worker_wait_s_median": statistics.median([r["worker_wait_s"] or 0.0 for r in rows]) if rows else None,
            "phases": phase_table(rows), "cancelled": cancelled, "prefetch_states": states,
            "steady_gradings": len(steady),
-           # one at a time only: with several in flight the walls overlap, and the measured rate is the figure
-           "steady_gradings_per_gpu_hour": 3600.0 / statistics.fmean(steady) if steady and in_flight == 1 else None,
-           "in_flight": in_flight, "regraded_alone": q.regraded_alone,
-           "superseded": sum(1 for v in verdicts if v.supersedes), "phases_replayed": dataclasses.asdict(replayed),
-           "quiet": quiet_table(quiet_for(device).history, since), "warm_start": warm_start_table(rows)}
+           "steady_gradings_per_gpu_hour": 3600.0 / statistics.fmean(steady) if steady else None,
+           "quiet": quiet_table(quiet_for(device).history, since), "warm_start": warm_start_table(rows),
+           "quiet_replayed": dataclasses.asdict(replay_phases(list(quiet_for(device).history), since=since))}
     log("[bench] throughput: overhead by phase (every grading):\n" + format_phases(res["phases"]))
-    log(f"[bench] throughput, {in_flight} in flight: {len(rows)} gradings of {len(base)} memory-bound baselines in {elapsed:.1f} s: "
+    log(f"[bench] throughput: {len(rows)} gradings of {len(base)} memory-bound baselines in {elapsed:.1f} s: "
         f"{_f(per_hour, '.0f')} gradings per GPU-hour; overhead median {_f(res['overhead_s_median'], '.3f')} s")
     return res
 
@@ -446,8 +437,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--low-water", type=int, default=1)
-    ap.add_argument("--in-flight", default="1", help="gradings in flight per GPU for the throughput section; a list "
-                    "(1,2) runs it once per value, in that order, on the same device")
     ap.add_argument("--n-timed", type=int, default=100)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--store", default=None)
@@ -460,10 +449,6 @@ def main(argv: list[str] | None = None) -> None:
                     "behind the side-work check's empty calls; recorded as a config override on every verdict)")
     ap.add_argument("--smoke", action="store_true", help="GraderConfig.quick at smoke size (a CPU check of this script; never a figure)")
     a = ap.parse_args(argv)
-    try:
-        in_flight = [int(x) for x in a.in_flight.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--in-flight {a.in_flight!r}: give whole numbers, e.g. 1,2")
     from mkb.grader import GraderConfig
 
     deadline = time.monotonic() + a.budget_s if a.budget_s else None
@@ -496,11 +481,9 @@ def main(argv: list[str] | None = None) -> None:
     if "backlog" in sections:
         res["backlog"] = [backlog(problem=p, dsls=dsls, repeats=a.repeats, config=cfg, store=store, device=a.device,
                                   depth=a.depth, low_water=a.low_water, deadline=deadline) for p in a.problem]
-    for n in in_flight:
-        if "throughput" in sections and (deadline is None or time.monotonic() < deadline):
-            res.setdefault("throughput", []).append(throughput(
-                rounds=a.rounds, dsls=dsls, config=cfg, store=store, device=a.device, depth=a.depth,
-                low_water=a.low_water, deadline=deadline, in_flight=n))
+    if "throughput" in sections and (deadline is None or time.monotonic() < deadline):
+        res["throughput"] = throughput(rounds=a.rounds, dsls=dsls, config=cfg, store=store, device=a.device,
+                                       depth=a.depth, low_water=a.low_water, deadline=deadline)
     res["elapsed_s"] = time.monotonic() - t0
     print(summary(res))
     print(f"[bench] done in {res['elapsed_s']:.0f} s")
@@ -556,42 +539,34 @@ def summary(res: dict) -> str:
                      f"{c['passed']} passed; {_f(c['warm_overhead_s_median'], '.3f')} s over the {c['warm']} with eager "
                      f"and reference cached and a worker ready; largest phases (median s): "
                      + ", ".join(f"{d['phase']} {d['median_s']:.3f}" for d in top))
-    runs = res.get("throughput") or []
-    for t in runs if isinstance(runs, list) else [runs]:
-        lines += _throughput_lines(t)
+    t = res.get("throughput")
+    if t:
+        lines.append(f"FIGURE gradings per GPU-hour, memory-bound baselines {t['problems']}: {_f(t['gradings_per_gpu_hour'], '.0f')} "
+                     f"({t['gradings']} gradings in {t['elapsed_s']:.1f} s, {t['cancelled']} cancelled by the budget; "
+                     f"target >= 1500); all passed: {t['all_passed']}; overhead median {_f(t['overhead_s_median'], '.3f')} s, "
+                     f"wall median {_f(t['wall_s_median'], '.3f')} s, worker wait median {_f(t['worker_wait_s_median'], '.3f')} s; "
+                     f"prefetch {t.get('prefetch_states')}")
+        if t.get("steady_gradings_per_gpu_hour"):
+            lines.append(f"FIGURE gradings per GPU-hour with the eager and reference timings cached (3600 / mean wall of "
+                         f"{t['steady_gradings']} such gradings): {t['steady_gradings_per_gpu_hour']:.0f}")
+        top = [d for d in t.get("phases", []) if not d["phase"].startswith("kernel.")][:6]
+        if top:
+            lines.append("FIGURE throughput overhead, largest phases (mean s): "
+                         + ", ".join(f"{d['phase']} {d['mean_s']:.3f}" for d in top))
+        lines += _quiet_line("FIGURE throughput quiet rule", t.get("quiet"))
+        r = t.get("quiet_replayed")
+        if r:
+            lines.append(f"FIGURE throughput quiet rule replayed: {r['timing_phases']} timing phases, "
+                         f"{len(r['beside_timing'])} beside another's, {len(r['go_beside_timing'])} spares' warm-ups or "
+                         f"prefetches started beside one, {r['warm_ups_beside_timing']} entered while a warm-up ran on "
+                         f"(its wait ran out)")
+        w = t.get("warm_start") or {}
+        if w.get("n"):
+            lines.append(f"FIGURE throughput workers' GPU warm starts by step (median s over {w['n']}; "
+                         f"hold_nvrtc_before_go is before `imported`, not under the quiet rule): "
+                         + ", ".join(f"{k} {v:.3f}" for k, v in w["median_s"].items())
+                         + (f"; hold builds {w['hold_builds']}" if w.get("hold_builds") else ""))
     return "\n".join(lines)
-
-
-def _throughput_lines(t: dict) -> list[str]:
-    """One throughput run's figures (an older result has no `in_flight`: one at a time)."""
-    lines = []
-    n = t.get("in_flight", 1)
-    lines.append(f"FIGURE gradings per GPU-hour, {n} in flight, memory-bound baselines {t['problems']}: {_f(t['gradings_per_gpu_hour'], '.0f')} "
-                 f"({t['gradings']} gradings in {t['elapsed_s']:.1f} s, {t['cancelled']} cancelled by the budget; "
-                 f"target >= 1500); all passed: {t['all_passed']}; overhead median {_f(t['overhead_s_median'], '.3f')} s, "
-                 f"wall median {_f(t['wall_s_median'], '.3f')} s, worker wait median {_f(t['worker_wait_s_median'], '.3f')} s; "
-                 f"prefetch {t.get('prefetch_states')}")
-    if t.get("steady_gradings_per_gpu_hour"):
-        lines.append(f"FIGURE gradings per GPU-hour with the eager and reference timings cached (3600 / mean wall of "
-                     f"{t['steady_gradings']} such gradings): {t['steady_gradings_per_gpu_hour']:.0f}")
-    top = [d for d in t.get("phases", []) if not d["phase"].startswith("kernel.")][:6]
-    if top:
-        lines.append("FIGURE throughput overhead, largest phases (mean s): "
-                     + ", ".join(f"{d['phase']} {d['mean_s']:.3f}" for d in top))
-    lines += _quiet_line("FIGURE throughput quiet rule", t.get("quiet"))
-    w = t.get("warm_start") or {}
-    if w.get("n"):
-        lines.append(f"FIGURE throughput workers' GPU warm starts by step (median s over {w['n']}; "
-                     f"hold_nvrtc_before_go is before `imported`, not under the quiet rule): "
-                     + ", ".join(f"{k} {v:.3f}" for k, v in w["median_s"].items())
-                     + (f"; hold builds {w['hold_builds']}" if w.get("hold_builds") else ""))
-    p = t.get("phases_replayed")
-    if p:
-        lines.append(f"FIGURE throughput, {n} in flight, the coordinator replayed: at most {p['most_at_once']} gradings "
-                     f"in a phase at once; {p['exclusive_holds']} timing phases, {len(p['beside_timing'])} beside another "
-                     f"grading's phase, {p['warm_ups_beside_timing']} beside a spare's warm-up; {t.get('regraded_alone', 0)} "
-                     f"gradings set aside and graded again alone")
-    return lines
 
 
 if __name__ == "__main__":

@@ -98,7 +98,6 @@ def row(c: Case, v) -> dict:
             "candidate_median_us": v.candidate_median_us, "eager_median_us": v.eager_median_us, "speedup": v.speedup,
             "cv": t.figures.get("cv") if t else None, "wall_s": v.wall_s, "overhead_s": v.overhead_s,
             "queue_wait_s": v.queue_wait_s, "evaluation_id": v.evaluation_id, "message": (v.message or "")[:800],
-            "supersedes": v.supersedes,
             "host_syncs": host_syncs(v.stage("integrity").figures if v.stage("integrity") else None)}
 
 
@@ -395,8 +394,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queue-jobs", choices=("all", "passing"), default="all",
                     help="the queue pass grades every job, or only those that must pass (baselines and controls)")
     ap.add_argument("--queue-rounds", type=int, default=1, help="times each queue job is pushed (medians compared per round)")
-    ap.add_argument("--in-flight", type=int, default=1, help="gradings the queue runs at once on the GPU (GradingQueue("
-                    "in_flight=...)); the serial pass is always one at a time with no queue")
     ap.add_argument("--serial-jobs", choices=("all", "passing"), default="all",
                     help="the serial pass grades every job, or only those that must pass (with --queue-jobs passing, "
                     "serial and queue fit one device call on one GPU)")
@@ -499,10 +496,8 @@ def main(argv: list[str] | None = None) -> int:
         pushed = threading.Event()  # the asyncio producer has submitted all its jobs
         from mkb.grader._pool import quiet_for, replay_phases
 
-        summary["in_flight"] = a.in_flight
-        with GradingQueue(device=a.device, writer=writer, config=cfg, depth=3, low_water=1, in_flight=a.in_flight) as q:
+        with GradingQueue(device=a.device, writer=writer, config=cfg, depth=3, low_water=1) as q:
             q.pool.wait_warm(cfg.start_limit_s)
-            t_replay = time.monotonic()
             t_push = time.monotonic()
 
             qcases = [c for c in all_cases if a.queue_jobs == "all" or c.expected is None]
@@ -585,14 +580,12 @@ def main(argv: list[str] | None = None) -> int:
                     summary["pair"].append(row(c, v) | {"eager_cached": v.stage("timing").figures.get("eager_cached")
                                                         if v.stage("timing") else None})
                     log(f"PAIR   {c.key:55s} -> {v.reason or 'passed'} median={v.candidate_median_us} eager={v.eager_median_us}")
-            # the device's coordinator replayed over the section: no timing phase beside another grading's phase
-            replayed = replay_phases(list(quiet_for(a.device).history), since=t_replay)
-            summary["queue_phases_replayed"] = dataclasses.asdict(replayed)
-            summary["queue_regraded_alone"] = q.regraded_alone
-            log(f"PHASES in flight {a.in_flight}: at most {replayed.most_at_once} gradings in a phase at once; "
-                f"{replayed.exclusive_holds} timing phases, {len(replayed.beside_timing)} beside another grading's phase, "
-                f"{replayed.warm_ups_beside_timing} beside a spare's warm-up; {q.regraded_alone} gradings set aside and "
-                f"graded again alone")
+        # the device's coordinator replayed over the section: every timing phase had the device to itself
+        replayed = replay_phases(list(quiet_for(a.device).history), since=t)
+        summary["queue_quiet_replayed"] = dataclasses.asdict(replayed)
+        log(f"QUIET  replayed: {replayed.timing_phases} timing phases, {len(replayed.beside_timing)} beside another's, "
+            f"{len(replayed.go_beside_timing)} spares' warm-ups or prefetches started beside one, "
+            f"{replayed.warm_ups_beside_timing} entered while a warm-up ran on (its wait ran out)")
         summary["queue_s"] = time.monotonic() - t
         save("queue")
 

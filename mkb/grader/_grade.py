@@ -23,7 +23,7 @@ from mkb.grader._session import TrustedCache, problem_identity, trusted_key
 from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict, exit_failure, missing_stages_reason, timeout_failure
 from mkb.problems import problem_number
 
-GRADER_VERSION = "2.12"  # 2.12: two gradings in flight per GPU as a queue option (GradingQueue(in_flight=2)): the device's coordinator has shared phases (a grading's GPU work outside its timing phases, beside other such phases and spares' warm-ups) and exclusive ones (every timing phase, with nothing else of the device), writer preference; the worker waits for `go` after each timing phase too (its shared phase again); a failure a neighbour could cause (NEIGHBOUR_REASONS, out of memory) is graded again alone, the first grading's events kept with scope "superseded" and the verdict naming it (`supersedes`); verdict details record in_flight and the seconds waited for each kind of phase; with in_flight=1 (the default) nothing timed or checked changes; 2.11: the SM hold's NVRTC build (most of the 2.10 warm start's hold_compile, 0.424 s median per worker on the H200) moved before the worker's `imported`, for the compute capability NVML reports (no CUDA context, not under the quiet rule; warm_start_s.hold_nvrtc_before_go), so the warm-up a spare holds the device for only loads and launches the cubin (CompileFigures.hold_build "prebuilt", else "compiled (why)" as in 2.10); same source and options, nothing timed or checked changes; 2.10: the worker's GPU warm start recorded by step (CompileFigures.warm_start_s: cuda_context_and_profiler_init, sm_clock, hold_compile, first_use), the warm-up a spare holds the device for; nothing timed or checked changes; 2.9: the side-work floor's hold recorded (floor_hold_us) and offered as an A/B arm (GraderConfig.floor_hold_us; the shipped grader keeps the 1 ms default: nothing timed or checked changes); 2.8: timing policy v6: the timed sets' first pass allocates their blocks only (InputStream(first_pass="allocate")), v5's state for microseconds instead of making every set twice (0.16 s per grading; every short baseline within 0.5% of v5 ABBA, events/h200-checks-ab-allocate); 2.7: the timing figures record the device segments the allocator created while the timed sets were made (input_sets_new_segments, the eager's too): the figure that tells a grading whose sets missed the recycled blocks (nothing timed or checked changes); 2.6: timing policy v5: every timed loop's input sets (the eager's and the candidate's) lie in recycled caching-allocator blocks (InputStream(first_pass="make")), so a worker that timed the eager and one that read it from the cache time in one state (they differed by up to 4.4% for short kernels: events/h200-recycle-levels); the launch floors cached per DSL and GPU, not per problem; a spare's go deferred until the running grading's timing phase ends (at most 3 s); 2.5: with a backlog, the next job's trusted plan is made ahead by the spare that grades it (mkb.grader._prefetch; the same plan from its own secret, keyed, under the quiet rule, memory-gated), recorded in the verdict's details.prefetch; nothing timed or checked changes; 2.4: every second of wall_s in a named phase (the verdict's details.phases_s), cuBLAS and the timing window's kernels first used in the warm start, and timing policy v4: the SM hold is a raw NVRTC kernel spinning every thread slot on clock64() with no memory traffic (the jiterator hold's 8.6 MB write slowed and moved short kernels); 2.3: sampled expectations where the whole ones do not fit the device (34, 38, 50 at full size; nothing changes for problems that fit); 2.2: the side-work check also takes the empty calls' tails after the loop; 2.1: device-time window (host dispatch hidden by a GPU sleep, reported beside it), spinning tails; 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
+GRADER_VERSION = "2.11"  # 2.11: the SM hold's NVRTC build (most of the 2.10 warm start's hold_compile, 0.424 s median per worker on the H200) moved before the worker's `imported`, for the compute capability NVML reports (no CUDA context, not under the quiet rule; warm_start_s.hold_nvrtc_before_go), so the warm-up a spare holds the device for only loads and launches the cubin (CompileFigures.hold_build "prebuilt", else "compiled (why)" as in 2.10); same source and options, nothing timed or checked changes; 2.10: the worker's GPU warm start recorded by step (CompileFigures.warm_start_s: cuda_context_and_profiler_init, sm_clock, hold_compile, first_use), the warm-up a spare holds the device for; nothing timed or checked changes; 2.9: the side-work floor's hold recorded (floor_hold_us) and offered as an A/B arm (GraderConfig.floor_hold_us; the shipped grader keeps the 1 ms default: nothing timed or checked changes); 2.8: timing policy v6: the timed sets' first pass allocates their blocks only (InputStream(first_pass="allocate")), v5's state for microseconds instead of making every set twice (0.16 s per grading; every short baseline within 0.5% of v5 ABBA, events/h200-checks-ab-allocate); 2.7: the timing figures record the device segments the allocator created while the timed sets were made (input_sets_new_segments, the eager's too): the figure that tells a grading whose sets missed the recycled blocks (nothing timed or checked changes); 2.6: timing policy v5: every timed loop's input sets (the eager's and the candidate's) lie in recycled caching-allocator blocks (InputStream(first_pass="make")), so a worker that timed the eager and one that read it from the cache time in one state (they differed by up to 4.4% for short kernels: events/h200-recycle-levels); the launch floors cached per DSL and GPU, not per problem; a spare's go deferred until the running grading's timing phase ends (at most 3 s); 2.5: with a backlog, the next job's trusted plan is made ahead by the spare that grades it (mkb.grader._prefetch; the same plan from its own secret, keyed, under the quiet rule, memory-gated), recorded in the verdict's details.prefetch; nothing timed or checked changes; 2.4: every second of wall_s in a named phase (the verdict's details.phases_s), cuBLAS and the timing window's kernels first used in the warm start, and timing policy v4: the SM hold is a raw NVRTC kernel spinning every thread slot on clock64() with no memory traffic (the jiterator hold's 8.6 MB write slowed and moved short kernels); 2.3: sampled expectations where the whole ones do not fit the device (34, 38, 50 at full size; nothing changes for problems that fit); 2.2: the side-work check also takes the empty calls' tails after the loop; 2.1: device-time window (host dispatch hidden by a GPU sleep, reported beside it), spinning tails; 2.0: host-compute / allowlist-work / write checks, crash after import counts, early stop, GPU table
 
 
 def _jsonable(v: Any) -> str | None:
@@ -82,12 +82,8 @@ def _run_worker(worker: Worker, job: dict, cfg: GraderConfig, *, cache: TrustedC
 def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | None, keys: dict, nonce: str,
            book: dict, clock: PhaseClock, *, on_compile: Callable[[], None] | None = None,
            on_plan: Callable[[PlanFootprint], None] | None = None) -> tuple[list[StageResult], str | None, str, dict]:
-    # the job's GPU work before its first timing phase (the trusted plan) is a shared phase: it waits while another
-    # grading of the device times (GpuQuiet.share; with one grading in flight it never waits)
-    book["share_wait_s"] = worker.quiet.share(worker, "setup", pid=worker.pid)
-    clock.mark("share_wait")
     worker.send_job({**job, "type": "job", "nonce": nonce})
-    t_job = time.monotonic()  # `worker_job` (the clock's span from here back to `share_wait`) includes the send
+    t_job = time.monotonic()  # `worker_job` (the clock's span from here back to `trusted_lookup`) includes the send
     wall_deadline = t_job + cfg.wall_limit_s
     deadline = wall_deadline
     phase = "setup"
@@ -120,23 +116,18 @@ def _drive(worker: Worker, job: dict, cfg: GraderConfig, cache: TrustedCache | N
                         if keys.get(what) is not None:
                             cache.put(keys[what], fig)
         elif kind == "hold":
-            # a timing phase (eager timing, the timing loop) is exclusive: spares' GPU warm-ups and other gradings'
-            # phases wait until it ends; its end is a shared phase again, which the worker waits for too. The seconds
-            # waited for either do not count against the grading's limits (the worker does nothing meanwhile).
+            # a GPU-sensitive phase (eager timing, the timing loop): spares' GPU warm-ups wait until it ends
             if msg.get("on"):
                 holding = str(msg.get("what", ""))
                 waited = worker.quiet.hold(worker, holding, pid=worker.pid,
-                                           timeout=min(WARM_WAIT_S, max(0.0, wall_deadline - time.monotonic())))
+                                    timeout=min(WARM_WAIT_S, max(0.0, wall_deadline - time.monotonic())))
                 book["hold_wait_s"] = book.get("hold_wait_s", 0.0) + waited
+                worker.send_go()
             else:
+                worker.quiet.release(worker, pid=worker.pid)
                 if holding == "timing":  # the candidate's timing loop is over: deferred spares go now
                     worker.quiet.timing_ended(worker, pid=worker.pid)
-                waited = worker.quiet.share(worker, f"after:{holding}", pid=worker.pid)
-                book["share_wait_s"] = book.get("share_wait_s", 0.0) + waited
                 holding = None
-            wall_deadline += waited
-            deadline += waited
-            worker.send_go()
         elif kind == "plan":
             # the trusted plan's footprint and whether it was prefetched, sent before the compile phase message
             if phase == "setup" and "plan" not in book:
@@ -231,8 +222,7 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
                fresh_eager: bool = False, pair_id: str | None = None, prepared: Prepared | None = None,
                on_compile: Callable[[], None] | None = None,
                on_plan: Callable[[PlanFootprint], None] | None = None,
-               device_idle_s: float | None = None, supersede: Callable[[Verdict], bool] | None = None,
-               supersedes: str | None = None, in_flight: int = 1) -> tuple[Verdict, dict]:
+               device_idle_s: float | None = None) -> tuple[Verdict, dict]:
     """One grading on `pool` with its events emitted to `writer` (the queue's and `grade`'s shared core).
 
     Returns the verdict and the trusted figures the worker measured fresh (for a batch's one eager timing).
@@ -240,9 +230,6 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
     secret only if it made the plan and the plan's key is this job's, else the job takes a spare (a failed prepare's
     worker is killed) with a fresh secret. `on_compile` is called once the worker starts the candidate's compile (the
     queue starts the next job's prefetch there); `on_plan` gets the trusted plan's footprint (the prefetch gate).
-    `supersede(verdict)` True: the grading is set aside (its events written with scope "superseded", so the log loses
-    nothing and no analysis counts it) because the queue grades it again alone, whose verdict names it (`supersedes`).
-    `in_flight`: how many gradings the queue runs at once on this device (recorded).
     """
     from mkb.grader._backends import backend_from_target, backend_target
     from mkb.grader._jsonl import uuid7
@@ -305,12 +292,9 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
     prefetch = {**prefetch, "plan_used": plan.get("prefetched"), "plan_discarded": plan.get("discarded")}
     verdict = _verdict(evaluation_id, number, dsl, sha, stages, failure, log, book, t_req, queue_wait_s,
                        problem_hash=None if phash == "unknown" else phash, clock=clock, prefetch=prefetch,
-                       device_idle_s=device_idle_s, supersedes=supersedes,
-                       in_flight={"queue": in_flight, "share_wait_s": book.get("share_wait_s"),
-                                  "hold_wait_s": book.get("hold_wait_s")})
-    set_aside = supersede is not None and supersede(verdict)
-    _emit(writer, verdict, attempt_id=attempt_id, scope="superseded" if set_aside else scope, failure_log=log,
-          pair_id=pair_id, config_overrides=cfg.overrides())
+                       device_idle_s=device_idle_s)
+    _emit(writer, verdict, attempt_id=attempt_id, scope=scope, failure_log=log, pair_id=pair_id,
+          config_overrides=cfg.overrides())
     return verdict, dict(book.get("trusted_fresh") or {})
 
 
@@ -328,8 +312,7 @@ def _claim(prepared: Prepared, job: dict) -> tuple[Worker | None, dict]:
 def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[StageResult], failure: str | None,
              log: str, book: dict, t_req: float, queue_wait_s: float | None = None, *,
              problem_hash: str | None = None, clock: PhaseClock | None = None, prefetch: dict | None = None,
-             device_idle_s: float | None = None, supersedes: str | None = None,
-             in_flight: dict | None = None) -> Verdict:
+             device_idle_s: float | None = None) -> Verdict:
     by = {s.stage: s for s in stages}
     reason = None
     for name in STAGES:
@@ -369,7 +352,7 @@ def _verdict(evaluation_id: str, number: int, dsl: str, sha: str, stages: list[S
         gpu_model=tf.gpu_model if tf else None, gpu_arch=tf.gpu_arch if tf else None,
         timed_calls=tf.n_timed if tf else None, reference_median_us=tf.reference_median_us if tf else None,
         speedup_upstream=(tf.speedup_upstream if tf and passed else None), problem_hash=problem_hash,
-        phases_s=phases, prefetch=prefetch, device_idle_s=device_idle_s, supersedes=supersedes, in_flight=in_flight,
+        phases_s=phases, prefetch=prefetch, device_idle_s=device_idle_s,
     )
 
 
@@ -408,7 +391,6 @@ def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failur
         queue_wait_s=v.queue_wait_s, pair_id=pair_id, problem_hash=v.problem_hash,
         details=_jsonable({"wall_s": v.wall_s, "overhead_s": v.overhead_s, "worker_wait_s": v.worker_wait_s,
                            "phases_s": v.phases_s, "prefetch": v.prefetch, "device_idle_s": v.device_idle_s,
-                           "in_flight": v.in_flight, "supersedes": v.supersedes,
                            "grader_version": GRADER_VERSION, "config_overrides": config_overrides or {},
                            **_expectations(v)}),
     )

@@ -270,13 +270,11 @@ def _call(solve: Callable, args: tuple, stage: str) -> Any:
 
 
 class _Quiet:
-    """This worker's timing phases (eager timing and floors, the timing loop), announced to the parent.
+    """This worker's GPU-sensitive phases (eager timing and floors, the timing loop), announced to the parent.
 
-    `hold` says the phase starts and waits for the parent's `go`, given once the device is this grading's alone (no
-    spare in its GPU warm-up, no other grading's phase: mkb.grader._pool.GpuQuiet). `release` says it ended and waits
-    for `go` again: the GPU work after it (the candidate's compile, the final draw) is a shared phase, which waits while
-    another grading of the device times. The windows are reported (monotonic, one clock for the host's processes) so
-    the overlap can be checked.
+    `hold` says the phase starts and waits for the parent's `go` (given once no spare worker of the
+    parent's process is in its GPU warm-up; no spare starts one until `release`). The windows are
+    reported (monotonic, one clock for the host's processes) so the overlap can be checked.
     """
 
     def __init__(self, send: Callable[[dict], None], wait_go: Callable[[], Any] | None) -> None:
@@ -297,13 +295,9 @@ class _Quiet:
     def release(self) -> None:
         if self._open is None:
             return
-        what, self._open = self._open, None
-        self.windows[what].append(_mono())
-        t0 = _mono()
+        self.windows[self._open].append(_mono())
+        self._open = None
         self.send({"type": "hold", "on": False})
-        if self.wait_go is not None:
-            self.wait_go()
-        self.waited_s[f"after_{what}"] = round(_mono() - t0, 4)
 
 
 def evaluate(job: dict, send: Callable[[dict], None], wait_go: Callable[[], Any] | None = None) -> None:
@@ -671,7 +665,6 @@ class _Evaluation:
                                                  "measured_unix": time.time()}
             ph.mark("reference_timing")
         quiet.release()
-        ph.mark("quiet_wait")
         self.eager_fig, self.floor_fig, self.ref_fig = eager_fig, floor_fig, ref_fig
         if self.fresh:  # before the compile phase message: the parent caches only what arrives ahead of it
             self.send({"type": "trusted", **self.fresh})
@@ -920,7 +913,6 @@ class _Evaluation:
         floor_tails_after, _ = self._floor_tails(cfg.floor_hold_us)
         ph.mark("floor_tails")
         quiet.release()
-        ph.mark("quiet_wait")
         cap, new_segments = c_stream.capacity, c_stream.new_segments
         del c_stream
         ph.mark("timing_loop")

@@ -60,7 +60,7 @@ WARM_LIMIT_S = 120.0
 # a spare that finished its imports while a grading is before the end of its timing phase waits at most this long
 # for that phase to end before its GPU warm-up may start (module docstring; 0 turns the deferral off)
 DEFER_GO_S = 3.0
-# GpuQuiet.history's length: about 15 notes per grading, so a queue run of a thousand gradings can be replayed whole
+# GpuQuiet.history's length: about 10 notes per grading, so a queue run of a thousand gradings can be replayed whole
 HISTORY_MAX = 20_000
 
 
@@ -106,9 +106,8 @@ class GpuQuiet:
     def __init__(self, device: str = "cuda:0") -> None:
         self.device = device
         self._cv = threading.Condition()
-        self._holds: dict[object, str] = {}  # exclusive: a timing phase (trusted or the candidate's)
-        self._shared: dict[object, str] = {}  # shared: the rest of a grading in flight (its GPU work beside others')
-        self._pending = 0  # exclusive holds waiting (writer preference: no new shared hold, `go` or side work meanwhile)
+        self._holds: dict[object, str] = {}
+        self._pending = 0
         self._waiting: list[Worker] = []
         self._warming: set[Worker] = set()
         self._untimed: set[object] = set()  # gradings in flight whose timing phase has not ended (defer new `go`s)
@@ -121,8 +120,7 @@ class GpuQuiet:
     def busy(self) -> dict[str, object]:
         """What is going on now (for tests and logs)."""
         with self._cv:
-            return {"holds": dict(self._holds), "shared": dict(self._shared), "pending": self._pending,
-                    "waiting": [w.pid for w in self._waiting],
+            return {"holds": dict(self._holds), "pending": self._pending, "waiting": [w.pid for w in self._waiting],
                     "warming": sorted(w.pid for w in self._warming), "untimed": len(self._untimed)}
 
     def want_go(self, w: "Worker") -> None:
@@ -218,61 +216,26 @@ class GpuQuiet:
             self._cv.notify_all()
 
     def hold(self, token: object, what: str, *, pid: int = 0, timeout: float = WARM_WAIT_S) -> float:
-        """Enter a timing phase, exclusive: returns the seconds waited.
-
-        Waits for every other grading's hold, shared or exclusive, to end (each is bounded by its own grading's limits,
-        and a killed worker's holds end with it), and for spares in their GPU warm-up (at most `timeout`: a warm-up is
-        bounded by WARM_LIMIT_S). `token`'s own shared hold ends first, so a grading never waits while it holds."""
+        """Enter a GPU-sensitive phase: wait (<= `timeout`) for spares in their GPU warm-up; returns seconds waited."""
         t0 = time.monotonic()
-        warm_until = t0 + max(0.0, timeout)
         with self._cv:
-            if self._shared.pop(token, None) is not None:
-                self._note("unshare", pid)
-                self._cv.notify_all()
             self._pending += 1
             try:
-                while True:
-                    others = any(k is not token for k in self._holds) or any(k is not token for k in self._shared)
-                    now = time.monotonic()
-                    warming = bool(self._warming) and now < warm_until
-                    if not others and not warming:
-                        break
-                    self._cv.wait(max(0.01, min(0.5, warm_until - now)) if warming and not others else 0.5)
+                self._cv.wait_for(lambda: not self._warming, timeout=max(0.0, timeout))
             finally:
                 self._pending -= 1
             self._holds[token] = what
             self._note(f"hold:{what}", pid)
         return time.monotonic() - t0
 
-    def share(self, token: object, what: str, *, pid: int = 0) -> float:
-        """Enter (or go back to) a shared phase of a grading in flight: returns the seconds waited.
-
-        Shared phases (the trusted plan, the candidate's compile and verification, the final draw) run beside one
-        another and beside spares' warm-ups, never beside a timing phase: this waits while another grading holds one
-        or waits for one (writer preference, so two gradings that alternate cannot starve a timing phase). `token`'s
-        own exclusive hold ends first. With one grading in flight it never waits."""
-        t0 = time.monotonic()
-        with self._cv:
-            if self._holds.pop(token, None) is not None:
-                self._note("release", pid)
-                self._wake()
-            while any(k is not token for k in self._holds) or self._pending:
-                self._cv.wait(0.5)
-            self._shared[token] = what
-            self._note(f"share:{what}", pid)
-        return time.monotonic() - t0
-
     def release(self, token: object, *, pid: int = 0) -> None:
-        """Leave every phase `token` holds (idempotent); the last one out sends `go` to every waiting spare."""
+        """Leave the phase (idempotent); the last one out sends `go` to every waiting spare."""
         with self._cv:
             if self._holds.pop(token, None) is not None:
                 self._note("release", pid)
-            if self._shared.pop(token, None) is not None:
-                self._note("unshare", pid)
             self._wake()
 
     def _wake(self) -> None:
-        self._cv.notify_all()  # a hold or a shared phase may be waiting on what just changed
         if self._holds or self._pending:
             return
         waiting, self._waiting = self._waiting, []
@@ -297,59 +260,49 @@ class GpuQuiet:
             self._untimed.discard(w)
             if self._holds.pop(w, None) is not None:
                 self._note("release", w.pid)
-            if self._shared.pop(w, None) is not None:
-                self._note("unshare", w.pid)
             self._wake()
 
 
 @dataclass(frozen=True)
 class PhaseReplay:
-    """What a coordinator's history shows about phases side by side (`replay_phases`)."""
+    """What a coordinator's history shows about the quiet rule over a run (`replay_phases`)."""
 
-    most_at_once: int  # the most gradings of the device in a phase (shared or exclusive) at one time
-    exclusive_holds: int  # timing phases entered
-    beside_timing: tuple[str, ...]  # a grading's phase that began beside another's timing phase: the rule broken
-    warm_ups_beside_timing: int  # timing phases entered while a spare warmed up (a hold whose warm wait ran out)
+    timing_phases: int  # holds entered (trusted timing and timing loops)
+    beside_timing: tuple[str, ...]  # a hold entered while another worker held one: the rule broken
+    warm_ups_beside_timing: int  # holds entered while a spare warmed up or prepared a plan (its warm wait ran out)
+    go_beside_timing: tuple[str, ...]  # a spare's `go` or prepare while a hold was held: the rule broken
 
 
 def replay_phases(history, *, since: float | None = None) -> PhaseReplay:
-    """Replay `GpuQuiet.history` in order (from `since`, a monotonic time at which no grading was in a phase): the
-    evidence that no timing phase ran beside another grading's phase.
+    """Replay `GpuQuiet.history` in order (from `since`, a monotonic time): a run's evidence that every timing phase
+    had the device to itself, from the record the coordinator keeps under its lock (so in the order states changed).
 
-    The history is noted under the coordinator's lock, so its order is the order the states changed in."""
-    if since is not None:
-        history = [e for e in history if e[0] >= since]
-    exclusive: set[int] = set()
-    shared: set[int] = set()
+    What it cannot see is GPU work no one announced; that is what the grader's own checks are for."""
+    holding: set[int] = set()
     warming: set[int] = set()
-    most = holds = beside_warm = 0
+    holds = beside_warm = 0
     broken: list[str] = []
+    went: list[str] = []
     for t, event, pid in history:
+        if since is not None and t < since:
+            continue
         if event.startswith("hold:"):
-            shared.discard(pid)
-            others = sorted(p for p in exclusive | shared if p != pid)
+            others = sorted(holding - {pid})
             if others:
-                broken.append(f"{event} of {pid} at {t:.6f} beside the phases of {others}")
-            exclusive.add(pid)
+                broken.append(f"{event} of {pid} at {t:.6f} beside the hold of {others}")
+            holding.add(pid)
             holds += 1
             beside_warm += bool(warming - {pid})
-        elif event.startswith("share:"):
-            exclusive.discard(pid)
-            others = sorted(p for p in exclusive if p != pid)
-            if others:
-                broken.append(f"{event} of {pid} at {t:.6f} beside the timing phase of {others}")
-            shared.add(pid)
         elif event == "release":
-            exclusive.discard(pid)
-        elif event == "unshare":
-            shared.discard(pid)
+            holding.discard(pid)
         elif event in ("go", "prepare"):
+            if holding:
+                went.append(f"{event} of {pid} at {t:.6f} beside the hold of {sorted(holding)}")
             warming.add(pid)
         elif event in ("warmed", "forgotten"):
             warming.discard(pid)
-        most = max(most, len(exclusive | shared))
-    return PhaseReplay(most_at_once=most, exclusive_holds=holds, beside_timing=tuple(broken),
-                       warm_ups_beside_timing=beside_warm)
+    return PhaseReplay(timing_phases=holds, beside_timing=tuple(broken), warm_ups_beside_timing=beside_warm,
+                       go_beside_timing=tuple(went))
 
 
 _QUIETS: dict[str, GpuQuiet] = {}

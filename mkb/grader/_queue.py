@@ -31,26 +31,9 @@ from typing import Any, Sequence
 from mkb.grader._config import GraderConfig
 from mkb.grader._pool import WorkerPool, device_kind, normalize_device
 from mkb.grader._prefetch import PlanFootprint, Prepared
-from mkb.reasons import Reason
 
 SCOPES = ("submission", "attempt", "pair")
 FLUSH_EVERY_S = 30.0
-MAX_IN_FLIGHT = 2
-# failures a grading beside it could have caused (it takes device memory and CPU, never the device while this one times)
-NEIGHBOUR_REASONS = frozenset({Reason.RUNTIME_ERROR, Reason.CRASH, Reason.TIMEOUT, Reason.COMPILE_TIMEOUT,
-                               Reason.INFRA_ERROR})
-_OUT_OF_MEMORY = ("out of memory", "outofmemory", "cuda_error_out_of_memory", "cudaerrormemoryallocation")
-
-
-def neighbour_could_cause(verdict: Any) -> bool:
-    """Whether a grading beside this one could have caused its failure: a reason of NEIGHBOUR_REASONS, or any failure
-    whose message says the device ran out of memory (a compile's first call that met a neighbour's allocations)."""
-    if verdict.passed:
-        return False
-    if verdict.reason in NEIGHBOUR_REASONS:
-        return True
-    text = (verdict.message or "").lower().replace(" ", "")
-    return any(m.replace(" ", "") in text for m in _OUT_OF_MEMORY)
 
 
 @dataclass(frozen=True)
@@ -84,22 +67,18 @@ class GradingQueue:
     def __init__(self, *, device: str = "cuda:0", store: Any = None, writer: Any = None,
                  config: GraderConfig | None = None, dsls: Sequence[str] | None = None,
                  env: dict[str, str] | None = None, prestart: bool = True, depth: int = 3,
-                 low_water: int | None = 1, prefetch: bool = True, in_flight: int = 1) -> None:
-        if not isinstance(in_flight, int) or not 1 <= in_flight <= MAX_IN_FLIGHT:
-            raise ValueError(f"in_flight={in_flight!r}: a GPU grades 1 to {MAX_IN_FLIGHT} jobs at once\nhint: 1 grades one "
-                             "at a time; 2 overlaps one grading's compile and checks with another's (module docstring)")
+                 low_water: int | None = 1, prefetch: bool = True) -> None:
         self.device = normalize_device(device)
         _claim_device(self)
         try:
             self._start(store=store, writer=writer, config=config, dsls=dsls, env=env, prestart=prestart, depth=depth,
-                        low_water=low_water, prefetch=prefetch, in_flight=in_flight)
+                        low_water=low_water, prefetch=prefetch)
         except BaseException:
             _release_device(self)
             raise
 
     def _start(self, *, store: Any, writer: Any, config: GraderConfig | None, dsls: Sequence[str] | None,
-               env: dict[str, str] | None, prestart: bool, depth: int, low_water: int | None, prefetch: bool,
-               in_flight: int) -> None:
+               env: dict[str, str] | None, prestart: bool, depth: int, low_water: int | None, prefetch: bool) -> None:
         kind = device_kind(self.device)
         cfg = config or GraderConfig(device=kind)
         self.config = cfg if cfg.device == kind else dataclasses.replace(cfg, device=kind)
@@ -119,25 +98,16 @@ class GradingQueue:
                                depth=depth, low_water=low_water)
         # the next job's trusted plan made ahead by the spare that will grade it (mkb.grader._prefetch): at most one
         # at a time, for the job the dispatcher takes next, started while the current grading compiles
-        # with several gradings in flight the next job starts at once instead (its plan is a shared phase beside the
-        # running one's compile), so there is nothing to make ahead
-        self.prefetch = prefetch and in_flight == 1
-        self.in_flight = in_flight
+        self.prefetch = prefetch
         self._prepared: Prepared | None = None
         self._last_end: float | None = None  # when the previous grading on this device ended (verdict's device_idle_s)
         self._footprints: dict[tuple[str, str], PlanFootprint] = {}  # (problem hash, size) -> the last plan's bytes
         self._cv = threading.Condition()
         self._pending: collections.OrderedDict[str, collections.deque[_Entry]] = collections.OrderedDict()
         self._closed = False
-        self._running = 0  # gradings in flight now (a batch counts as one)
-        self._alone_waiting = 0  # gradings waiting to be graded again alone: nothing new starts meanwhile
-        self._alone_lock = threading.Lock()  # one grading alone at a time
-        self._overlapped: dict[object, bool] = {}  # each grading in flight: whether another ran beside it at any moment
-        self._busy_since: float | None = None
-        self._threads: set[threading.Thread] = set()
+        self._busy = False
         self.graded = 0
-        self.regraded_alone = 0  # gradings set aside (scope "superseded") and graded again alone
-        self.busy_s = 0.0  # seconds with at least one grading in flight (for gradings per GPU-hour)
+        self.busy_s = 0.0  # seconds the dispatcher spent grading (for gradings per GPU-hour)
         self._last_flush = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"mkb-grading-{self.device}", daemon=True)
         self._thread.start()
@@ -185,73 +155,41 @@ class GradingQueue:
     # ---------------- the dispatcher ----------------
 
     def _next(self) -> _Entry | None:
-        """The next entry, round-robin over experiments, once a slot is free (None once closed and drained).
-
-        A batch waits until nothing else is in flight and takes every slot; nothing starts while a grading waits to
-        be graded again alone."""
+        """The next entry, round-robin over experiments (None once closed and drained)."""
         with self._cv:
-            while True:
-                if not self._pending and self._closed:
-                    return None
-                if self._pending and not self._alone_waiting:
-                    experiment, q = next(iter(self._pending.items()))
-                    need = self.in_flight if q[0].batch else 1
-                    if self._running + need <= self.in_flight:
-                        entry = q.popleft()
-                        if q:
-                            self._pending.move_to_end(experiment)  # its next job waits for one turn of every other experiment
-                        else:
-                            del self._pending[experiment]
-                        self._enter(need)
-                        return entry
+            while not self._pending and not self._closed:
                 self._cv.wait()
-
-    def _enter(self, n: int) -> None:
-        """`n` slots taken (under `_cv`)."""
-        if self._running == 0:
-            self._busy_since = time.monotonic()
-        self._running += n
-
-    def _leave(self, n: int) -> None:
-        """`n` slots freed (under `_cv`)."""
-        self._running -= n
-        if self._running == 0 and self._busy_since is not None:
-            self.busy_s += time.monotonic() - self._busy_since
-            self._busy_since = None
-        self._cv.notify_all()
+            if not self._pending:
+                return None
+            experiment, q = next(iter(self._pending.items()))
+            entry = q.popleft()
+            if q:
+                self._pending.move_to_end(experiment)  # its next job waits for one turn of every other experiment
+            else:
+                del self._pending[experiment]
+            self._busy = True
+            return entry
 
     def _run(self) -> None:
         while True:
             entry = self._next()
             if entry is None:
                 break
-            if self.in_flight == 1 or entry.batch:  # on this thread: nothing else is in flight
-                self._serve(entry)
-                continue
-            t = threading.Thread(target=self._serve, args=(entry,), name=f"mkb-grading-{self.device}-job", daemon=True)
-            with self._cv:
-                self._threads.add(t)
-            t.start()
-        with self._cv:
-            threads = list(self._threads)
-        for t in threads:
-            t.join()
-
-    def _serve(self, entry: _Entry) -> None:
-        need = self.in_flight if entry.batch else 1
-        try:
-            self._dispatch(entry)
-        except BaseException as exc:  # noqa: BLE001 - a dispatcher fault fails the entry's futures, never hangs them
-            for f in entry.futures:
-                if not f.done():
-                    f.set_exception(exc)
-        finally:
-            with self._cv:
-                self._leave(need)
-                self._threads.discard(threading.current_thread())
-                idle = not self._pending and self._running == 0
-            if idle or time.monotonic() - self._last_flush > FLUSH_EVERY_S:
-                self._flush()
+            t0 = time.monotonic()
+            try:
+                self._dispatch(entry)
+            except BaseException as exc:  # noqa: BLE001 - a dispatcher fault fails the entry's futures, never hangs them
+                for f in entry.futures:
+                    if not f.done():
+                        f.set_exception(exc)
+            finally:
+                self.busy_s += time.monotonic() - t0
+                with self._cv:
+                    self._busy = False
+                    idle = not self._pending
+                    self._cv.notify_all()
+                if idle or time.monotonic() - self._last_flush > FLUSH_EVERY_S:
+                    self._flush()
 
     def _flush(self) -> None:
         self._last_flush = time.monotonic()
@@ -261,6 +199,7 @@ class GradingQueue:
             pass
 
     def _dispatch(self, entry: _Entry) -> None:
+        from mkb.grader._grade import grade_with
         from mkb.grader._jsonl import uuid7
 
         pinned: dict | None = None
@@ -273,77 +212,25 @@ class GradingQueue:
                 continue  # cancelled by its producer while it waited
             wait = time.monotonic() - entry.submitted
             try:
-                verdict, fresh = self._grade(entry, i, job, prepared=prepared, queue_wait_s=wait, pinned=pinned,
-                                             pair_id=pair_id)
+                verdict, fresh = grade_with(
+                    job.problem, job.dsl, job.kernel_path, writer=self.writer, config=self.config, pool=self.pool,
+                    scope=job.scope, attempt_id=job.attempt_id, queue_wait_s=wait, pinned=pinned,
+                    # a batch's first grading measures eager afresh; the others use that one timing
+                    fresh_eager=entry.batch and pinned is None, pair_id=pair_id if job.scope == "pair" else None,
+                    prepared=prepared, on_compile=(lambda e=entry, k=i: self._prefetch_next(e, k)) if self.prefetch else None,
+                    on_plan=lambda foot, j=job: self._note_footprint(j, foot),
+                    device_idle_s=None if self._last_end is None else time.monotonic() - self._last_end)
             except BaseException as exc:  # noqa: BLE001 - the producer gets it through its future
                 if prepared is not None and not prepared.claimed:  # it raised before taking its worker (unreadable kernel)
                     prepared.drop()
                 fut.set_exception(exc)
                 continue
+            finally:
+                self._last_end = time.monotonic()
             if entry.batch and pinned is None and fresh.get("eager"):
                 pinned = {"eager": fresh["eager"]}
             self.graded += 1
             fut.set_result(verdict)
-
-    def _grade(self, entry: _Entry, i: int, job: GradeJob, *, prepared: Prepared | None, queue_wait_s: float,
-               pinned: dict | None, pair_id: str | None, supersedes: str | None = None) -> tuple[Any, dict]:
-        """One grading; beside others, a failure one of them could have caused is set aside and graded again alone."""
-        from mkb.grader._grade import grade_with
-
-        token = object()
-        with self._cv:
-            others = bool(self._overlapped)
-            for k in self._overlapped:  # every grading in flight now has a neighbour
-                self._overlapped[k] = True
-            self._overlapped[token] = others
-            idle = None if self._last_end is None else (0.0 if others else time.monotonic() - self._last_end)
-        set_aside: list[bool] = []
-
-        def supersede(v: Any) -> bool:
-            with self._cv:
-                beside = self._overlapped.get(token, False)
-            set_aside.append(beside and supersedes is None and neighbour_could_cause(v))
-            return set_aside[-1]
-
-        try:
-            verdict, fresh = grade_with(
-                job.problem, job.dsl, job.kernel_path, writer=self.writer, config=self.config, pool=self.pool,
-                scope=job.scope, attempt_id=job.attempt_id, queue_wait_s=queue_wait_s, pinned=pinned,
-                # a batch's first grading measures eager afresh; the others use that one timing
-                fresh_eager=entry.batch and pinned is None, pair_id=pair_id if job.scope == "pair" else None,
-                prepared=prepared, on_compile=(lambda e=entry, k=i: self._prefetch_next(e, k)) if self.prefetch else None,
-                on_plan=lambda foot, j=job: self._note_footprint(j, foot), device_idle_s=idle,
-                supersede=supersede if self.in_flight > 1 else None, supersedes=supersedes, in_flight=self.in_flight)
-        finally:
-            with self._cv:
-                self._overlapped.pop(token, None)
-                self._last_end = time.monotonic()
-        if set_aside and set_aside[-1]:
-            return self._alone(entry, i, job, first=verdict, queue_wait_s=queue_wait_s, pinned=pinned, pair_id=pair_id)
-        return verdict, fresh
-
-    def _alone(self, entry: _Entry, i: int, job: GradeJob, *, first: Any, queue_wait_s: float, pinned: dict | None,
-               pair_id: str | None) -> tuple[Any, dict]:
-        """Grade `job` again with nothing else in flight on the device; its first grading's events stay, marked superseded.
-
-        The slot this grading held is given up while it waits (two gradings waiting to go alone never wait on each
-        other), and nothing new starts until it is done."""
-        with self._cv:
-            self._leave(1)
-            self._alone_waiting += 1
-        try:
-            with self._alone_lock:
-                with self._cv:
-                    while self._running:
-                        self._cv.wait()
-                    self._enter(1)
-                self.regraded_alone += 1
-                return self._grade(entry, i, job, prepared=None, queue_wait_s=queue_wait_s, pinned=pinned,
-                                   pair_id=pair_id, supersedes=first.evaluation_id)
-        finally:
-            with self._cv:
-                self._alone_waiting -= 1
-                self._cv.notify_all()
 
     # ---------------- prefetch (mkb.grader._prefetch) ----------------
 

@@ -198,12 +198,6 @@ class Verdict:
     # grader 2.5: seconds from the end of the previous grading on this queue's device to this one's start (None: the
     # first, or not in a queue); beside the timing's `clock_warm`, whether a warm-up right after another can be cut
     device_idle_s: float | None = None
-    # grader 2.12: the evaluation this one replaces (a grading made beside another whose failure that one could have
-    # caused, set aside with scope "superseded" and graded again alone: GradingQueue(in_flight=2)); None otherwise
-    supersedes: str | None = None
-    # grader 2.12: {"queue": gradings the queue runs at once, "share_wait_s" / "hold_wait_s": seconds this grading
-    # waited for the device's shared and exclusive phases (mkb.grader._pool.GpuQuiet)}; None outside the grader
-    in_flight: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
     @property
     def r_at(self) -> dict[float, bool]:

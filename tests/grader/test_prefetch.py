@@ -379,19 +379,12 @@ def test_grader_bench_main_runs_the_lead_s_sections(grader_bench, tmp_path, fake
     bench = grader_bench
     out = tmp_path / "out"
     bench.main(["--smoke", "--device", "cpu", "--sections", "backlog,throughput", "--problem", "28", "--repeats", "2",
-                "--rounds", "2", "--depth", "3", "--low-water", "1", "--budget-s", "600", "--out", str(out),
-                "--in-flight", "1,2"])
+                "--rounds", "2", "--depth", "3", "--low-water", "1", "--budget-s", "600", "--out", str(out)])
     printed = capsys.readouterr().out
     assert "FIGURE overhead per evaluation, warm queue with a backlog of 2" in printed
-    assert "FIGURE gradings per GPU-hour, 1 in flight" in printed and "prefetch {" in printed
-    assert "FIGURE gradings per GPU-hour, 2 in flight" in printed
+    assert "FIGURE gradings per GPU-hour" in printed and "prefetch {" in printed
     assert "FIGURE throughput quiet rule: spares' GPU warm-ups" in printed and "FIGURE backlog quiet rule" in printed
-    assert printed.count("timing phases, 0 beside another grading's phase") == 2
+    assert "FIGURE throughput quiet rule replayed: " in printed and " timing phases, 0 beside another's, 0 spares'" in printed
     res = json.loads((out / "grader_bench.json").read_text())
-    assert res["backlog"][0]["dsls"][fake_dsl]["all_passed"]
-    one, two = res["throughput"]
-    assert one["all_passed"] and two["all_passed"] and (one["in_flight"], two["in_flight"]) == (1, 2)
-    assert one["phases_replayed"]["most_at_once"] == 1 and two["phases_replayed"]["most_at_once"] == 2
-    assert two["steady_gradings_per_gpu_hour"] is None  # overlapping walls: only the measured rate is a figure
-    assert two["prefetch_states"] == {"none": two["gradings"]}
+    assert res["backlog"][0]["dsls"][fake_dsl]["all_passed"] and res["throughput"]["all_passed"]
     assert "overhead" not in res
