@@ -83,11 +83,17 @@ def _read(kind: str, stores: Sequence[str], cols: list[str]):
 
 
 def shipped_only(verdicts):
-    """Only the verdicts of the grader as shipped: one under a changed config (an A/B arm) says so since grader 2.2."""
+    """Only the verdicts of the grader as shipped: one under a changed config (an A/B arm) says so since grader 2.2, and
+    one graded beside another grading of its GPU (`details.in_flight.queue` > 1) or set aside (scope "superseded") came
+    from grader 2.12's overlap, measured and not shipped (events/h200-grader-2-12-queue)."""
     import polars as pl
 
     ov = pl.col("details").str.json_path_match("$.config_overrides")
-    return verdicts.filter(ov.is_null() | (ov == "{}"))
+    in_flight = pl.col("details").str.json_path_match("$.in_flight.queue").cast(pl.Int64, strict=False)
+    keep = (ov.is_null() | (ov == "{}")) & (in_flight.is_null() | (in_flight <= 1))
+    if "scope" in verdicts.columns:
+        keep = keep & (pl.col("scope") != "superseded")
+    return verdicts.filter(keep)
 
 
 def speed_rows(stores: Sequence[str]) -> tuple[list[SpeedRow], list[Missing]]:
@@ -99,8 +105,8 @@ def speed_rows(stores: Sequence[str]) -> tuple[list[SpeedRow], list[Missing]]:
     from mkb.problems._loader import baselines, get_problem
     from mkb.scoring import sol_fraction, speedup_over_compile
 
-    v = _read("verdict", stores, ["ts", "problem", "dsl", "kernel_sha256", "problem_hash", "passed", "reason", "speedup",
-                                   "candidate_median_us", "gpu", "gpu_model", "details"])
+    v = _read("verdict", stores, ["ts", "scope", "problem", "dsl", "kernel_sha256", "problem_hash", "passed", "reason",
+                                   "speedup", "candidate_median_us", "gpu", "gpu_model", "details"])
     if v is not None:
         v = shipped_only(v)
     tc = _read("torch_compile", stores, ["ts", "problem", "problem_hash", "size", "mode", "gpu", "gpu_model", "status", "ok",

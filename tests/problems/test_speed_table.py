@@ -14,8 +14,8 @@ from mkb.problems._speed import kernel_sha256, speed_rows
 README = "# Problems\n\nintro\n"
 
 
-def _verdict(w, b, *, median, problem_hash, passed=True, gpu_model="H200", details=None):
-    w.emit("verdict", evaluation_id=f"e-{median}", scope="attempt", problem=b.problem, dsl=b.dsl, kernel_sha256=kernel_sha256(b.path),
+def _verdict(w, b, *, median, problem_hash, passed=True, gpu_model="H200", details=None, scope="attempt"):
+    w.emit("verdict", evaluation_id=f"e-{median}", scope=scope, problem=b.problem, dsl=b.dsl, kernel_sha256=kernel_sha256(b.path),
            passed=passed, reason=None if passed else "wrong_values", speedup=1000.0 / median if passed else None,
            eager_median_us=1000.0, candidate_median_us=median, r_at_0=passed, r_at_0_5=passed, r_at_1=passed, r_at_2=passed,
            r_at_4=passed, s=100.0 if passed else 0.0, gpu=f"NVIDIA {gpu_model}", gpu_model=gpu_model, problem_hash=problem_hash,
@@ -70,6 +70,18 @@ def test_a_verdict_under_a_changed_grader_config_is_never_shown(tmp_path):
                  details='{"grader_version": "2.2", "config_overrides": {"n_profiled": 0, "early_stop": false}}')
     rows, _ = speed_rows([store])
     assert [r.median_us for r in rows] == [90.0]
+
+
+def test_a_verdict_graded_beside_another_or_set_aside_is_never_shown(tmp_path):
+    b = next(x for x in baselines([28]) if x.dsl == "cute")
+    p = get_problem(28)
+    store = str(tmp_path / "h200-overlap")
+    with EventWriter(store) as w:
+        _verdict(w, b, median=90.0, problem_hash=p.hash, details='{"grader_version": "2.12", "in_flight": {"queue": 1}}')
+        _verdict(w, b, median=70.0, problem_hash=p.hash, details='{"grader_version": "2.12", "in_flight": {"queue": 2}}')
+        _verdict(w, b, median=60.0, problem_hash=p.hash, passed=False, scope="superseded")
+    (r,), _ = speed_rows([store])
+    assert (r.median_us, r.n, r.passed) == (90.0, 1, True)
 
 
 def test_check_fails_when_the_table_is_stale_and_passes_after_write(tmp_path):
