@@ -255,6 +255,9 @@ def quiet_table(history, since: float) -> dict:
     started: dict[int, tuple[str, float]] = {}
     imported: dict[int, float] = {}
     waits_deferred: set[int] = set()
+    asked: dict[int, float] = {}  # prepares asked to yield, when
+    ran: dict[int, float] = {}  # a paused prepare's seconds before its pause(s)
+    to_yield: list[float] = []  # seconds from a hold's `yield` to the prepare's `yielded` (what that hold waited)
     at_once = 0  # the most warm-ups and prefetches on the device at one time
     history = sorted(history, key=lambda e: e[0])  # in time order (stable: one instant keeps its order of notes)
     for t, event, pid in history:
@@ -268,11 +271,20 @@ def quiet_table(history, since: float) -> dict:
             started[pid] = (event, t)
             if event == "go" and pid in waits_deferred and pid in imported:
                 deferred.append(t - imported[pid])
+        elif event == "yield" and pid in started:  # a hold asked the prepare to pause (grader 2.13)
+            asked[pid] = t
+        elif event == "yielded" and pid in started:  # paused: the segment so far counts, the rest after `prepare` again
+            _, t0 = started.pop(pid)
+            ran[pid] = ran.get(pid, 0.0) + t - t0
+            if pid in asked:
+                to_yield.append(t - asked.pop(pid))
         elif event == "warmed" and pid in started:
             kind, t0 = started.pop(pid)
-            (warm if kind == "go" else prep).append(t - t0)
+            asked.pop(pid, None)
+            (warm if kind == "go" else prep).append(t - t0 + ran.pop(pid, 0.0))
         elif event == "forgotten":  # killed while warming: no longer on the device, and no duration to count
             started.pop(pid, None)
+            ran.pop(pid, None)
         at_once = max(at_once, len(started))
 
     def stats(xs: list[float]) -> dict:
@@ -282,7 +294,7 @@ def quiet_table(history, since: float) -> dict:
     # gradings' phases: which warm-up a timing phase waited behind, and how many ran at once
     timeline = [[round(t - since, 4), event, pid] for t, event, pid in history if t >= since]
     return {"warm_ups": stats(warm), "prepares": stats(prep), "deferred_go": stats(deferred), "at_once_max": at_once,
-            "timeline": timeline}
+            "yields": stats(to_yield), "timeline": timeline}
 
 
 def _quiet_line(head: str, q: dict | None) -> list[str]:
@@ -292,7 +304,9 @@ def _quiet_line(head: str, q: dict | None) -> list[str]:
     return [f"{head}: spares' GPU warm-ups {w['n']} (median {_f(w['median_s'], '.3f')} s, max {_f(w['max_s'], '.3f')}), "
             f"prefetches {p['n']} (median {_f(p['median_s'], '.3f')} s, max {_f(p['max_s'], '.3f')}); go deferred behind a "
             f"grading's timing phase for {d['n']} spares (imports to go: median {_f(d['median_s'], '.3f')} s, "
-            f"max {_f(d['max_s'], '.3f')}); at most {q.get('at_once_max', '-')} warm-ups and prefetches at once"]
+            f"max {_f(d['max_s'], '.3f')}); at most {q.get('at_once_max', '-')} warm-ups and prefetches at once"
+            + (f"; prefetches paused for a timing phase {q['yields']['n']} times (asked to paused: median "
+               f"{_f(q['yields']['median_s'], '.3f')} s, max {_f(q['yields']['max_s'], '.3f')})" if q.get("yields") else "")]
 
 
 def clock_warm_table(rows: list[dict]) -> dict:

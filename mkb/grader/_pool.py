@@ -111,6 +111,7 @@ class GpuQuiet:
         self._waiting: list[Worker] = []
         self._warming: set[Worker] = set()
         self._untimed: set[object] = set()  # gradings in flight whose timing phase has not ended (defer new `go`s)
+        self._yielders: dict[Worker, Callable[[], None]] = {}  # side work that can pause for a hold: how to ask it
         self.defer_s = DEFER_GO_S
         self.history: collections.deque[tuple[float, str, int]] = collections.deque(maxlen=HISTORY_MAX)
 
@@ -185,11 +186,14 @@ class GpuQuiet:
         self._note("go", w.pid)
 
     def side_work(self, w: "Worker", start: Callable[[], None], *, cancel: threading.Event,
-                  lock: threading.Lock | None = None, timeout: float = 3600.0) -> bool:
+                  lock: threading.Lock | None = None, timeout: float = 3600.0,
+                  on_hold: Callable[[], None] | None = None) -> bool:
         """Job-independent GPU work of a ready worker (a prefetched plan, mkb.grader._prefetch), under the warm-up rule.
 
         Waits until no worker of the device is in (or waits for) a GPU-sensitive phase, then calls `start` (which
-        sends the work) and counts `w` as warming until `warmed(w)`, so a hold waits for it as for a warm-up. False
+        sends the work) and counts `w` as warming until `warmed(w)` or `paused(w)`, so a hold waits for it as for a
+        warm-up. `on_hold` (once, under the coordinator's lock: it must only send) asks the work to pause when a hold
+        comes: a prepare then stops at its next yield point instead of making the timing phase wait for all of it. False
         when `cancel` is set first, the worker is gone, or `timeout` passes (then `start` is never called).
         """
         deadline = time.monotonic() + timeout
@@ -205,11 +209,23 @@ class GpuQuiet:
                     return False
                 start()
             self._warming.add(w)
+            if on_hold is not None:
+                self._yielders[w] = on_hold
             self._note("prepare", w.pid)
             return True
 
+    def paused(self, w: "Worker") -> None:
+        """`w`'s side work stopped at a yield point (its device work synced) for a hold: no longer counted as warming."""
+        with self._cv:
+            self._yielders.pop(w, None)
+            if w in self._warming:
+                self._warming.discard(w)
+                self._note("yielded", w.pid)
+            self._cv.notify_all()
+
     def warmed(self, w: "Worker") -> None:
         with self._cv:
+            self._yielders.pop(w, None)
             if w in self._warming:
                 self._warming.discard(w)
                 self._note("warmed", w.pid)
@@ -220,6 +236,13 @@ class GpuQuiet:
         t0 = time.monotonic()
         with self._cv:
             self._pending += 1
+            for w in [x for x in self._warming if x in self._yielders]:  # side work that can pause: ask it to
+                ask = self._yielders.pop(w)
+                try:
+                    ask()
+                    self._note("yield", w.pid)
+                except OSError:  # the worker is gone: its reap forgets it
+                    pass
             try:
                 self._cv.wait_for(lambda: not self._warming, timeout=max(0.0, timeout))
             finally:
@@ -254,6 +277,7 @@ class GpuQuiet:
             w._forgotten = True
             if w in self._waiting:
                 self._waiting.remove(w)
+            self._yielders.pop(w, None)
             if w in self._warming:  # a warm-up or prefetch that ends without `warmed` (the record says so)
                 self._warming.discard(w)
                 self._note("forgotten", w.pid)
@@ -299,7 +323,7 @@ def replay_phases(history, *, since: float | None = None) -> PhaseReplay:
             if holding:
                 went.append(f"{event} of {pid} at {t:.6f} beside the hold of {sorted(holding)}")
             warming.add(pid)
-        elif event in ("warmed", "forgotten"):
+        elif event in ("warmed", "forgotten", "yielded"):
             warming.discard(pid)
     return PhaseReplay(timing_phases=holds, beside_timing=tuple(broken), warm_ups_beside_timing=beside_warm,
                        go_beside_timing=tuple(went))

@@ -12,6 +12,10 @@ Rules kept (each tested in tests/grader/test_prefetch.py):
   (the worker drops it and computes its own), and the secret of a prepare that was not used is never used again.
 - The prepare is GPU work outside any window: it waits for quiet like a spare's warm-up (no worker of the device
   in a GPU-sensitive phase) and a timing phase waits for a prepare already running (mkb.grader._pool.GpuQuiet).
+  Since grader 2.13 it need not wait for all of it: a pending timing phase asks the prepare to `yield`, and the
+  worker stops after its current expectation, syncs, answers `yielded` (off the warming set) and waits for `resume`,
+  which the parent sends once quiet is back (the waits behind problem 1's prepares were up to 3 s on the H200,
+  events/h200-grader-bench-2-11). The plan's values do not depend on where it paused.
 - Memory: a prepared plan stays on the device beside the grading in flight, whose free-memory readings
   (`needs_sampling`, the timing loop's input budget) were taken before it existed. So a plan is prefetched only when
   a previous grading of the same problem measured it at most `PREFETCH_FREE_FRACTION` of the free memory it saw,
@@ -111,6 +115,7 @@ class Prepared:
     reply: dict = field(default_factory=dict)
     error: str | None = None
     claimed: bool = False  # a grading took it (its worker is that grading's to kill)
+    yields: int = 0  # times it paused at a yield point for a timing phase
     _done: threading.Event = field(default_factory=threading.Event)
     _cancel: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -132,16 +137,32 @@ class Prepared:
                 self.sent_at = time.monotonic()
                 self.state = "sent"
 
+            def ask_to_yield() -> None:  # a hold is pending: stop at the next yield point (mkb.grader._worker)
+                w._send({"type": "yield"})
+
             with self._lock:
                 if self._cancel.is_set():
                     self.state = "cancelled"
                     return
-            started = w.quiet.side_work(w, send, cancel=self._cancel, lock=self._lock)
+            started = w.quiet.side_work(w, send, cancel=self._cancel, lock=self._lock, on_hold=ask_to_yield)
             if not started:
                 if self.state == "waiting":
                     self.state = "cancelled"
                 return
-            msg = w.reader.read(self.sent_at + PREPARE_LIMIT_S)
+            deadline = self.sent_at + PREPARE_LIMIT_S
+            while True:
+                msg = w.reader.read(deadline)
+                if not (isinstance(msg, dict) and msg.get("type") == "yielded"):
+                    break
+                # paused for a timing phase, its work synced: off the warming set until quiet comes back, then resumed
+                t_paused = time.monotonic()
+                self.yields += 1
+                w.quiet.paused(w)
+                if not w.quiet.side_work(w, lambda: w._send({"type": "resume"}), cancel=self._cancel,
+                                         on_hold=ask_to_yield):
+                    msg = "not resumed (dropped or killed while paused)"
+                    break
+                deadline += time.monotonic() - t_paused  # the limit is on preparing, not on waiting for quiet
             if isinstance(msg, dict) and msg.get("type") == "prepared":
                 self.reply = {k: v for k, v in msg.items() if k != "type"}
                 if msg.get("ok") and msg.get("key") != self.key:  # never: the worker keyed the plan on other fields
@@ -190,7 +211,8 @@ class Prepared:
                "prepare_s": self.reply.get("prepare_s"), "prepare_wall_s": (round(self.done_at - self.sent_at, 6)
                                                                           if self.sent_at and self.done_at else None),
                "plan_bytes": self.reply.get("plan_bytes"), "declined": self.reply.get("declined"),
-               "sealed": self.reply.get("sealed"), "error": self.error}
+               "sealed": self.reply.get("sealed"), "yields": self.yields, "paused_s": self.reply.get("paused_s"),
+               "error": self.error}
         return w, rec
 
     def drop(self) -> None:

@@ -62,8 +62,11 @@ class LineReader:
             if self.eof:
                 return "eof"
             left = deadline - time.monotonic()
-            if left <= 0:
-                return "timeout"
+            if left <= 0:  # one look at the pipe first: a deadline already passed polls (a worker's yield point)
+                r, _, _ = select.select([self.fd], [], [], 0)
+                if not r:
+                    return "timeout"
+                left = 0.0
             r, _, _ = select.select([self.fd], [], [], min(left, 1.0))
             if r:
                 chunk = os.read(self.fd, 1 << 16)

@@ -1,0 +1,137 @@
+"""A prefetch pauses for a timing phase (grader 2.13): the hold asks it to yield, the worker stops after its current
+expectation, syncs and answers `yielded`, and is resumed once quiet is back; the plan is the one it would have made."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from mkb.grader import GraderConfig, Worker
+from mkb.grader import _grade
+from mkb.grader._pool import GpuQuiet, replay_phases
+from mkb.grader._prefetch import Prepared, plan_key
+
+
+def _fields(cfg: GraderConfig, dsl: str = "fake") -> dict:
+    return _grade.plan_job_fields(28, dsl, cfg, "h" * 64)
+
+
+def test_pausing_at_the_yield_points_makes_the_same_plan(fake_dsl, cpu_config):
+    from mkb.grader import _harness
+
+    msg = {**_fields(cpu_config), "secret": 777}
+    calls: list[int] = []
+
+    def point(sync) -> float:  # every yield point pauses: the most the plan can be cut up
+        sync()
+        calls.append(1)
+        return 0.01
+
+    paused = _harness.prepare(msg, yield_point=point)
+    cut = _harness._take_prepared({**msg, "kernel_path": "/k.py"})["plan"]
+    whole = _harness.prepare(msg)
+    plain = _harness._take_prepared({**msg, "kernel_path": "/k.py"})["plan"]
+    assert paused["ok"] and whole["ok"] and paused["key"] == whole["key"]
+    # one yield point after each expectation: the draws, the re-check sets (the final one has nothing after it)
+    assert len(calls) == cpu_config.draws + len(plain.recheck_sets)
+    assert paused["yields"] == len(calls) and paused["paused_s"] >= 0.01 * len(calls) and whole["yields"] == 0
+    assert [s for s, _ in cut.draws] == [s for s, _ in plain.draws]
+    for (_, a), (_, b) in zip(cut.draws, plain.draws):
+        assert a.tolerance == b.tolerance and all(
+            (x is None and y is None) or bool((x == y).all()) for x, y in zip(a.reference + a.anchor, b.reference + b.anchor))
+    assert cut.final_seed == plain.final_seed and cut.recheck_sets.keys() == plain.recheck_sets.keys()
+
+
+class _ScriptedWorker:
+    """The parent's view of a preparing worker: answers `yield` with `yielded` and `resume` with `prepared`."""
+
+    _forgotten = _urgent = _deferred = False
+    pid = 41
+    imported_at = None
+
+    def __init__(self, quiet: GpuQuiet) -> None:
+        self.quiet, self.sent, self.key = quiet, [], None
+        self._replies: list[dict] = []
+        self._cv = threading.Condition()
+        self.reader = self
+        self.killed = False
+
+    def _send(self, msg: dict) -> None:
+        with self._cv:
+            self.sent.append(msg["type"])
+            if msg["type"] == "yield":
+                self._replies.append({"type": "yielded"})
+            elif msg["type"] == "resume":
+                self._replies.append({"type": "prepared", "ok": True, "key": self.key, "prepare_s": 0.1, "paused_s": 0.5})
+            self._cv.notify_all()
+
+    def read(self, deadline: float):
+        with self._cv:
+            while not self._replies:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return "timeout"
+                self._cv.wait(left)
+            return self._replies.pop(0)
+
+    def alive(self) -> bool:
+        return True
+
+    def kill(self, wait: bool = True) -> None:
+        self.killed = True
+
+
+def test_a_pending_hold_pauses_a_running_prepare_instead_of_waiting_for_all_of_it(fake_dsl, cpu_config):
+    q = GpuQuiet("cpu:93")
+    w = _ScriptedWorker(q)
+    p = Prepared.for_job(w, "job", _fields(cpu_config))
+    w.key = p.key
+    p.start(send_prepare=lambda: w.sent.append("prepare"))
+    deadline = time.monotonic() + 10
+    while p.state != "sent" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert p.state == "sent" and q.busy()["warming"] == [41]
+    holder = object()
+    waited = q.hold(holder, "timing", pid=7, timeout=30)  # it would wait up to 30 s for a prepare that never ends
+    assert waited < 10 and w.sent == ["prepare", "yield"] and q.busy()["warming"] == []
+    time.sleep(0.2)
+    assert w.sent == ["prepare", "yield"]  # no resume while the timing phase holds
+    q.release(holder, pid=7)
+    worker, rec = p.claim(timeout=10)
+    assert worker is w and rec["state"] == "ready" and rec["yields"] == 1 and rec["paused_s"] == 0.5
+    assert w.sent == ["prepare", "yield", "resume"] and not w.killed
+    events = [e for _, e, pid in q.history if pid in (41, 7)]
+    assert events == ["prepare", "yield", "yielded", "hold:timing", "release", "prepare", "warmed"]
+    r = replay_phases(list(q.history))
+    assert r.warm_ups_beside_timing == 0 and r.go_beside_timing == () and r.beside_timing == ()
+
+
+def test_a_real_worker_yields_between_expectations_and_resumes(fake_dsl, cpu_config):
+    w = Worker(fake_dsl, device="cpu")
+    try:
+        assert w.wait_ready(120), w.ready_error
+        msg = {**_fields(cpu_config, fake_dsl), "secret": 4242}
+        w.send_job({"type": "prepare", **msg})
+        w.send_job({"type": "yield"})  # already waiting when the first yield point looks
+        first = w.reader.read(time.monotonic() + 60)
+        assert first == {"type": "yielded"}
+        time.sleep(0.2)
+        w.send_job({"type": "resume"})
+        reply = w.reader.read(time.monotonic() + 60)
+        assert reply["type"] == "prepared" and reply["ok"] and reply["key"] == plan_key(msg), reply
+        assert reply["yields"] == 1 and reply["paused_s"] >= 0.2
+        w.send_job({"type": "yield"})  # one that comes after the plan is done is skipped by the job loop
+        assert w.alive()
+    finally:
+        w.kill()
+        w.cleanup()
+
+
+def test_grader_bench_counts_a_paused_prepare_once_and_times_its_yields(repo_script):
+    bench = repo_script("benchmarks/grader_bench.py")
+    history = [(10.0, "prepare", 3), (10.4, "yield", 3), (10.5, "yielded", 3), (10.5, "hold:timing", 7),
+               (11.0, "release", 7), (11.0, "prepare", 3), (11.3, "warmed", 3)]
+    q = bench.quiet_table(history, since=5.0)
+    assert q["prepares"]["n"] == 1 and abs(q["prepares"]["median_s"] - 0.8) < 1e-9  # 0.5 s before the pause, 0.3 after
+    assert q["yields"]["n"] == 1 and abs(q["yields"]["max_s"] - 0.1) < 1e-9  # the hold waited 0.1 s, not the rest
+    assert "prefetches paused for a timing phase 1 times" in bench._quiet_line("FIGURE x", q)[0]
