@@ -573,7 +573,7 @@ def summary(res: dict) -> str:
             lines.append(f"FIGURE throughput quiet rule replayed: {r['timing_phases']} timing phases, "
                          f"{len(r['beside_timing'])} beside another's, {len(r['go_beside_timing'])} spares' warm-ups or "
                          f"prefetches started beside one, {r['warm_ups_beside_timing']} entered while a warm-up ran on "
-                         f"(its wait ran out)")
+                         f"(its wait ran out), {r.get('beside_teardown', 0)} while a finished worker was still torn down")
         w = t.get("warm_start") or {}
         if w.get("n"):
             lines.append(f"FIGURE throughput workers' GPU warm starts by step (median s over {w['n']}; "

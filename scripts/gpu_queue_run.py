@@ -585,7 +585,8 @@ def main(argv: list[str] | None = None) -> int:
         summary["queue_quiet_replayed"] = dataclasses.asdict(replayed)
         log(f"QUIET  replayed: {replayed.timing_phases} timing phases, {len(replayed.beside_timing)} beside another's, "
             f"{len(replayed.go_beside_timing)} spares' warm-ups or prefetches started beside one, "
-            f"{replayed.warm_ups_beside_timing} entered while a warm-up ran on (its wait ran out)")
+            f"{replayed.warm_ups_beside_timing} entered while a warm-up ran on (its wait ran out), "
+            f"{replayed.beside_teardown} while a finished worker was still torn down")
         summary["queue_s"] = time.monotonic() - t
         save("queue")
 

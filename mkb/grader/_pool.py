@@ -118,6 +118,11 @@ class GpuQuiet:
     def _note(self, event: str, pid: int) -> None:
         self.history.append((time.monotonic(), event, pid))
 
+    def note(self, event: str, pid: int) -> None:
+        """Record something the rule does not act on (a killed worker's teardown until it is reaped), in order."""
+        with self._cv:
+            self._note(event, pid)
+
     def busy(self) -> dict[str, object]:
         """What is going on now (for tests and logs)."""
         with self._cv:
@@ -295,6 +300,7 @@ class PhaseReplay:
     beside_timing: tuple[str, ...]  # a hold entered while another worker held one: the rule broken
     warm_ups_beside_timing: int  # holds entered while a spare warmed up or prepared a plan (its warm wait ran out)
     go_beside_timing: tuple[str, ...]  # a spare's `go` or prepare while a hold was held: the rule broken
+    beside_teardown: int = 0  # holds entered while a killed worker that had used the GPU was not yet reaped (recorded)
 
 
 def replay_phases(history, *, since: float | None = None) -> PhaseReplay:
@@ -304,7 +310,8 @@ def replay_phases(history, *, since: float | None = None) -> PhaseReplay:
     What it cannot see is GPU work no one announced; that is what the grader's own checks are for."""
     holding: set[int] = set()
     warming: set[int] = set()
-    holds = beside_warm = 0
+    tearing: set[int] = set()
+    holds = beside_warm = beside_tear = 0
     broken: list[str] = []
     went: list[str] = []
     for t, event, pid in history:
@@ -317,6 +324,11 @@ def replay_phases(history, *, since: float | None = None) -> PhaseReplay:
             holding.add(pid)
             holds += 1
             beside_warm += bool(warming - {pid})
+            beside_tear += bool(tearing - {pid})
+        elif event == "teardown":
+            tearing.add(pid)
+        elif event == "reaped":
+            tearing.discard(pid)
         elif event == "release":
             holding.discard(pid)
         elif event in ("go", "prepare"):
@@ -326,7 +338,7 @@ def replay_phases(history, *, since: float | None = None) -> PhaseReplay:
         elif event in ("warmed", "forgotten", "yielded"):
             warming.discard(pid)
     return PhaseReplay(timing_phases=holds, beside_timing=tuple(broken), warm_ups_beside_timing=beside_warm,
-                       go_beside_timing=tuple(went))
+                       go_beside_timing=tuple(went), beside_teardown=beside_tear)
 
 
 _QUIETS: dict[str, GpuQuiet] = {}
@@ -485,6 +497,8 @@ class Worker:
         verdict of a worker that finished its job does not depend on how it ends.
         """
         self.quiet.forget(self)
+        if self.go_at is not None and not self._reaped:  # it has a CUDA context: its teardown is in the record until reaped
+            self.quiet.note("teardown", self.pid)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -503,6 +517,8 @@ class Worker:
             rc = self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             rc = None
+        if self.go_at is not None and rc is not None:  # still there after 30 s: its teardown stays in the record
+            self.quiet.note("reaped", self.pid)
         if self._watcher is not threading.current_thread():
             self._watcher.join(10)
         fds = (self._job_w, self._res_r) if not self._watcher.is_alive() else (self._job_w,)

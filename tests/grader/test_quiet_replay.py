@@ -18,6 +18,9 @@ def test_the_replay_names_every_break_of_the_rule():
     # 9 never warmed: the holds at 7 and 12 were entered beside its warm-up (8's ended at 8; 7 was forgotten)
     assert r.timing_phases == 4 and r.warm_ups_beside_timing == 2
     assert replay_phases([(1.0, "hold:timing", 1), (5.0, "hold:timing", 2)], since=2.0).beside_timing == ()
+    torn = replay_phases([(1.0, "teardown", 5), (2.0, "hold:timing", 1), (3.0, "release", 1), (4.0, "reaped", 5),
+                          (5.0, "hold:timing", 1)])
+    assert torn.beside_teardown == 1 and torn.beside_timing == ()
 
 
 def test_a_real_queue_run_replays_clean(tmp_path, fake_dsl, cpu_config, store):
@@ -32,3 +35,5 @@ def test_a_real_queue_run_replays_clean(tmp_path, fake_dsl, cpu_config, store):
     r = replay_phases(list(quiet.history), since=since)
     assert r.beside_timing == () and r.go_beside_timing == ()
     assert r.timing_phases >= 4  # the first grading's trusted timing, then each grading's timing loop
+    events = [e for t, e, _ in quiet.history if t >= since]
+    assert events.count("teardown") >= 3 and events.count("reaped") >= 3  # every graded worker's teardown recorded
