@@ -221,19 +221,17 @@ class GpuQuiet:
 
     def paused(self, w: "Worker") -> None:
         """`w`'s side work stopped at a yield point (its device work synced) for a hold: no longer counted as warming."""
-        with self._cv:
-            self._yielders.pop(w, None)
-            if w in self._warming:
-                self._warming.discard(w)
-                self._note("yielded", w.pid)
-            self._cv.notify_all()
+        self._off_device(w, "yielded")
 
     def warmed(self, w: "Worker") -> None:
+        self._off_device(w, "warmed")
+
+    def _off_device(self, w: "Worker", event: str) -> None:
         with self._cv:
             self._yielders.pop(w, None)
             if w in self._warming:
                 self._warming.discard(w)
-                self._note("warmed", w.pid)
+                self._note(event, w.pid)
             self._cv.notify_all()
 
     def hold(self, token: object, what: str, *, pid: int = 0, timeout: float = WARM_WAIT_S) -> float:
