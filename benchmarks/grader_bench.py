@@ -451,6 +451,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--low-water", type=int, default=1)
+    ap.add_argument("--prefetch-yield", choices=("on", "off", "both"), default="on",
+                    help="whether a pending timing phase pauses a running prefetch (grader 2.13); both: the throughput "
+                    "section runs off, then on, on the same device (an A/B of the coordinator; nothing timed changes)")
     ap.add_argument("--n-timed", type=int, default=100)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--store", default=None)
@@ -495,9 +498,21 @@ def main(argv: list[str] | None = None) -> None:
     if "backlog" in sections:
         res["backlog"] = [backlog(problem=p, dsls=dsls, repeats=a.repeats, config=cfg, store=store, device=a.device,
                                   depth=a.depth, low_water=a.low_water, deadline=deadline) for p in a.problem]
-    if "throughput" in sections and (deadline is None or time.monotonic() < deadline):
-        res["throughput"] = throughput(rounds=a.rounds, dsls=dsls, config=cfg, store=store, device=a.device,
-                                       depth=a.depth, low_water=a.low_water, deadline=deadline)
+    from mkb.grader._pool import quiet_for
+
+    arms = {"on": [True], "off": [False], "both": [False, True]}[a.prefetch_yield]
+    quiet_for(a.device).yield_side_work = arms[-1]  # the other sections run with the last arm's setting
+    for arm in arms:
+        if "throughput" in sections and (deadline is None or time.monotonic() < deadline):
+            quiet_for(a.device).yield_side_work = arm
+            t = throughput(rounds=a.rounds, dsls=dsls, config=cfg, store=store, device=a.device,
+                           depth=a.depth, low_water=a.low_water, deadline=deadline)
+            t["prefetch_yield"] = arm
+            if len(arms) == 1:
+                res["throughput"] = t
+            else:
+                res.setdefault("throughput_arms", []).append(t)
+    quiet_for(a.device).yield_side_work = True
     res["elapsed_s"] = time.monotonic() - t0
     print(summary(res))
     print(f"[bench] done in {res['elapsed_s']:.0f} s")
@@ -553,34 +568,41 @@ def summary(res: dict) -> str:
                      f"{c['passed']} passed; {_f(c['warm_overhead_s_median'], '.3f')} s over the {c['warm']} with eager "
                      f"and reference cached and a worker ready; largest phases (median s): "
                      + ", ".join(f"{d['phase']} {d['median_s']:.3f}" for d in top))
-    t = res.get("throughput")
-    if t:
-        lines.append(f"FIGURE gradings per GPU-hour, memory-bound baselines {t['problems']}: {_f(t['gradings_per_gpu_hour'], '.0f')} "
-                     f"({t['gradings']} gradings in {t['elapsed_s']:.1f} s, {t['cancelled']} cancelled by the budget; "
-                     f"target >= 1500); all passed: {t['all_passed']}; overhead median {_f(t['overhead_s_median'], '.3f')} s, "
-                     f"wall median {_f(t['wall_s_median'], '.3f')} s, worker wait median {_f(t['worker_wait_s_median'], '.3f')} s; "
-                     f"prefetch {t.get('prefetch_states')}")
-        if t.get("steady_gradings_per_gpu_hour"):
-            lines.append(f"FIGURE gradings per GPU-hour with the eager and reference timings cached (3600 / mean wall of "
-                         f"{t['steady_gradings']} such gradings): {t['steady_gradings_per_gpu_hour']:.0f}")
-        top = [d for d in t.get("phases", []) if not d["phase"].startswith("kernel.")][:6]
-        if top:
-            lines.append("FIGURE throughput overhead, largest phases (mean s): "
-                         + ", ".join(f"{d['phase']} {d['mean_s']:.3f}" for d in top))
-        lines += _quiet_line("FIGURE throughput quiet rule", t.get("quiet"))
-        r = t.get("quiet_replayed")
-        if r:
-            lines.append(f"FIGURE throughput quiet rule replayed: {r['timing_phases']} timing phases, "
-                         f"{len(r['beside_timing'])} beside another's, {len(r['go_beside_timing'])} spares' warm-ups or "
-                         f"prefetches started beside one, {r['warm_ups_beside_timing']} entered while a warm-up ran on "
-                         f"(its wait ran out), {r.get('beside_teardown', 0)} while a finished worker was still torn down")
-        w = t.get("warm_start") or {}
-        if w.get("n"):
-            lines.append(f"FIGURE throughput workers' GPU warm starts by step (median s over {w['n']}; "
-                         f"hold_nvrtc_before_go is before `imported`, not under the quiet rule): "
-                         + ", ".join(f"{k} {v:.3f}" for k, v in w["median_s"].items())
-                         + (f"; hold builds {w['hold_builds']}" if w.get("hold_builds") else ""))
+    for t in ([res["throughput"]] if res.get("throughput") else []) + list(res.get("throughput_arms") or []):
+        lines += _throughput_lines(t)
     return "\n".join(lines)
+
+
+def _throughput_lines(t: dict) -> list[str]:
+    """One throughput run's figures; an A/B arm says which (`prefetch_yield`)."""
+    lines = []
+    arm = "" if "prefetch_yield" not in t else f" (prefetch yield {'on' if t['prefetch_yield'] else 'off'})"
+    lines.append(f"FIGURE gradings per GPU-hour{arm}, memory-bound baselines {t['problems']}: {_f(t['gradings_per_gpu_hour'], '.0f')} "
+                 f"({t['gradings']} gradings in {t['elapsed_s']:.1f} s, {t['cancelled']} cancelled by the budget; "
+                 f"target >= 1500); all passed: {t['all_passed']}; overhead median {_f(t['overhead_s_median'], '.3f')} s, "
+                 f"wall median {_f(t['wall_s_median'], '.3f')} s, worker wait median {_f(t['worker_wait_s_median'], '.3f')} s; "
+                 f"prefetch {t.get('prefetch_states')}")
+    if t.get("steady_gradings_per_gpu_hour"):
+        lines.append(f"FIGURE gradings per GPU-hour with the eager and reference timings cached (3600 / mean wall of "
+                     f"{t['steady_gradings']} such gradings): {t['steady_gradings_per_gpu_hour']:.0f}")
+    top = [d for d in t.get("phases", []) if not d["phase"].startswith("kernel.")][:6]
+    if top:
+        lines.append("FIGURE throughput overhead, largest phases (mean s): "
+                     + ", ".join(f"{d['phase']} {d['mean_s']:.3f}" for d in top))
+    lines += _quiet_line("FIGURE throughput quiet rule", t.get("quiet"))
+    r = t.get("quiet_replayed")
+    if r:
+        lines.append(f"FIGURE throughput quiet rule replayed: {r['timing_phases']} timing phases, "
+                     f"{len(r['beside_timing'])} beside another's, {len(r['go_beside_timing'])} spares' warm-ups or "
+                     f"prefetches started beside one, {r['warm_ups_beside_timing']} entered while a warm-up ran on "
+                     f"(its wait ran out), {r.get('beside_teardown', 0)} while a finished worker was still torn down")
+    w = t.get("warm_start") or {}
+    if w.get("n"):
+        lines.append(f"FIGURE throughput workers' GPU warm starts by step (median s over {w['n']}; "
+                     f"hold_nvrtc_before_go is before `imported`, not under the quiet rule): "
+                     + ", ".join(f"{k} {v:.3f}" for k, v in w["median_s"].items())
+                     + (f"; hold builds {w['hold_builds']}" if w.get("hold_builds") else ""))
+    return lines
 
 
 if __name__ == "__main__":

@@ -113,6 +113,7 @@ class GpuQuiet:
         self._untimed: set[object] = set()  # gradings in flight whose timing phase has not ended (defer new `go`s)
         self._yielders: dict[Worker, Callable[[], None]] = {}  # side work that can pause for a hold: how to ask it
         self.defer_s = DEFER_GO_S
+        self.yield_side_work = True  # a pending hold pauses side work that can pause (False: an A/B arm, grader_bench)
         self.history: collections.deque[tuple[float, str, int]] = collections.deque(maxlen=HISTORY_MAX)
 
     def _note(self, event: str, pid: int) -> None:
@@ -239,7 +240,7 @@ class GpuQuiet:
         t0 = time.monotonic()
         with self._cv:
             self._pending += 1
-            for w in [x for x in self._warming if x in self._yielders]:  # side work that can pause: ask it to
+            for w in [x for x in self._warming if x in self._yielders and self.yield_side_work]:  # ask side work to pause
                 ask = self._yielders.pop(w)
                 try:
                     ask()

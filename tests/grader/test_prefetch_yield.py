@@ -135,3 +135,20 @@ def test_grader_bench_counts_a_paused_prepare_once_and_times_its_yields(repo_scr
     assert q["prepares"]["n"] == 1 and abs(q["prepares"]["median_s"] - 0.8) < 1e-9  # 0.5 s before the pause, 0.3 after
     assert q["yields"]["n"] == 1 and abs(q["yields"]["max_s"] - 0.1) < 1e-9  # the hold waited 0.1 s, not the rest
     assert "prefetches paused for a timing phase 1 times" in bench._quiet_line("FIGURE x", q)[0]
+
+
+def test_grader_bench_runs_the_throughput_with_the_yield_off_then_on(grader_bench, tmp_path, fake_dsl, capsys):
+    import json
+
+    from mkb.grader import quiet_for
+
+    out = tmp_path / "out"
+    grader_bench.main(["--smoke", "--device", "cpu", "--sections", "throughput", "--rounds", "1", "--depth", "2",
+                       "--low-water", "1", "--budget-s", "600", "--out", str(out), "--prefetch-yield", "both"])
+    printed = capsys.readouterr().out
+    assert "FIGURE gradings per GPU-hour (prefetch yield off)" in printed
+    assert "FIGURE gradings per GPU-hour (prefetch yield on)" in printed
+    res = json.loads((out / "grader_bench.json").read_text())
+    assert "throughput" not in res and [t["prefetch_yield"] for t in res["throughput_arms"]] == [False, True]
+    assert all(t["all_passed"] for t in res["throughput_arms"])
+    assert quiet_for("cpu").yield_side_work is True  # the process's coordinator is left as shipped
