@@ -258,6 +258,7 @@ def quiet_table(history, since: float) -> dict:
     asked: dict[int, float] = {}  # prepares asked to yield, when
     ran: dict[int, float] = {}  # a paused prepare's seconds before its pause(s)
     to_yield: list[float] = []  # seconds from a hold's `yield` to the prepare's `yielded` (what that hold waited)
+    finished: list[float] = []  # asked to yield but finished instead: seconds from `yield` to `warmed`
     at_once = 0  # the most warm-ups and prefetches on the device at one time
     history = sorted(history, key=lambda e: e[0])  # in time order (stable: one instant keeps its order of notes)
     for t, event, pid in history:
@@ -280,11 +281,13 @@ def quiet_table(history, since: float) -> dict:
                 to_yield.append(t - asked.pop(pid))
         elif event == "warmed" and pid in started:
             kind, t0 = started.pop(pid)
-            asked.pop(pid, None)
+            if pid in asked:
+                finished.append(t - asked.pop(pid))
             (warm if kind == "go" else prep).append(t - t0 + ran.pop(pid, 0.0))
         elif event == "forgotten":  # killed while warming: no longer on the device, and no duration to count
             started.pop(pid, None)
             ran.pop(pid, None)
+            asked.pop(pid, None)
         at_once = max(at_once, len(started))
 
     def stats(xs: list[float]) -> dict:
@@ -294,7 +297,7 @@ def quiet_table(history, since: float) -> dict:
     # gradings' phases: which warm-up a timing phase waited behind, and how many ran at once
     timeline = [[round(t - since, 4), event, pid] for t, event, pid in history if t >= since]
     return {"warm_ups": stats(warm), "prepares": stats(prep), "deferred_go": stats(deferred), "at_once_max": at_once,
-            "yields": stats(to_yield), "timeline": timeline}
+            "yields": stats(to_yield), "yields_finished_instead": stats(finished), "timeline": timeline}
 
 
 def _quiet_line(head: str, q: dict | None) -> list[str]:
@@ -306,7 +309,9 @@ def _quiet_line(head: str, q: dict | None) -> list[str]:
             f"grading's timing phase for {d['n']} spares (imports to go: median {_f(d['median_s'], '.3f')} s, "
             f"max {_f(d['max_s'], '.3f')}); at most {q.get('at_once_max', '-')} warm-ups and prefetches at once"
             + (f"; prefetches paused for a timing phase {q['yields']['n']} times (asked to paused: median "
-               f"{_f(q['yields']['median_s'], '.3f')} s, max {_f(q['yields']['max_s'], '.3f')})" if q.get("yields") else "")]
+               f"{_f(q['yields']['median_s'], '.3f')} s, max {_f(q['yields']['max_s'], '.3f')})" if q.get("yields") else "")
+            + (f"; asked but finished instead {q['yields_finished_instead']['n']} times (asked to warmed: median "
+               f"{_f(q['yields_finished_instead']['median_s'], '.3f')} s)" if q.get("yields_finished_instead") else "")]
 
 
 def clock_warm_table(rows: list[dict]) -> dict:

@@ -240,14 +240,14 @@ class GpuQuiet:
         t0 = time.monotonic()
         with self._cv:
             self._pending += 1
-            for w in [x for x in self._warming if x in self._yielders and self.yield_side_work]:  # ask side work to pause
-                ask = self._yielders.pop(w)
-                try:
-                    ask()
-                    self._note("yield", w.pid)
-                except OSError:  # the worker is gone: its reap forgets it
-                    pass
-            try:
+            try:  # the count must come down whatever an ask raises, or no spare is ever sent `go` again
+                for w in [x for x in self._warming if x in self._yielders and self.yield_side_work]:  # ask side work to pause
+                    ask = self._yielders.pop(w)
+                    try:
+                        ask()
+                        self._note("yield", w.pid)
+                    except Exception as e:  # noqa: BLE001 - a worker that cannot be asked is waited for (<= timeout) like one that will not pause
+                        self._note(f"yield_failed:{type(e).__name__}", w.pid)
                 self._cv.wait_for(lambda: not self._warming, timeout=max(0.0, timeout))
             finally:
                 self._pending -= 1

@@ -11,6 +11,7 @@ import torch
 
 from mkb.grader import STAGES, Reason, StageResult, Verdict, is_known, stage_of, static_reason
 from mkb.grader._guards import Guard, Identities
+from mkb.grader import _protocol as protocol
 from mkb.grader._protocol import LineReader, write_msg
 from mkb.grader._trace import Launch, classify, launches_from_trace
 
@@ -119,6 +120,61 @@ def test_line_reader_returns_messages_eof_and_timeouts():
     assert reader.bad_lines == ["not json"]
     os.close(w)
     assert reader.read(time.monotonic() + 5) == "eof"
+    os.close(r)
+
+
+def test_line_reader_a_flood_without_newline_cannot_hold_it_past_the_deadline():
+    """A candidate owns the worker's fds: an endless write with no newline must still time out."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    stop = threading.Event()
+
+    def flood():
+        junk = b"x" * (1 << 16)
+        while not stop.is_set():
+            try:
+                os.write(w, junk)
+            except BlockingIOError:
+                time.sleep(0)
+            except OSError:
+                return
+
+    t = threading.Thread(target=flood, daemon=True)
+    t.start()
+    try:
+        reader = LineReader(r)
+        t0 = time.monotonic()
+        assert reader.read(t0 + 0.5) == "timeout"
+        took = time.monotonic() - t0
+        assert took < 3.0, f"the reader ran {took:.1f} s past a 0.5 s deadline"
+        assert len(reader.buf) <= protocol.LINE_MAX + (1 << 16)
+        # a deadline already passed gets one look, then answers
+        t0 = time.monotonic()
+        assert reader.read(t0 - 1.0) == "timeout"
+        assert time.monotonic() - t0 < 1.5
+    finally:
+        stop.set()
+        t.join(5)
+        os.close(w)
+        os.close(r)
+
+
+def test_line_reader_drops_an_over_long_line_as_one_bad_line(monkeypatch):
+    monkeypatch.setattr(protocol, "LINE_MAX", 1000)
+    r, w = os.pipe()
+    reader = LineReader(r)
+    os.write(w, b"y" * 5000)
+    assert reader.read(time.monotonic() + 0.3) == "timeout"
+    os.write(w, b"y" * 3000 + b"\n")
+    write_msg(w, {"type": "done"})
+    assert reader.read(time.monotonic() + 5) == {"type": "done"}
+    assert reader.bad_count == 1 and "without a newline" in reader.bad_lines[0]
+    for _ in range(protocol.BAD_LINES_KEPT + 5):
+        os.write(w, b"junk\n")
+    write_msg(w, {"type": "done"})
+    assert reader.read(time.monotonic() + 5) == {"type": "done"}
+    assert reader.bad_count == protocol.BAD_LINES_KEPT + 6 and len(reader.bad_lines) == protocol.BAD_LINES_KEPT
+    os.close(w)
     os.close(r)
 
 

@@ -135,6 +135,19 @@ def test_grader_bench_counts_a_paused_prepare_once_and_times_its_yields(repo_scr
     assert q["prepares"]["n"] == 1 and abs(q["prepares"]["median_s"] - 0.8) < 1e-9  # 0.5 s before the pause, 0.3 after
     assert q["yields"]["n"] == 1 and abs(q["yields"]["max_s"] - 0.1) < 1e-9  # the hold waited 0.1 s, not the rest
     assert "prefetches paused for a timing phase 1 times" in bench._quiet_line("FIGURE x", q)[0]
+    assert q["yields_finished_instead"]["n"] == 0
+
+
+def test_grader_bench_counts_a_yield_answered_by_the_prepare_finishing(repo_script):
+    bench = repo_script("benchmarks/grader_bench.py")
+    history = [(10.0, "prepare", 3), (10.4, "yield", 3), (10.45, "warmed", 3), (10.45, "hold:timing", 7),
+               (11.0, "release", 7), (12.0, "prepare", 4), (12.1, "yield", 4), (12.2, "forgotten", 4),
+               (13.0, "prepare", 4), (13.5, "warmed", 4)]
+    q = bench.quiet_table(history, since=5.0)
+    assert q["yields"]["n"] == 0
+    assert q["yields_finished_instead"]["n"] == 1 and abs(q["yields_finished_instead"]["max_s"] - 0.05) < 1e-9
+    assert q["prepares"]["n"] == 2  # 0.45 s and the later 0.5 s prepare; the killed one counts nowhere
+    assert "asked but finished instead 1 times" in bench._quiet_line("FIGURE x", q)[0]
 
 
 def test_grader_bench_runs_the_throughput_with_the_yield_off_then_on(grader_bench, tmp_path, fake_dsl, capsys):
@@ -152,3 +165,22 @@ def test_grader_bench_runs_the_throughput_with_the_yield_off_then_on(grader_benc
     assert "throughput" not in res and [t["prefetch_yield"] for t in res["throughput_arms"]] == [False, True]
     assert all(t["all_passed"] for t in res["throughput_arms"])
     assert quiet_for("cpu").yield_side_work is True  # the process's coordinator is left as shipped
+
+
+def test_a_hold_whose_yield_ask_raises_still_counts_itself_out(fake_dsl, cpu_config):
+    """Whatever an ask raises, the hold's pending count comes down, or no spare would ever be sent `go` again."""
+    q = GpuQuiet("cpu:94")
+    w = _ScriptedWorker(q)
+
+    def broken_ask() -> None:
+        raise RuntimeError("the pipe object is in a state nobody planned for")
+
+    assert q.side_work(w, lambda: None, cancel=threading.Event(), timeout=5, on_hold=broken_ask)
+    holder = object()
+    waited = q.hold(holder, "timing", pid=7, timeout=0.2)  # the prepare never pauses: the hold waits its timeout
+    assert 0.15 <= waited < 5
+    assert q.busy()["pending"] == 0 and q.busy()["holds"] == {holder: "timing"}
+    assert (41, "yield_failed:RuntimeError") in [(pid, e) for _, e, pid in q.history]
+    q.release(holder, pid=7)
+    q.warmed(w)
+    assert q.busy() == {"holds": {}, "pending": 0, "waiting": [], "warming": [], "untimed": 0}
