@@ -456,9 +456,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--low-water", type=int, default=1)
-    ap.add_argument("--prefetch-yield", choices=("on", "off", "both"), default="on",
+    ap.add_argument("--prefetch-yield", choices=("on", "off", "both", "abab"), default="on",
                     help="whether a pending timing phase pauses a running prefetch (grader 2.13); both: the throughput "
-                    "section runs off, then on, on the same device (an A/B of the coordinator; nothing timed changes)")
+                    "section runs off, then on, on the same device (an A/B of the coordinator; nothing timed changes); "
+                    "abab: off, on, off, on (the order's own effect, the first arm's uncached eager timings among it, "
+                    "falls on both arms)")
     ap.add_argument("--n-timed", type=int, default=100)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--store", default=None)
@@ -505,7 +507,7 @@ def main(argv: list[str] | None = None) -> None:
                                   depth=a.depth, low_water=a.low_water, deadline=deadline) for p in a.problem]
     from mkb.grader._pool import quiet_for
 
-    arms = {"on": [True], "off": [False], "both": [False, True]}[a.prefetch_yield]
+    arms = {"on": [True], "off": [False], "both": [False, True], "abab": [False, True, False, True]}[a.prefetch_yield]
     quiet_for(a.device).yield_side_work = arms[-1]  # the other sections run with the last arm's setting
     for arm in arms:
         if "throughput" in sections and (deadline is None or time.monotonic() < deadline):
@@ -575,7 +577,35 @@ def summary(res: dict) -> str:
                      + ", ".join(f"{d['phase']} {d['median_s']:.3f}" for d in top))
     for t in ([res["throughput"]] if res.get("throughput") else []) + list(res.get("throughput_arms") or []):
         lines += _throughput_lines(t)
+    lines += _arms_lines(res.get("throughput_arms") or [])
     return "\n".join(lines)
+
+
+def arms_table(arms: list[dict]) -> dict[str, dict]:
+    """The throughput arms pooled by setting (all of one setting's gradings over all of its time), so that an
+    alternated run (abab) reads as one figure per arm; quiet_wait is the time a timing phase waited for side work."""
+    out: dict[str, dict] = {}
+    for key in ("off", "on"):
+        runs = [t for t in arms if t.get("prefetch_yield") == (key == "on")]
+        if not runs:
+            continue
+        n, el = sum(t["gradings"] for t in runs), sum(t["elapsed_s"] for t in runs)
+        waits = [(r.get("phases_s") or {}).get("worker.run.quiet_wait", 0.0) for t in runs for r in t["runs"]]
+        steady = [t["steady_gradings_per_gpu_hour"] for t in runs if t.get("steady_gradings_per_gpu_hour")]
+        out[key] = {"runs": len(runs), "gradings": n, "elapsed_s": el,
+                    "gradings_per_gpu_hour": 3600.0 * n / el if el > 0 else None,
+                    "steady_per_run": steady, "quiet_wait_s_mean": statistics.fmean(waits) if waits else None}
+    return out
+
+
+def _arms_lines(arms: list[dict]) -> list[str]:
+    if len(arms) < 2:
+        return []
+    tab = arms_table(arms)
+    return ["FIGURE prefetch yield A/B, arms pooled: " + "; ".join(
+        f"{k}: {_f(v['gradings_per_gpu_hour'], '.0f')} per GPU-hour ({v['gradings']} gradings in {v['elapsed_s']:.1f} s "
+        f"over {v['runs']} runs; cached-eager rate per run {[round(x) for x in v['steady_per_run']]}), quiet_wait mean "
+        f"{_f(v['quiet_wait_s_mean'], '.3f')} s" for k, v in tab.items())]
 
 
 def _throughput_lines(t: dict) -> list[str]:

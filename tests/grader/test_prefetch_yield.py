@@ -165,6 +165,21 @@ def test_grader_bench_runs_the_throughput_with_the_yield_off_then_on(grader_benc
     assert "throughput" not in res and [t["prefetch_yield"] for t in res["throughput_arms"]] == [False, True]
     assert all(t["all_passed"] for t in res["throughput_arms"])
     assert quiet_for("cpu").yield_side_work is True  # the process's coordinator is left as shipped
+    assert "FIGURE prefetch yield A/B, arms pooled: off: " in printed and "; on: " in printed
+
+
+def test_grader_bench_pools_alternated_arms_by_setting(repo_script):
+    bench = repo_script("benchmarks/grader_bench.py")
+
+    def arm(on: bool, n: int, el: float, wait: float) -> dict:
+        return {"prefetch_yield": on, "gradings": n, "elapsed_s": el, "steady_gradings_per_gpu_hour": 3600 * n / el,
+                "runs": [{"phases_s": {"worker.run.quiet_wait": wait}}] * n}
+
+    tab = bench.arms_table([arm(False, 10, 30.0, 0.4), arm(True, 10, 20.0, 0.1), arm(False, 10, 10.0, 0.2),
+                            arm(True, 10, 20.0, 0.3)])
+    assert tab["off"]["gradings_per_gpu_hour"] == 3600 * 20 / 40.0 and tab["on"]["gradings_per_gpu_hour"] == 3600 * 20 / 40.0
+    assert abs(tab["off"]["quiet_wait_s_mean"] - 0.3) < 1e-9 and abs(tab["on"]["quiet_wait_s_mean"] - 0.2) < 1e-9
+    assert tab["off"]["runs"] == 2 and len(tab["on"]["steady_per_run"]) == 2
 
 
 def test_a_hold_whose_yield_ask_raises_still_counts_itself_out(fake_dsl, cpu_config):
