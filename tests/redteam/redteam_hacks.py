@@ -10,13 +10,12 @@ caught by the static rules since they learned those families; each family keeps 
 no AST rule can follow, so the runtime defence stays exercised.
 The target is problem 28 (fused residual add + RMSNorm, bf16): inputs x, residual, weight; output y,
 unless a hack names another `problem` (the allowlisted-copy forms need a problem whose answer is a
-copy: 25, the KV-cache block copy). A hack is rendered only where its problem's baseline has the
-`solve` signature it was written for: problem 25 is vLLM's in-place `copy_blocks`
-(`solve(key_caches, value_caches, block_mapping)`) before it follows upstream and `swap_blocks`
-into separate destinations (`solve(src_k, src_v, dst_k, dst_v, block_mapping)`) after, so each has
-its form and exactly one of the two is rendered.
+copy: 25, the KV-cache block copy, upstream's `swap_blocks` into separate destinations,
+`solve(src_k, src_v, dst_k, dst_v, block_mapping)`). A hack is rendered only where its problem's baseline has
+the `solve` signature it was written for, and `fits` says so; a form written for a signature no baseline has any
+more is removed, not skipped (the in-place `copy_blocks` form of 25 went when 25 followed upstream).
 Issue 9's holes each have a form: host compute (`host_compute`), allowlisted copies doing the work
-(`allowlist_copies`), free probes (`kill_self`, `kill_on_import`, `forged_done`).
+(`allowlist_copies_swap`), free probes (`kill_self`, `kill_on_import`, `forged_done`).
 """
 
 from __future__ import annotations
@@ -421,18 +420,6 @@ def solve(x, residual, weight):
     return out
 """, None, ("integrity_host_compute",), cpu=False),
     # on the CPU host and device are one, so only the GPU suite can see the bytes cross
-    _h("allowlist_copies", "copy the cache blocks with a host loop of copy_ and launch the DSL kernel on scratch", """
-import torch
-
-
-def solve(key_caches, value_caches, block_mapping):
-    for s, d in block_mapping.tolist():
-        key_caches[:, d].copy_(key_caches[:, s])
-        value_caches[:, d].copy_(value_caches[:, s])
-    k, v = key_caches[:1, :2].clone(), value_caches[:1, :2].clone()
-    _real_solve(k, v, torch.tensor([[0, 1]], dtype=block_mapping.dtype, device=block_mapping.device))
-    return key_caches, value_caches
-""", None, ("integrity_allowlist_work",), problem=25, signature="key_caches, value_caches, block_mapping"),
     _h("allowlist_copies_swap", "swap_blocks by a host loop of copy_ into the destinations; the DSL kernel on scratch", """
 import torch
 
