@@ -116,6 +116,8 @@ class Prepared:
     error: str | None = None
     claimed: bool = False  # a grading took it (its worker is that grading's to kill)
     yields: int = 0  # times it paused at a yield point for a timing phase
+    deadline: float | None = None  # when the prepare counts as hung: sent_at + PREPARE_LIMIT_S + the time it sat paused
+    paused_since: float | None = None  # paused for a timing phase now, since (its deadline moves while it waits)
     _done: threading.Event = field(default_factory=threading.Event)
     _cancel: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -149,20 +151,22 @@ class Prepared:
                 if self.state == "waiting":
                     self.state = "cancelled"
                 return
-            deadline = self.sent_at + PREPARE_LIMIT_S
+            self.deadline = self.sent_at + PREPARE_LIMIT_S
             while True:
-                msg = w.reader.read(deadline)
+                msg = w.reader.read(self.deadline)
                 if not (isinstance(msg, dict) and msg.get("type") == "yielded"):
                     break
                 # paused for a timing phase, its work synced: off the warming set until quiet comes back, then resumed
-                t_paused = time.monotonic()
+                self.paused_since = t_paused = time.monotonic()
                 self.yields += 1
                 w.quiet.paused(w)
-                if not w.quiet.side_work(w, lambda: w._send({"type": "resume"}), cancel=self._cancel,
-                                         on_hold=ask_to_yield):
+                resumed = w.quiet.side_work(w, lambda: w._send({"type": "resume"}), cancel=self._cancel,
+                                            on_hold=ask_to_yield)
+                self.deadline += time.monotonic() - t_paused  # the limit is on preparing, not on waiting for quiet
+                self.paused_since = None
+                if not resumed:
                     msg = "not resumed (dropped or killed while paused)"
                     break
-                deadline += time.monotonic() - t_paused  # the limit is on preparing, not on waiting for quiet
             if isinstance(msg, dict) and msg.get("type") == "prepared":
                 self.reply = {k: v for k, v in msg.items() if k != "type"}
                 if msg.get("ok") and msg.get("key") != self.key:  # never: the worker keyed the plan on other fields
@@ -184,21 +188,28 @@ class Prepared:
             w.quiet.warmed(w)
             self._done.set()
 
-    def claim(self, timeout: float = PREPARE_LIMIT_S + 5) -> tuple[Any | None, dict]:
+    def claim(self, timeout: float | None = None) -> tuple[Any | None, dict]:
         """For the job's start: the worker to grade on (None: take another) and the record for the verdict.
 
         A prepare not yet started is cancelled (its worker, which never saw the plan, is used plainly); one running is
         waited for; a failed one's worker (dead, erring, hung, or dead since) is killed and the job takes a fresh spare.
-        `secret_used` says the job gets this prepare's secret (its worker holds the plan made from it)."""
+        `secret_used` says the job gets this prepare's secret (its worker holds the plan made from it). The wait ends,
+        without `timeout`, 5 s after the prepare's own deadline, which moves on while it sits paused for another
+        grading's timing phase: a fixed limit would fail a prepare that only waited its turn."""
         t0 = time.monotonic()
         with self._lock:
             self.claimed = True
             if self.state == "waiting":
                 self._cancel.set()
-        self._done.wait(timeout)
+        if timeout is not None:
+            self._done.wait(timeout)
+        else:
+            while not self._done.wait(0.5):
+                if time.monotonic() > self._claim_limit(t0):
+                    break
         waited = time.monotonic() - t0
         if not self._done.is_set():
-            self.state, self.error = "failed", f"the prepare did not end within {timeout:.0f} s"
+            self.state, self.error = "failed", f"the prepare did not end within {waited:.0f} s (its limit {PREPARE_LIMIT_S:.0f} s, time paused not counted)"
         elif self.state != "failed" and not self.worker.alive():  # died after its prepare, before its job: as a spare would
             self.state, self.error = "failed", f"the worker died before its job (exit {self.worker.proc.poll()})"
         w = self.worker
@@ -214,6 +225,15 @@ class Prepared:
                "sealed": self.reply.get("sealed"), "yields": self.yields, "paused_s": self.reply.get("paused_s"),
                "error": self.error}
         return w, rec
+
+    def _claim_limit(self, t0: float) -> float:
+        """When a claim made at `t0` stops waiting: the prepare's deadline (moved on while paused) plus 5 s, or, before
+        it was sent (it waits for quiet: the `_run` thread sees the cancel within 0.05 s), `t0` plus the full limit."""
+        since = self.paused_since  # read first: `_run` moves the deadline on before it clears this (never counted short)
+        deadline = self.deadline
+        if deadline is None:
+            return t0 + PREPARE_LIMIT_S + 5
+        return deadline + (time.monotonic() - since if since is not None else 0.0) + 5
 
     def drop(self) -> None:
         """Its job will not come (cancelled, the queue closing): the worker, which may hold the plan, is killed."""

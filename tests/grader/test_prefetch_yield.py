@@ -80,6 +80,9 @@ class _ScriptedWorker:
     def kill(self, wait: bool = True) -> None:
         self.killed = True
 
+    def cleanup(self) -> None:
+        pass
+
 
 def test_a_pending_hold_pauses_a_running_prepare_instead_of_waiting_for_all_of_it(fake_dsl, cpu_config):
     q = GpuQuiet("cpu:93")
@@ -104,6 +107,37 @@ def test_a_pending_hold_pauses_a_running_prepare_instead_of_waiting_for_all_of_i
     assert events == ["prepare", "yield", "yielded", "hold:timing", "release", "prepare", "warmed"]
     r = replay_phases(list(q.history))
     assert r.warm_ups_beside_timing == 0 and r.go_beside_timing == () and r.beside_timing == ()
+
+
+def test_a_claim_waits_out_a_prepare_paused_past_the_limit_but_not_a_hung_one(fake_dsl, cpu_config, monkeypatch):
+    """The prepare's limit is on preparing: a prepare held paused by a long timing phase is waited for by its job's
+    claim (no fixed limit from the claim's start), while one that hangs is still failed and its worker killed."""
+    from mkb.grader import _prefetch
+
+    monkeypatch.setattr(_prefetch, "PREPARE_LIMIT_S", 1.0)
+    q = GpuQuiet("cpu:94")
+    w = _ScriptedWorker(q)
+    p = Prepared.for_job(w, "job", _fields(cpu_config))
+    w.key = p.key
+    p.start(send_prepare=lambda: w.sent.append("prepare"))
+    deadline = time.monotonic() + 10
+    while p.state != "sent" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    holder = object()
+    q.hold(holder, "timing", pid=7, timeout=30)  # pauses it
+    threading.Timer(7.5, lambda: q.release(holder, pid=7)).start()  # paused past the limit and the 5 s grace
+    t0 = time.monotonic()
+    worker, rec = p.claim()
+    assert time.monotonic() - t0 >= 7.0  # it waited through the pause
+    assert worker is w and rec["state"] == "ready" and rec["yields"] == 1 and not w.killed, rec
+
+    hung = _ScriptedWorker(GpuQuiet("cpu:95"))
+    p2 = Prepared.for_job(hung, "job", _fields(cpu_config))
+    p2.start(send_prepare=lambda: hung.sent.append("prepare"))  # never answers
+    t0 = time.monotonic()
+    worker, rec = p2.claim()
+    assert worker is None and rec["state"] == "failed" and hung.killed, rec
+    assert time.monotonic() - t0 < 1.0 + 5 + 2
 
 
 def test_a_real_worker_yields_between_expectations_and_resumes(fake_dsl, cpu_config):
