@@ -83,10 +83,11 @@ def check() -> dict:
     measures it. How it was built is recorded (`hold_build`), not judged: a hold compiled as before is the same kernel."""
     import torch
 
-    from mkb.measure import build_hold_binary, nvml_capability, sm_hold
+    from mkb.measure import build_hold_binary, query_gpu, sm_hold
 
     t0 = time.perf_counter()
-    cap = nvml_capability(0)
+    q = query_gpu(0)
+    cap = None if q is None else q[1]
     early = build_hold_binary(cap) if cap is not None else None
     early_s = time.perf_counter() - t0
     context_before = torch.cuda.is_initialized()  # the early build must not have created one
@@ -96,7 +97,7 @@ def check() -> dict:
     build_s = time.perf_counter() - t0
     props = torch.cuda.get_device_properties(0)
     fig: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "build_s": round(build_s, 4),
-                 "early_build_s": round(early_s, 4), "nvml_capability": cap, "early_build": early is not None,
+                 "early_build_s": round(early_s, 4), "capability": cap, "early_build": early is not None,
                  "cuda_initialized_by_early_build": context_before, "primary_context_after_early_build": primary_before,
                  "hold_build": hold.build,
                  "sms": props.multi_processor_count, "threads_per_sm": props.max_threads_per_multi_processor,

@@ -29,7 +29,7 @@ from mkb.grader._trace import CallLimits, call_figures, classify, profile_call
 from mkb.grader._verdict import CompileFigures, IntegrityFigures, TimingFigures, VerificationFigures, timing_decided
 from mkb.measure import (
     MIN_TIMED, TIMING_POLICY, UPSTREAM_POLICY, InputStream, L2Flusher, LoopRecord, UnsupportedGpu, clone_inputs, compare,
-    SmClock, build_hold_binary, expect, gpu_state, nvml_capability, sample, sm_hold, identify_gpu, inputs_unchanged, side_work_us, stream_window as _stream_window, summarize,
+    SmClock, build_hold_binary, expect, gpu_state, query_gpu, sample, sm_hold, identify_gpu, inputs_unchanged, side_work_us, stream_window as _stream_window, summarize,
     tensor_bytes, time_upstream, timed_loop,
 )
 from mkb.reasons import Reason
@@ -80,14 +80,19 @@ def build_hold_before_go(device: str) -> None:
         return
     t0 = _perf()
     try:
-        cap = nvml_capability(torch.device(device).index or 0)
+        cap = _capability(torch.device(device).index or 0)
         if cap is not None:
             build_hold_binary(cap)
         else:  # said in `hold_build`, which otherwise reads only "no early build"
-            _WARM["hold_early_note"] = "NVML gave no compute capability"
+            _WARM["hold_early_note"] = "neither NVML nor nvidia-smi gave a compute capability"
     except Exception as exc:  # noqa: BLE001 - both never raise; a bug here must not stop a worker that can still compile
         _WARM["hold_early_note"] = f"the early build raised {type(exc).__name__}"
     _WARM["hold_nvrtc_before_go_s"] = _perf() - t0
+
+
+def _capability(index: int) -> tuple[int, int] | None:
+    q = query_gpu(index)
+    return None if q is None else q[1]
 
 
 def warm_start(device: str) -> None:

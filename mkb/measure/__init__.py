@@ -6,7 +6,7 @@ from mkb.measure._compare import (
 )
 from mkb.measure._device import (
     CHECKED_ARCHS, GPU_MODELS, GpuModel, GpuState, SmClock, UnsupportedGpu, arch_of, detect_arch, gpu_name, gpu_state, identify_gpu,
-    machine_of, model_of, nvml_capability,
+    machine_of, model_of,
     query_gpu,
 )
 from mkb.measure._sol import GPU_PEAKS, GpuPeaks, SpeedOfLight, gpu_peaks, speed_of_light
@@ -20,7 +20,7 @@ from mkb.measure._timing import (
 __all__ = [
     "LoopRecord", "perf_window", "timed_loop", "HOLD_US", "HOLD_MIN_US", "HOLD_MAX_US", "SmHold", "sm_hold", "HoldBinary", "build_hold_binary", "hold_cycles", "hold_launch",
     "UPSTREAM_POLICY", "UPSTREAM_TIMED", "UPSTREAM_WARMUP", "reference_numerics", "time_upstream",
-    "SmClock", "CHECKED_ARCHS", "GPU_MODELS", "GpuModel", "UnsupportedGpu", "arch_of", "detect_arch", "identify_gpu", "nvml_capability", "query_gpu",
+    "SmClock", "CHECKED_ARCHS", "GPU_MODELS", "GpuModel", "UnsupportedGpu", "arch_of", "detect_arch", "identify_gpu", "query_gpu",
     "machine_of", "model_of",
     "SAMPLE_POSITIONS", "SampledOutput", "sample", "Comparison", "Expected", "GPU_PEAKS", "GpuPeaks", "GpuState", "InputStream", "L2Flusher", "MIN_TIMED",
     "FIRST_PASSES", "FLUSH_KIND", "MIN_WARMUP", "OutputCheck", "TIMING_POLICY", "QUANTIZED_MAX_OFF_FRACTION", "SpeedOfLight", "TOL_FACTOR", "Timing", "as_tuple",

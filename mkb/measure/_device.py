@@ -125,30 +125,6 @@ class SmClock:
             return None
 
 
-def nvml_capability(index: int = 0) -> tuple[int, int] | None:
-    """The compute capability of this process's CUDA device `index` from NVML (CUDA_VISIBLE_DEVICES mapped as `SmClock`
-    maps it), without creating a CUDA context: what the grader's worker builds the SM hold's cubin for before its `go`
-    (grader 2.11). None where NVML is missing or does not answer; `SmHold` checks the device's own capability anyway."""
-    try:
-        import pynvml  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(_physical_index(index)))
-        return int(major), int(minor)
-    except Exception:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
-
-
 def gpu_state(device: torch.device | str | int | None = None) -> GpuState:
     """Name, clocks and temperature of `device` (pynvml, else nvidia-smi, else torch's name only).
 
@@ -237,8 +213,37 @@ def identify_gpu(name: str, capability: Sequence[int], *, allow_unchecked: bool 
 
 
 def query_gpu(index: int = 0) -> tuple[str, tuple[int, int]] | None:
-    """(name, compute capability) of device `index` from nvidia-smi, without creating a CUDA context in this
-    process (the grader's parent never initialises CUDA); None when nvidia-smi cannot answer."""
+    """(name, compute capability) of this process's device `index` (CUDA_VISIBLE_DEVICES mapped), without creating a
+    CUDA context: the grader's parent never initialises CUDA, and a worker builds the SM hold's cubin for this
+    capability before its `go` (grader 2.11). NVML in this process where pynvml answers (no subprocess), else
+    nvidia-smi; None when neither does (`SmHold` checks the device's own capability anyway)."""
+    return _query_nvml(index) or _query_smi(index)
+
+
+def _query_nvml(index: int) -> tuple[str, tuple[int, int]] | None:
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(index))
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+        name = pynvml.nvmlDeviceGetName(h)
+        return (name.decode() if isinstance(name, bytes) else str(name)), (int(major), int(minor))
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _query_smi(index: int) -> tuple[str, tuple[int, int]] | None:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None

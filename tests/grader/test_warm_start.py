@@ -121,7 +121,7 @@ def test_the_holds_nvrtc_build_before_go_is_a_step_of_its_own_and_off_the_gpu_no
     are a step of their own (not under the quiet rule), listed first."""
     built: list = []
     monkeypatch.setattr(_harness, "_WARM", {})
-    monkeypatch.setattr(_harness, "nvml_capability", lambda index: built.append(("nvml", index)) or (9, 0))
+    monkeypatch.setattr(_harness, "_capability", lambda index: built.append(("nvml", index)) or (9, 0))
     monkeypatch.setattr(_harness, "build_hold_binary", lambda cap: built.append(("build", cap)))
     _harness.build_hold_before_go("cpu")
     assert built == [] and _harness.warm_start_steps() is None
@@ -147,7 +147,7 @@ def test_a_build_before_go_without_a_capability_builds_nothing_and_never_raises(
 
     built: list = []
     monkeypatch.setattr(_harness, "_WARM", {})
-    monkeypatch.setattr(_harness, "nvml_capability", lookup)
+    monkeypatch.setattr(_harness, "_capability", lookup)
     monkeypatch.setattr(_harness, "build_hold_binary", lambda cap: built.append(cap))
     _harness.build_hold_before_go("cuda:0")
     assert built == [] and "hold_nvrtc_before_go_s" in _harness._WARM
@@ -173,7 +173,7 @@ def _fake_nvrtc(monkeypatch, log: list, *, fail: bool = False) -> None:
 
 @pytest.mark.parametrize("capability, build", [((9, 0), "prebuilt"),
                                                ((10, 0), "compiled (built early for sm_100, the device is sm_90)"),
-                                               (None, "compiled (no early build); NVML gave no compute capability")])
+                                               (None, "compiled (no early build); neither NVML nor nvidia-smi gave a compute capability")])
 def test_the_warm_start_loads_the_hold_built_before_go_where_it_fits_the_device(monkeypatch, capability, build) -> None:
     """The whole path on fakes: NVML's capability -> the early cubin -> the warm start loads it (no compile) and the
     verdict's figures say so (`hold_build`); a cubin for another capability is not loaded, the hold compiles as 2.10."""
@@ -191,7 +191,7 @@ def test_the_warm_start_loads_the_hold_built_before_go_where_it_fits_the_device(
     monkeypatch.setattr(T, "_EARLY_HOLDS", {})
     monkeypatch.setattr(T, "_current_stream", lambda d=None: "stream")
     monkeypatch.setattr(T, "_sync", lambda d=None: None)
-    monkeypatch.setattr(_harness, "nvml_capability", lambda index: capability)
+    monkeypatch.setattr(_harness, "_capability", lambda index: capability)
     _fake_nvrtc(monkeypatch, log)
     _harness.build_hold_before_go("cuda")
     assert log == ([("nvrtc", f"{capability[0]}{capability[1]}")] if capability else [])
@@ -245,7 +245,7 @@ def test_a_worker_whose_early_hold_build_fails_still_sends_imported(monkeypatch,
     def build(cap):
         raise AssertionError("a bug in the build")
 
-    monkeypatch.setattr(_harness, "nvml_capability", nvml)
+    monkeypatch.setattr(_harness, "_capability", nvml)
     if failure == "build":
         monkeypatch.setattr(_harness, "build_hold_binary", build)
     msgs = _run_worker_until_go(monkeypatch, "cuda")
@@ -259,7 +259,7 @@ def test_a_worker_whose_early_hold_build_fails_still_sends_imported(monkeypatch,
 
 def test_a_cpu_worker_builds_no_hold_before_imported(monkeypatch) -> None:
     monkeypatch.setattr(_harness, "_WARM", {})
-    monkeypatch.setattr(_harness, "nvml_capability", lambda index: pytest.fail("a cpu worker looked up a capability"))
+    monkeypatch.setattr(_harness, "_capability", lambda index: pytest.fail("a cpu worker looked up a capability"))
     msgs = _run_worker_until_go(monkeypatch, "cpu")
     assert [m["type"] for m in msgs] == ["imported", "start_failed"]
     assert "hold_nvrtc_before_go_s" not in _harness._WARM

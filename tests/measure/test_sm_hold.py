@@ -299,23 +299,35 @@ def test_gpu_the_hold_fills_every_slot_allocates_nothing_lasts_and_holds_back_si
     assert fig["side"]["sleep_side_done_us"] < fig["side"]["hold_side_done_us"]  # the contrast: a sleep lets it run
 
 
-def _fake_pynvml(monkeypatch, capability=(9, 0), fail: str | None = None) -> list:
+def _fake_pynvml(monkeypatch, capability=(9, 0), fail: str | None = None, name=b"NVIDIA H200") -> list:
     """A pynvml whose calls are logged; `fail` names the call that raises."""
     log: list = []
 
-    def call(name, result=None):
+    def call(name_, result=None):
         def fn(*a):
-            log.append((name, *a))
-            if name == fail:
-                raise RuntimeError(f"NVML {name} failed")
+            log.append((name_, *a))
+            if name_ == fail:
+                raise RuntimeError(f"NVML {name_} failed")
             return result
         return fn
 
     fake = SimpleNamespace(nvmlInit=call("init"), nvmlShutdown=call("shutdown"),
                            nvmlDeviceGetHandleByIndex=lambda i: log.append(("handle", i)) or ("handle", i),
-                           nvmlDeviceGetCudaComputeCapability=call("capability", capability))
+                           nvmlDeviceGetCudaComputeCapability=call("capability", capability),
+                           nvmlDeviceGetName=call("name", name))
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     return log
+
+
+def _fake_smi(monkeypatch, answer: str | None) -> list:
+    """nvidia-smi as `query_gpu` runs it: `answer` is its CSV line (None: not installed); the calls are logged."""
+    from mkb.measure import _device
+
+    calls: list = []
+    monkeypatch.setattr(_device.shutil, "which", lambda exe: None if answer is None else f"/usr/bin/{exe}")
+    monkeypatch.setattr(_device.subprocess, "run", lambda argv, **k: calls.append(argv) or SimpleNamespace(
+        returncode=0, stdout=answer or "", stderr=""))
+    return calls
 
 
 @pytest.fixture
@@ -328,44 +340,55 @@ def no_cuda_context(monkeypatch):
 
 
 @pytest.mark.parametrize("visible, index, physical", [(None, 0, 0), ("3,5", 0, 3), ("3,5", 1, 5), ("7", 0, 7)])
-def test_nvml_gives_the_capability_of_the_visible_device_without_a_cuda_context(monkeypatch, no_cuda_context, visible,
-                                                                                 index, physical):
-    from mkb.measure import nvml_capability
+def test_nvml_gives_the_name_and_capability_of_the_visible_device_without_a_cuda_context(monkeypatch, no_cuda_context,
+                                                                                          visible, index, physical):
+    from mkb.measure import query_gpu
 
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     log = _fake_pynvml(monkeypatch, capability=(10, 3))
-    assert nvml_capability(index) == (10, 3)
-    assert log == [("init",), ("handle", physical), ("capability", ("handle", physical)), ("shutdown",)]
+    smi = _fake_smi(monkeypatch, "NVIDIA B200, 10.0")
+    assert query_gpu(index) == ("NVIDIA H200", (10, 3))
+    assert log == [("init",), ("handle", physical), ("capability", ("handle", physical)), ("name", ("handle", physical)),
+                   ("shutdown",)]
+    assert smi == []  # NVML answered: no subprocess
 
 
 @pytest.mark.parametrize("fail", ["init", "capability"])
-def test_an_nvml_that_does_not_answer_gives_no_capability_and_is_shut_down(monkeypatch, no_cuda_context, fail):
-    from mkb.measure import nvml_capability
+def test_an_nvml_that_does_not_answer_is_shut_down_and_nvidia_smi_answers_instead(monkeypatch, no_cuda_context, fail):
+    from mkb.measure import query_gpu
 
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     log = _fake_pynvml(monkeypatch, fail=fail)
-    assert nvml_capability(0) is None
+    smi = _fake_smi(monkeypatch, "NVIDIA H100 80GB HBM3, 9.0\n")
+    assert query_gpu(1) == ("NVIDIA H100 80GB HBM3", (9, 0))
     assert (log[-1] == ("shutdown",)) == (fail != "init")  # opened only when init succeeded
+    assert len(smi) == 1 and smi[0][-2:] == ["-i", "5"]  # the same physical device
+    _fake_smi(monkeypatch, None)
+    assert query_gpu(0) is None  # neither answers
 
 
-def test_without_pynvml_there_is_no_capability(monkeypatch, no_cuda_context):
-    from mkb.measure import nvml_capability
+def test_without_pynvml_nvidia_smi_answers(monkeypatch, no_cuda_context):
+    from mkb.measure import query_gpu
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
-    assert nvml_capability(0) is None
+    _fake_smi(monkeypatch, "NVIDIA H200, 9.0")
+    assert query_gpu(0) == ("NVIDIA H200", (9, 0))
+    _fake_smi(monkeypatch, None)
+    assert query_gpu(0) is None
 
 
 @pytest.mark.gpu
 @_cuda
 def test_gpu_a_fresh_process_builds_the_hold_before_any_cuda_use_and_loads_it():
-    """Grader 2.11 on the device: NVML's capability, NVRTC with no CUDA context, then the hold loaded (not compiled)
+    """Grader 2.11 on the device: the capability (NVML, else nvidia-smi), NVRTC with no CUDA context, then the hold loaded (not compiled)
     and as long as its cycles, in a fresh process as a worker is."""
     import subprocess
 
-    code = ("import json, torch; from mkb.measure import build_hold_binary, nvml_capability, sm_hold\n"
-            "cap = nvml_capability(0); early = build_hold_binary(cap) if cap else None\n"
+    code = ("import json, torch; from mkb.measure import build_hold_binary, query_gpu, sm_hold\n"
+            "q = query_gpu(0); cap = q and q[1]; early = build_hold_binary(cap) if cap else None\n"
             "ctx = torch.cuda.is_initialized(); h = sm_hold(); h.set_us(1000.0)\n"
             "a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)\n"
             "a.record(); h(); b.record(); b.synchronize()\n"
