@@ -84,15 +84,21 @@ class _ScriptedWorker:
         pass
 
 
-def test_a_pending_hold_pauses_a_running_prepare_instead_of_waiting_for_all_of_it(fake_dsl, cpu_config):
-    q = GpuQuiet("cpu:93")
+def _sent_prepare(q: GpuQuiet, cfg: GraderConfig) -> tuple[_ScriptedWorker, Prepared]:
+    """A prefetch started on a scripted worker of `q`, once its prepare is sent (it is then on the warming set)."""
     w = _ScriptedWorker(q)
-    p = Prepared.for_job(w, "job", _fields(cpu_config))
+    p = Prepared.for_job(w, "job", _fields(cfg))
     w.key = p.key
     p.start(send_prepare=lambda: w.sent.append("prepare"))
     deadline = time.monotonic() + 10
     while p.state != "sent" and time.monotonic() < deadline:
         time.sleep(0.01)
+    return w, p
+
+
+def test_a_pending_hold_pauses_a_running_prepare_instead_of_waiting_for_all_of_it(fake_dsl, cpu_config):
+    q = GpuQuiet("cpu:93")
+    w, p = _sent_prepare(q, cpu_config)
     assert p.state == "sent" and q.busy()["warming"] == [41]
     holder = object()
     waited = q.hold(holder, "timing", pid=7, timeout=30)  # it would wait up to 30 s for a prepare that never ends
@@ -116,13 +122,7 @@ def test_a_claim_waits_out_a_prepare_paused_past_the_limit_but_not_a_hung_one(fa
 
     monkeypatch.setattr(_prefetch, "PREPARE_LIMIT_S", 1.0)
     q = GpuQuiet("cpu:94")
-    w = _ScriptedWorker(q)
-    p = Prepared.for_job(w, "job", _fields(cpu_config))
-    w.key = p.key
-    p.start(send_prepare=lambda: w.sent.append("prepare"))
-    deadline = time.monotonic() + 10
-    while p.state != "sent" and time.monotonic() < deadline:
-        time.sleep(0.01)
+    w, p = _sent_prepare(q, cpu_config)
     holder = object()
     q.hold(holder, "timing", pid=7, timeout=30)  # pauses it
     threading.Timer(7.5, lambda: q.release(holder, pid=7)).start()  # paused past the limit and the 5 s grace
