@@ -119,6 +119,8 @@ class TimingFigures(_Figures):
     # policy v5: device segments created while the timed sets were made (0: all in recycled blocks); the eager's in eager_*
     input_sets_new_segments: int | None = None
     eager_input_sets_new_segments: int | None = None
+    # segments the candidate loop's first set and first pass created (0: the worker had the blocks cached already)
+    input_sets_first_pass_segments: int | None = None
     run_phases_s: dict[str, float] | None = None
     tail_us_median: float | None = None
     floor_tail_us_median: float | None = None

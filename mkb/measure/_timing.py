@@ -405,6 +405,7 @@ class InputStream:
             raise ValueError(f"InputStream first_pass must be one of {FIRST_PASSES}, not {first_pass!r}")
         self._make = make
         self.base_seed = base_seed
+        seg_pre = _segments_allocated()
         first = tuple(make(base_seed))
         per_set = max(1, tensor_bytes(first))
         cap = n_calls if max_bytes is None else max(min_capacity, min(n_calls, max_bytes // per_set))
@@ -432,6 +433,10 @@ class InputStream:
         # the device segments the allocator had to create for the sets made here (besides the first one when not
         # recycled): 0 means every timed set lies in blocks it already had (policy v5's aim); None off the GPU
         self.new_segments: int | None = seg1 - seg0 if seg0 is not None and seg1 is not None else None
+        # the segments the first set and the first pass created: 0 means the process already had every block cached
+        # (a worker that timed the eager, say); cudaMalloc of a whole loop's sets is what makes `timing_inputs` slow
+        self.first_pass_new_segments: int | None = (seg0 - seg_pre if cuda and seg_pre is not None and seg0 is not None
+                                                    else None)
 
     def __call__(self, i: int) -> tuple:
         for j, inputs in self._ring:

@@ -94,10 +94,12 @@ def test_new_segments_counts_what_the_timed_sets_took(monkeypatch, recycle, expe
     monkeypatch.setattr(timing, "_segments_allocated", lambda: count[0])
     s = InputStream(make, n_calls=20, first_pass="make" if recycle else None)
     assert s.new_segments == expected and count[0] == (40 if recycle else 20)
+    assert s.first_pass_new_segments == (20 if recycle else 1)  # the first set and the first pass, before the timed sets
 
 
 def test_new_segments_is_none_off_the_gpu():
-    assert InputStream(_make, n_calls=5).new_segments is None
+    s = InputStream(_make, n_calls=5)
+    assert s.new_segments is None and s.first_pass_new_segments is None
 
 
 def test_an_allocating_first_pass_makes_each_set_once_into_dropped_blocks(monkeypatch):
