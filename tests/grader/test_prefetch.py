@@ -379,6 +379,8 @@ def test_grader_bench_main_runs_the_lead_s_sections(grader_bench, tmp_path, fake
     assert "FIGURE gradings per GPU-hour" in printed and "prefetch {" in printed
     assert "FIGURE throughput quiet rule: spares' GPU warm-ups" in printed and "FIGURE backlog quiet rule" in printed
     assert "FIGURE throughput quiet rule replayed: " in printed and " timing phases, 0 beside another's, 0 spares'" in printed
+    assert "FIGURE throughput timing_inputs by problem (mean; prepare paused / not): 28: " in printed
     res = json.loads((out / "grader_bench.json").read_text())
+    assert sum(c["n"] for c in res["throughput"]["timing_inputs"]["28"].values()) == res["throughput"]["gradings"]
     assert res["backlog"][0]["dsls"][fake_dsl]["all_passed"] and res["throughput"]["all_passed"]
     assert "overhead" not in res

@@ -233,3 +233,25 @@ def test_a_hold_whose_yield_ask_raises_still_counts_itself_out(fake_dsl, cpu_con
     q.release(holder, pid=7)
     q.warmed(w)
     assert q.busy() == {"holds": {}, "pending": 0, "waiting": [], "warming": [], "untimed": 0}
+
+
+def test_grader_bench_splits_timing_inputs_by_problem_and_by_a_paused_prepare(repo_script):
+    """Where the yield arm's time went (h200-grader-bench-2-13): each problem's `timing_inputs`, apart for gradings
+    whose prepare paused, with the first pass's new segments where the grader recorded them (2.14)."""
+    bench = repo_script("benchmarks/grader_bench.py")
+
+    def row(problem: int, yields: int | None, inputs: float, segs: int | None = None) -> dict:
+        return {"problem": problem, "prefetch": None if yields is None else {"yields": yields},
+                "phases_s": {"worker.run.timing_inputs": inputs}, "first_pass_segments": segs}
+
+    tab = bench.inputs_table([row(1, 1, 1.8, 112), row(1, 1, 1.9, 110), row(1, 0, 0.02, 0), row(1, None, 0.1),
+                              row(28, 0, 0.025)])
+    assert list(tab) == [1, 28]
+    assert tab[1]["paused"]["n"] == 2 and tab[1]["paused"]["over_1s"] == 2 and abs(tab[1]["paused"]["mean_s"] - 1.85) < 1e-9
+    assert tab[1]["not_paused"]["n"] == 2 and tab[1]["not_paused"]["over_1s"] == 0
+    assert tab[1]["paused"]["first_pass_segments"] == [112, 110] and tab[1]["not_paused"]["first_pass_segments"] == [0]
+    assert "paused" not in tab[28]
+    (line,) = bench._inputs_line("FIGURE x", tab)
+    assert line.startswith("FIGURE x: 1: paused 1.850 s (2 of 2 over 1 s, first-pass segments [110, 112]) / not paused")
+    assert "; 28: not paused 0.025 s (0 of 1 over 1 s)" in line
+
