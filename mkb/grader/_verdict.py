@@ -121,6 +121,8 @@ class TimingFigures(_Figures):
     eager_input_sets_new_segments: int | None = None
     # segments the candidate loop's first set and first pass created (0: the worker had the blocks cached already)
     input_sets_first_pass_segments: int | None = None
+    input_set_bytes: int | None = None  # one set's bytes; with the budget (a quarter of the free memory) they set the capacity
+    input_budget_bytes: int | None = None
     run_phases_s: dict[str, float] | None = None
     tail_us_median: float | None = None
     floor_tail_us_median: float | None = None

@@ -102,6 +102,9 @@ def test_queue_verdicts_attribute_every_second(tmp_path, fake_dsl, cpu_config, s
         assert abs(ph[UNATTRIBUTED]) < 0.05 * v.wall_s + 0.01
         assert ph["kernel.compile"] == pytest.approx(v.stage("compile").figures["compile_s"], abs=1e-6)
         assert ph["kernel.timed"] == pytest.approx(v.stage("timing").figures["timed_s"], abs=1e-6)
+        t = v.stage("timing").typed  # what sets the timed sets' cost (grader 2.14): one set's bytes, the budget, the segments
+        assert t.input_set_bytes and t.input_set_bytes > 0 and t.input_sets_alive
+        assert t.input_budget_bytes is None and t.input_sets_first_pass_segments is None  # off the GPU: no budget, no allocator
     # the eager timing is measured once per session: the first grading has it, the second not
     assert "worker.trusted.eager_timing" in first.phases_s and "worker.trusted.eager_timing" not in second.phases_s
     details = _verdict_details(store)
