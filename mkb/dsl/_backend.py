@@ -41,6 +41,11 @@ class DslBackend(Protocol):
     - `environment(gpu_arch)` returns the environment variables the DSL needs for that GPU
       (e.g. CUTE_DSL_ARCH, CUDA_PATH), including the math-flag policy that is pinned to be the same
       for every backend (no fast-math approximations unless every backend uses them).
+    - `private_environment(scratch)` points every file the DSL writes while it compiles (its on-disk
+      compile cache) into a grading worker's own folder: a worker may write nowhere else once the
+      candidate can run (`mkb.grader._fs_guard`), and a cache shared between workers would let one
+      candidate replace another's compiled kernel. Added after v1, like `empty_kernel`: the grader
+      looks it up with `getattr(backend, "private_environment", None)`.
     - `import_modules` lists modules a grader worker imports ahead of the candidate (warm start).
     - `load(path)` imports a candidate `kernel.py` from a file and returns the module.
     - `static_rules(source)` checks the solution contract on the AST; an empty tuple means clean.
@@ -72,6 +77,8 @@ class DslBackend(Protocol):
     def version(self) -> str: ...
 
     def environment(self, gpu_arch: str) -> dict[str, str]: ...
+
+    def private_environment(self, scratch: Path) -> dict[str, str]: ...
 
     @property
     def import_modules(self) -> tuple[str, ...]: ...

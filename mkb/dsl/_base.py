@@ -29,6 +29,10 @@ class BackendBase:
     def environment(self, gpu_arch: str) -> dict[str, str]:  # pragma: no cover - each backend has its own
         raise NotImplementedError
 
+    def private_environment(self, scratch: Path) -> dict[str, str]:
+        """No files of its own beyond the temporary ones (TMPDIR, which the worker points at `scratch` itself)."""
+        return {}
+
     def _empty_kernel(self) -> Callable[[], None]:  # pragma: no cover - each backend has its own
         raise NotImplementedError
 

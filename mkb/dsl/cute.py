@@ -64,6 +64,11 @@ class CuteBackend(BackendBase):
             "MKB_MATH_POLICY": _common.MATH_POLICY_ID,
         }
 
+    def private_environment(self, scratch: Path) -> dict[str, str]:
+        # the JIT's file cache (default /tmp/<user>/cutlass_python_cache, shared by every process of the user and loaded
+        # by module hash: a candidate could plant another kernel's compiled IR there)
+        return {"CUTE_DSL_CACHE_DIR": str(Path(scratch) / "cute_dsl_cache")}
+
     @property
     def import_modules(self) -> tuple[str, ...]:
         return ("torch", "cuda.bindings.driver", "cutlass", "cutlass.cute", "cutlass.cute.runtime", "tvm_ffi")

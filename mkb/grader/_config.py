@@ -58,6 +58,9 @@ class GraderConfig:
     # loop): None = the hold's default (HOLD_US, 1 ms), as shipped; a number is an A/B arm (issue #10: at 1 ms the 60
     # empty windows cost ~0.07 s of GPU time per grading; whether their tails read the same behind 150 us is untested)
     floor_hold_us: float | None = None
+    # whether the worker may write only beneath its own scratch folder (and /dev) once its candidate can run
+    # (mkb.grader._fs_guard): "landlock" (where the kernel has it; the figures say when it does not), or "off"
+    fs_guard: str = "landlock"
 
     def __post_init__(self) -> None:
         if self.draws < 1 or self.n_timed < 1 or self.n_warmup < 0:
@@ -70,6 +73,8 @@ class GraderConfig:
             raise ValueError(f"GraderConfig.set_first_pass must be one of {SET_FIRST_PASSES}, not {self.set_first_pass!r}")
         if self.floor_hold_us is not None:
             self._check_floor_hold(self.floor_hold_us)
+        if self.fs_guard not in ("landlock", "off"):
+            raise ValueError(f"GraderConfig.fs_guard must be 'landlock' or 'off', not {self.fs_guard!r}")
         if self.sample_positions < 1:
             raise ValueError(f"GraderConfig.sample_positions must be >= 1, not {self.sample_positions}")
 

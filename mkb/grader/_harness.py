@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mkb.grader._config import GraderConfig
+from mkb.grader._fs_guard import SCRATCH_ENV, FsGuard, confine_writes
 from mkb.grader._guards import Guard, native_threads, python_threads
 from mkb.grader._prefetch import PREFETCH_FREE_FRACTION, plan_key, prefetch_fits
 from mkb.grader._problems import load_problem
@@ -51,6 +52,7 @@ _warm_copy_watch()  # before any guard snapshot (it imports torch._dynamo, which
 
 
 _WARM: dict[str, Any] = {}
+_FS_GUARD: list[FsGuard] = []  # this process's confinement, applied once before its first candidate import
 # integrity_stream when the device stays busy after the call's `end` this much longer than after an empty call
 SIDE_WORK_MIN_US = 25.0
 FLOOR_CALLS = 30  # empty calls before and after the timing loop whose tails are the side-work check's floor
@@ -492,6 +494,24 @@ _PREPARED: dict[str, Any] = {}
 _PREPARED_LOG: dict[str, Any] = {}
 
 
+def confine_candidate_writes(cfg: GraderConfig) -> FsGuard:
+    """Before a candidate is first imported in this process: from then on it (and what it starts) writes only beneath
+    the worker's scratch folder and /dev (mkb.grader._fs_guard); once per process, idempotent. Only in a grading
+    worker (`Worker` names its scratch folder in the environment): a harness run in some other process (a test's own)
+    must not confine that process for the rest of its life."""
+    if not _FS_GUARD:
+        import os
+
+        scratch = os.environ.get(SCRATCH_ENV)
+        if cfg.fs_guard == "off":
+            _FS_GUARD.append(FsGuard(False, 0, (), "GraderConfig.fs_guard is off"))
+        elif not scratch:
+            _FS_GUARD.append(FsGuard(False, 0, (), "not in a grading worker (no scratch folder named)"))
+        else:
+            _FS_GUARD.append(confine_writes([Path(scratch), Path("/dev")]))
+    return _FS_GUARD[0]
+
+
 def _release_device_memory(kind: str) -> None:
     """Hand a dropped plan's blocks back to the driver, so the grading in flight (another process) sees them free."""
     if kind == "cuda":
@@ -705,7 +725,8 @@ class _Evaluation:
         return CompileFigures(compile_s=self.compile_s, kernel_patterns=list(self.patterns) if self.patterns is not None else None,
                               trusted_s=self.trusted_s, trusted_phases_s=self.trusted_phases_s,
                               quiet_wait_s=dict(self.quiet.waited_s), warm_start_s=warm_start_steps(),
-                              hold_build=_WARM.get("hold_build"))
+                              hold_build=_WARM.get("hold_build"),
+                              fs_guard=_FS_GUARD[0].describe() if _FS_GUARD else None)
 
     # ---------------- compile: import + first call (the JIT build) ----------------
     def compile(self) -> None:
@@ -713,6 +734,7 @@ class _Evaluation:
         self.ph = _Phases()
         self.send({"type": "phase", "phase": "compile"})
         t0 = _perf()
+        confine_candidate_writes(self.cfg)
         try:
             module = self.backend.load(Path(self.job["kernel_path"]))
         except SystemExit as exc:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Callable
 
 from mkb.grader._backends import backend_from_target, backend_target
+from mkb.grader._fs_guard import SCRATCH_ENV
 from mkb.grader._protocol import LineReader, write_msg
 from mkb.grader._session import TrustedCache
 
@@ -377,9 +379,16 @@ class Worker:
         self._res_r, res_w = os.pipe()
         self.log = tempfile.NamedTemporaryFile(prefix=f"mkb-worker-{dsl}-", suffix=".log", delete=False)
         full_env = dict(os.environ if env is None else env)
+        backend = backend_from_target(backend_target(dsl), dsl)
         if device == "cuda" and gpu_arch:  # the DSL's environment (arch, CUDA path, math policy) before it is first imported
-            full_env.update(backend_from_target(backend_target(dsl), dsl).environment(gpu_arch))
+            full_env.update(backend.environment(gpu_arch))
             full_env["CUDA_VISIBLE_DEVICES"] = visible_device(self.device_key, env)
+        # the one folder the worker may write once its candidate can run (mkb.grader._fs_guard): its temporary files
+        # and the DSL's compile cache, private to this single-use worker and removed with it
+        self.scratch = tempfile.mkdtemp(prefix=f"mkb-worker-{dsl}-")
+        private = getattr(backend, "private_environment", None)  # added to the protocol after v1
+        full_env.update({SCRATCH_ENV: self.scratch, "TMPDIR": self.scratch,
+                         **(private(Path(self.scratch)) if private is not None else {})})
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, full_env.get("PYTHONPATH", "")) if p)
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         self.spawned_at = time.monotonic()
@@ -516,6 +525,8 @@ class Worker:
             rc = self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             rc = None
+        if rc is not None:  # dead: nothing of it writes there any more
+            shutil.rmtree(self.scratch, ignore_errors=True)
         if self.go_at is not None and rc is not None:  # still there after 30 s: its teardown stays in the record
             self.quiet.note("reaped", self.pid)
         if self._watcher is not threading.current_thread():
@@ -533,6 +544,7 @@ class Worker:
             os.unlink(self.log.name)
         except OSError:
             pass
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class WorkerPool:

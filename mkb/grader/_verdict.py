@@ -58,6 +58,9 @@ class CompileFigures(_Figures):
     # grader 2.11: how the warm start got the SM hold: "prebuilt" (the cubin NVRTC built before `imported`, step
     # hold_nvrtc_before_go, loaded) or "compiled (why not)" (as in 2.10)
     hold_build: str | None = None
+    # grader 2.14: what the worker could write from the candidate's import on (mkb.grader._fs_guard): "landlock abi N:
+    # writes only beneath <its scratch>, /dev", or "not confined: why" (a kernel without Landlock, or GraderConfig.fs_guard off)
+    fs_guard: str | None = None
     # graders 2.4-2.9 recorded two of those steps on their own; kept so their events read back whole, never written now
     profiler_init_at_warm_start_s: float | None = None
     first_use_at_warm_start_s: float | None = None

@@ -58,6 +58,9 @@ class FakeBackend:
     def environment(self, gpu_arch: str) -> dict[str, str]:
         return {}
 
+    def private_environment(self, scratch: Path) -> dict[str, str]:
+        return {"MKB_FAKE_DSL_CACHE": str(Path(scratch) / "fake_cache")}
+
     @property
     def import_modules(self) -> tuple[str, ...]:
         return ("torch",)

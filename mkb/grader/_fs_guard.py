@@ -1,0 +1,115 @@
+"""Keeps a grading worker from writing anywhere but its own scratch folder once candidate code may run (Landlock).
+
+Why: the worker runs the candidate as the grader's own user, so without this a kernel (its static forms caught, its
+obfuscated ones not) could write the event store (a forged verdict file), the grader's source or a DSL's shared
+compile cache (another candidate's kernel replaced at its next compile). pygpubench confines its kernels the same way
+(Landlock, the filesystem read-only but for scratch; anchors-bench). Reads, execution and device ioctls stay as they
+were: the rights restricted are only the ones that create, change or remove a file. The worker's inherited file
+descriptors (its result channel, its log) keep working: Landlock checks opens, not writes to what is open.
+
+The restriction is the process's and its children's (nvcc, ptxas) for good, so it is applied once, after the trusted
+phase and right before the candidate is first imported. Where the kernel has no Landlock (Linux < 5.13, or it is not
+enabled) the grading goes on and its figures say the writes were not confined (`CompileFigures.fs_guard`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# the Landlock syscalls have one number on every architecture (they came after the table was unified)
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+
+SCRATCH_ENV = "MKB_WORKER_SCRATCH"  # the worker's own folder (made by the parent, removed when the worker is reaped)
+
+# LANDLOCK_ACCESS_FS_* that create, change or remove a file, by the ABI version that introduced them
+_WRITE_FILE = 1 << 1
+_WRITES_V1 = _WRITE_FILE | sum(1 << b for b in range(4, 13))  # REMOVE_DIR .. MAKE_SYM
+_REFER = 1 << 13  # ABI 2: link or rename across folders
+_TRUNCATE = 1 << 14  # ABI 3
+
+
+def _writes(abi: int) -> int:
+    return _WRITES_V1 | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0)
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]  # the later fields (net, scope) are optional: not handled
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+@dataclass(frozen=True)
+class FsGuard:
+    """What the worker's process may write from the candidate's import on (recorded on the verdict)."""
+
+    confined: bool
+    abi: int  # the kernel's Landlock ABI version (0: none)
+    writable: tuple[str, ...]  # folders beneath which writes stay allowed (empty when not confined)
+    note: str = ""  # why it is not confined
+
+    def describe(self) -> str:
+        if self.confined:
+            return f"landlock abi {self.abi}: writes only beneath {', '.join(self.writable)}"
+        return f"not confined: {self.note}"
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 where there is none (not Linux, too old, or not enabled)."""
+    try:
+        libc = _libc()
+        v = libc.syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    except (OSError, AttributeError):
+        return 0
+    return max(0, int(v))
+
+
+def confine_writes(writable: list[Path] | tuple[Path, ...]) -> FsGuard:
+    """Restrict this process (and what it starts) to writing beneath `writable` from now on; never raises.
+
+    Each folder in `writable` that exists gets every write right; a missing one is skipped (named in the note)."""
+    abi = landlock_abi()
+    if abi < 1:
+        return FsGuard(False, 0, (), "no Landlock here (Linux >= 5.13 with landlock among its LSMs; a container's "
+                                     "seccomp profile may block its syscalls)")
+    libc = _libc()
+    handled = _writes(abi)
+    attr = _RulesetAttr(handled)
+    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
+                           ctypes.c_uint32(0))
+    if ruleset < 0:
+        return FsGuard(False, abi, (), f"landlock_create_ruleset failed: {os.strerror(ctypes.get_errno())}")
+    kept: list[str] = []
+    try:
+        for folder in writable:
+            try:
+                fd = os.open(str(folder), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                rule = _PathBeneathAttr(handled, fd)
+                if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
+                                ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
+                    return FsGuard(False, abi, (), f"landlock_add_rule({folder}) failed: {os.strerror(ctypes.get_errno())}")
+                kept.append(str(folder))
+            finally:
+                os.close(fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return FsGuard(False, abi, (), f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(ctypes.get_errno())}")
+        if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
+            return FsGuard(False, abi, (), f"landlock_restrict_self failed: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(ruleset)
+    return FsGuard(True, abi, tuple(kept))

@@ -1,0 +1,138 @@
+"""A grading worker writes nowhere but its own scratch folder once its candidate can run (mkb.grader._fs_guard):
+not the event store (a forged verdict), not the grader's source, not a compile cache another worker reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fake_dsl import TORCH_BASELINE_28
+from mkb.grader import GraderConfig, grade
+from mkb.grader._fs_guard import FsGuard, landlock_abi
+
+needs_landlock = pytest.mark.skipif(landlock_abi() < 1, reason="this kernel has no Landlock (Linux >= 5.13, enabled)")
+
+_CONFINED = r'''
+import json, subprocess, sys
+from pathlib import Path
+from mkb.grader._fs_guard import confine_writes
+
+ok, outside = Path(sys.argv[1]), Path(sys.argv[2])
+g = confine_writes([ok, Path("/dev"), Path(sys.argv[3])])
+res = {"confined": g.confined, "writable": list(g.writable), "describe": g.describe()}
+(ok / "inside.txt").write_text("x")
+open("/dev/null", "w").write("x")
+for name, target in (("outside", outside / "outside.txt"), ("rename_out", outside / "moved.txt")):
+    try:
+        if name == "outside":
+            target.write_text("x")
+        else:
+            (ok / "inside.txt").rename(target)
+        res[name] = "written"
+    except PermissionError:
+        res[name] = "denied"
+child = subprocess.run(["sh", "-c", f"echo x > {outside / 'child.txt'}"], capture_output=True)
+res["child_rc"] = child.returncode
+print(json.dumps(res))
+'''
+
+
+@needs_landlock
+def test_a_confined_process_and_its_children_write_only_beneath_the_folders_named(tmp_path):
+    ok, outside = tmp_path / "scratch", tmp_path / "store"
+    ok.mkdir()
+    outside.mkdir()
+    out = subprocess.run([sys.executable, "-c", _CONFINED, str(ok), str(outside), str(tmp_path / "missing")],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["confined"] and res["writable"] == [str(ok), "/dev"]  # a missing folder is skipped, not an error
+    assert res["describe"].startswith(f"landlock abi {landlock_abi()}: writes only beneath {ok}")
+    assert res["outside"] == "denied" and res["rename_out"] == "denied" and res["child_rc"] != 0
+    assert (ok / "inside.txt").exists() and list(outside.iterdir()) == []
+
+
+def test_without_landlock_nothing_is_confined_and_the_record_says_why(monkeypatch):
+    from mkb.grader import _fs_guard
+
+    monkeypatch.setattr(_fs_guard, "landlock_abi", lambda: 0)
+    g = _fs_guard.confine_writes([Path("/tmp")])
+    assert g == FsGuard(False, 0, (), g.note) and g.describe().startswith("not confined: no Landlock here")
+
+
+_WRITER = '''import os
+import torch
+
+
+def solve(x, residual, weight):
+    for target in {targets!r}:
+        try:
+            with open(target.replace("$SCRATCH", os.environ.get("MKB_WORKER_SCRATCH", "/nonexistent")), "w") as f:
+                f.write("forged")
+        except OSError:
+            pass
+    s = x.float() + residual.float()
+    return (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(x.dtype)
+'''
+
+
+@needs_landlock
+@pytest.mark.parametrize("guard", ["landlock", "off"])
+def test_a_kernel_cannot_forge_a_verdict_file_in_the_store_or_touch_the_grader_s_source(tmp_path, fake_dsl_runtime,
+                                                                                       cpu_config, store, guard):
+    forged = Path(store) / "forged-dataset" / "kind=verdict"
+    forged.mkdir(parents=True)
+    source = tmp_path / "mkb-copy"  # stands in for the grader's own files (writable by its user, like the store)
+    source.mkdir()
+    targets = [str(forged / "forged.parquet"), str(source / "_harness.py"), "$SCRATCH/mine.txt"]
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(_WRITER.format(targets=targets))
+    cfg = GraderConfig.from_dict({**cpu_config.as_dict(), "fs_guard": guard})
+    v = grade(28, fake_dsl_runtime, kernel, store=store, config=cfg)
+    assert v.passed, v.message  # the writes fail quietly (the kernel swallows the error); its answer is right
+    fig = v.stage("compile").typed.fs_guard
+    if guard == "landlock":
+        assert fig.startswith("landlock abi ") and "/dev" in fig, fig
+        assert list(forged.iterdir()) == [] and list(source.iterdir()) == []  # neither write landed
+    else:
+        assert fig == "not confined: GraderConfig.fs_guard is off"
+        assert (forged / "forged.parquet").read_text() == "forged"  # what the guard stops, shown with it off
+        assert (source / "_harness.py").exists()
+
+
+def test_the_worker_s_scratch_holds_its_temporary_files_and_dsl_cache_and_goes_with_it(fake_dsl, cpu_config):
+    from mkb.grader import Worker
+
+    w = Worker(fake_dsl, device="cpu")
+    try:
+        assert w.wait_ready(120), w.ready_error
+        scratch = Path(w.scratch)
+        assert scratch.is_dir() and scratch.name.startswith(f"mkb-worker-{fake_dsl}-")
+        env = Path(f"/proc/{w.pid}/environ").read_bytes().split(b"\0")
+        assert f"MKB_WORKER_SCRATCH={scratch}".encode() in env and f"TMPDIR={scratch}".encode() in env
+        assert f"MKB_FAKE_DSL_CACHE={scratch / 'fake_cache'}".encode() in env  # the backend's private_environment
+    finally:
+        w.kill()
+        w.cleanup()
+    assert not scratch.exists()
+
+
+def test_every_registered_backend_keeps_its_compile_cache_in_the_scratch_folder(tmp_path):
+    from mkb.dsl import get_backend
+    from mkb.dsl._registry import BACKENDS
+
+    for name in BACKENDS:
+        env = get_backend(name).private_environment(tmp_path)
+        assert all(Path(v).is_relative_to(tmp_path) for v in env.values()), (name, env)
+    assert get_backend("cute").private_environment(tmp_path) == {"CUTE_DSL_CACHE_DIR": str(tmp_path / "cute_dsl_cache")}
+
+
+def test_fs_guard_takes_landlock_or_off():
+    assert GraderConfig().fs_guard == "landlock" and GraderConfig(fs_guard="off").overrides() == {"fs_guard": "off"}
+    with pytest.raises(ValueError, match="fs_guard"):
+        GraderConfig(fs_guard="bwrap")
