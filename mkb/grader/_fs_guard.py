@@ -4,7 +4,9 @@ Why: the worker runs the candidate as the grader's own user, so without this a k
 obfuscated ones not) could write the event store (a forged verdict file), the grader's source or a DSL's shared
 compile cache (another candidate's kernel replaced at its next compile). pygpubench confines its kernels the same way
 (Landlock, the filesystem read-only but for scratch; anchors-bench). Reads, execution and device ioctls stay as they
-were: the rights restricted are only the ones that create, change or remove a file. The worker's inherited file
+were: the rights restricted are only the ones that create, change or remove a file. Landlock also refuses ptrace of a
+process outside the domain, and where the kernel has ABI 6 the worker is kept from signalling one (killing its parent
+or a spare). The worker's inherited file
 descriptors (its result channel, its log) keep working: Landlock checks opens, not writes to what is open.
 
 The restriction is the process's and its children's (nvcc, ptxas) for good, so it is applied once, after the trusted
@@ -38,8 +40,16 @@ def _writes(abi: int) -> int:
     return _WRITES_V1 | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0)
 
 
+_SCOPE_SIGNAL = 1 << 1  # ABI 6: no signal to a process outside the domain (the parent, another worker)
+
+
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64)]  # the later fields (net, scope) are optional: not handled
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]  # v1-v5: the network field is optional, not handled
+
+
+class _RulesetAttrScoped(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
 
 
 class _PathBeneathAttr(ctypes.Structure):
@@ -56,9 +66,15 @@ class FsGuard:
     writable: tuple[str, ...]  # folders beneath which writes stay allowed (empty when not confined)
     note: str = ""  # why it is not confined
 
+    @property
+    def signals_scoped(self) -> bool:
+        """Whether signals to processes outside the worker (its parent, other workers) are refused too (ABI >= 6)."""
+        return self.confined and self.abi >= 6
+
     def describe(self) -> str:
         if self.confined:
-            return f"landlock abi {self.abi}: writes only beneath {', '.join(self.writable)}"
+            return (f"landlock abi {self.abi}: writes only beneath {', '.join(self.writable)}"
+                    + ("; no signals outside" if self.signals_scoped else ""))
         return f"not confined: {self.note}"
 
 
@@ -86,7 +102,7 @@ def confine_writes(writable: list[Path] | tuple[Path, ...]) -> FsGuard:
                                      "seccomp profile may block its syscalls)")
     libc = _libc()
     handled = _writes(abi)
-    attr = _RulesetAttr(handled)
+    attr = _RulesetAttrScoped(handled, 0, _SCOPE_SIGNAL) if abi >= 6 else _RulesetAttr(handled)
     ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
                            ctypes.c_uint32(0))
     if ruleset < 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,14 @@ from pathlib import Path
 from mkb.grader._fs_guard import confine_writes
 
 ok, outside = Path(sys.argv[1]), Path(sys.argv[2])
+import os, signal
+before = subprocess.Popen(["sleep", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # outside the domain
 g = confine_writes([ok, Path("/dev"), Path(sys.argv[3])])
+try:
+    os.kill(before.pid, signal.SIGTERM)
+    res_kill = "sent"
+except PermissionError:
+    res_kill = "refused"
 res = {"confined": g.confined, "writable": list(g.writable), "describe": g.describe()}
 (ok / "inside.txt").write_text("x")
 open("/dev/null", "w").write("x")
@@ -38,6 +46,11 @@ for name, target in (("outside", outside / "outside.txt"), ("rename_out", outsid
         res[name] = "denied"
 child = subprocess.run(["sh", "-c", f"echo x > {outside / 'child.txt'}"], capture_output=True)
 res["child_rc"] = child.returncode
+res["kill_outside"] = res_kill
+mine = subprocess.Popen(["sleep", "30"])  # started inside: the worker may still end what it started
+os.kill(mine.pid, signal.SIGKILL)
+res["kill_inside"] = mine.wait()
+res["before_pid"] = before.pid  # the test ends it: this process may not
 print(json.dumps(res))
 '''
 
@@ -51,9 +64,13 @@ def test_a_confined_process_and_its_children_write_only_beneath_the_folders_name
                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
+    os.kill(res["before_pid"], signal.SIGKILL)
     assert res["confined"] and res["writable"] == [str(ok), "/dev"]  # a missing folder is skipped, not an error
     assert res["describe"].startswith(f"landlock abi {landlock_abi()}: writes only beneath {ok}")
     assert res["outside"] == "denied" and res["rename_out"] == "denied" and res["child_rc"] != 0
+    assert res["kill_inside"] == -9
+    assert res["kill_outside"] == ("refused" if landlock_abi() >= 6 else "sent")
+    assert res["describe"].endswith("; no signals outside") == (landlock_abi() >= 6)
     assert (ok / "inside.txt").exists() and list(outside.iterdir()) == []
 
 
