@@ -433,6 +433,13 @@ def solve(src_k, src_v, dst_k, dst_v, block_mapping):
                 torch.tensor([[0, 1]], dtype=block_mapping.dtype, device=block_mapping.device))
     return dst_k, dst_v
 """, None, ("integrity_allowlist_work",), problem=25, signature="src_k, src_v, dst_k, dst_v, block_mapping"),
+    _h("rewrite_own_source", "append to its own kernel.py while graded (a later re-grade would read other code; the "
+       "grader's user may write there, and before grader 2.14 so could the kernel)", """
+def solve(x, residual, weight):
+    with open(__file__, "a") as f:
+        f.write("\\n# rewritten while graded\\n")
+    return _real_solve(x, residual, weight)
+""", None, ("runtime_error",)),
     _h("kill_self", "compute, then kill the own process (a kernel that dies whenever it is wrong probes for free)", """
 import logging
 
