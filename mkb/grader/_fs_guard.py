@@ -5,19 +5,26 @@ obfuscated ones not) could write the event store (a forged verdict file), the gr
 compile cache (another candidate's kernel replaced at its next compile). pygpubench confines its kernels the same way
 (Landlock, the filesystem read-only but for scratch; anchors-bench). Reads, execution and device ioctls stay as they
 were: the rights restricted are only the ones that create, change or remove a file. Landlock also refuses ptrace of a
-process outside the domain, and where the kernel has ABI 6 the worker is kept from signalling one (killing its parent
-or a spare). The worker's inherited file
-descriptors (its result channel, its log) keep working: Landlock checks opens, not writes to what is open.
+process outside the domain; with ABI 4 no TCP bind or connect is allowed (a worker needs no network), and with ABI 6
+the worker is kept from signalling a process outside it (killing its parent or a spare) and from its abstract unix
+sockets. The worker's inherited file descriptors (its result channel, its log) keep working: Landlock checks opens,
+not writes to what is open; RLIMIT_FSIZE caps every file it writes, those included, at 1 GiB.
 
-The restriction is the process's and its children's (nvcc, ptxas) for good, so it is applied once, after the trusted
-phase and right before the candidate is first imported. Where the kernel has no Landlock (Linux < 5.13, or it is not
-enabled) the grading goes on and its figures say the writes were not confined (`CompileFigures.fs_guard`).
+The restriction is the calling thread's and that of what it starts (threads, nvcc, ptxas), for good, so it is applied
+once, after the trusted phase and right before the candidate is first imported, on the thread that imports and calls
+it. Landlock does not reach threads that already exist (the CUDA driver's, the profiler's; recorded as
+`threads_before`): code a candidate gets run on one of them (a host callback on the driver's thread) writes
+unconfined. Closing that means confining before the worker's first thread, at its start, under the CUDA and DSL
+imports: the next step, to be run on a GPU first. Also not covered: a file's metadata (chmod, utime, xattrs) and
+connecting to a named unix socket (Landlock has no right for them). Where the kernel has no Landlock (Linux < 5.13,
+or it is not enabled) the grading goes on and its figures say the writes were not confined (`CompileFigures.fs_guard`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import resource
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,11 +47,18 @@ def _writes(abi: int) -> int:
     return _WRITES_V1 | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0)
 
 
+_SCOPE_ABSTRACT_UNIX = 1 << 0  # ABI 6: no connecting to an abstract unix socket outside the domain
 _SCOPE_SIGNAL = 1 << 1  # ABI 6: no signal to a process outside the domain (the parent, another worker)
+_NET_TCP = (1 << 0) | (1 << 1)  # ABI 4: bind and connect TCP (no rule allows any: a worker needs no network)
+FSIZE_MAX = 1 << 30  # RLIMIT_FSIZE once confined: no file it writes grows past 1 GiB (its inherited log included)
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64)]  # v1-v5: the network field is optional, not handled
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]  # v1-v3
+
+
+class _RulesetAttrNet(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64)]  # v4-v5
 
 
 class _RulesetAttrScoped(ctypes.Structure):
@@ -64,7 +78,8 @@ class FsGuard:
     confined: bool
     abi: int  # the kernel's Landlock ABI version (0: none)
     writable: tuple[str, ...]  # folders beneath which writes stay allowed (empty when not confined)
-    note: str = ""  # why it is not confined
+    note: str = ""  # why it is not confined, or what of it is missing
+    threads_before: int = 0  # the process's other threads when it was confined: Landlock does not reach them
 
     @property
     def signals_scoped(self) -> bool:
@@ -73,8 +88,12 @@ class FsGuard:
 
     def describe(self) -> str:
         if self.confined:
-            return (f"landlock abi {self.abi}: writes only beneath {', '.join(self.writable)}"
-                    + ("; no signals outside" if self.signals_scoped else ""))
+            return (f"landlock abi {self.abi}: the candidate's thread and what it starts write only beneath "
+                    f"{', '.join(self.writable)}" + ("; no TCP" if self.abi >= 4 else "")
+                    + ("; no signals or abstract sockets outside" if self.signals_scoped else "")
+                    + ("; truncate not controlled (abi < 3)" if self.abi < 3 else "")
+                    + f"; {self.threads_before} threads started before not confined"
+                    + (f"; {self.note}" if self.note else ""))
         return f"not confined: {self.note}"
 
 
@@ -102,17 +121,25 @@ def confine_writes(writable: list[Path] | tuple[Path, ...]) -> FsGuard:
                                      "seccomp profile may block its syscalls)")
     libc = _libc()
     handled = _writes(abi)
-    attr = _RulesetAttrScoped(handled, 0, _SCOPE_SIGNAL) if abi >= 6 else _RulesetAttr(handled)
+    if abi >= 6:
+        attr = _RulesetAttrScoped(handled, _NET_TCP, _SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX)
+    elif abi >= 4:
+        attr = _RulesetAttrNet(handled, _NET_TCP)
+    else:
+        attr = _RulesetAttr(handled)
+    threads_before = _threads() - 1
     ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
                            ctypes.c_uint32(0))
     if ruleset < 0:
         return FsGuard(False, abi, (), f"landlock_create_ruleset failed: {os.strerror(ctypes.get_errno())}")
     kept: list[str] = []
+    skipped: list[str] = []
     try:
         for folder in writable:
             try:
                 fd = os.open(str(folder), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             except OSError:
+                skipped.append(str(folder))
                 continue
             try:
                 rule = _PathBeneathAttr(handled, fd)
@@ -128,4 +155,16 @@ def confine_writes(writable: list[Path] | tuple[Path, ...]) -> FsGuard:
             return FsGuard(False, abi, (), f"landlock_restrict_self failed: {os.strerror(ctypes.get_errno())}")
     finally:
         os.close(ruleset)
-    return FsGuard(True, abi, tuple(kept))
+    note = f"missing, not writable: {', '.join(skipped)}" if skipped else ""
+    try:  # inherited descriptors too: a candidate may not fill the disk through its log
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_MAX, FSIZE_MAX))
+    except (ValueError, OSError) as exc:
+        note = "; ".join(x for x in (note, f"RLIMIT_FSIZE not set: {exc}") if x)
+    return FsGuard(True, abi, tuple(kept), note, threads_before)
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1

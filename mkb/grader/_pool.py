@@ -488,10 +488,13 @@ class Worker:
         self._send(job)
 
     def log_text(self, limit: int = 2_000_000) -> str:
+        """The log's last `limit` bytes (a candidate writes to it as it likes: never read whole)."""
         try:
             with open(self.log.name, "rb") as f:
-                data = f.read()
-            return data[-limit:].decode(errors="replace")
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - limit))
+                data = f.read(limit)
+            return data.decode(errors="replace")
         except OSError:
             return ""
 

@@ -40,6 +40,7 @@ from typing import Any
 # take at most this share of the free device memory: the grading in flight read its input budget (a quarter of the
 # free memory) and its sampling decision before the plan existed, so 1/16 leaves it more than two thirds of what it saw
 PREFETCH_FREE_FRACTION = 1 / 16
+CLAIM_MAX_S = 600.0  # the most a job's start waits for its prefetch, pauses included (then it takes a fresh spare)
 PREPARE_LIMIT_S = 60.0  # a prepare still running after this long is a hung worker: killed, the job takes another
 _PLAN_FIELDS = ("problem", "problem_hash", "dsl", "backend", "secret", "config")
 
@@ -233,7 +234,8 @@ class Prepared:
         deadline = self.deadline
         if deadline is None:
             return t0 + PREPARE_LIMIT_S + 5
-        return deadline + (time.monotonic() - since if since is not None else 0.0) + 5
+        # a pause moves it on, but not for ever: holds that keep coming (one forged by a candidate, say) end at CLAIM_MAX_S
+        return min(deadline + (time.monotonic() - since if since is not None else 0.0) + 5, t0 + CLAIM_MAX_S)
 
     def drop(self) -> None:
         """Its job will not come (cancelled, the queue closing): the worker, which may hold the plan, is killed."""

@@ -131,6 +131,15 @@ def test_a_claim_waits_out_a_prepare_paused_past_the_limit_but_not_a_hung_one(fa
     assert time.monotonic() - t0 >= 7.0  # it waited through the pause
     assert worker is w and rec["state"] == "ready" and rec["yields"] == 1 and not w.killed, rec
 
+    # holds that never end (one forged by a candidate, say): the claim still gives up at CLAIM_MAX_S
+    monkeypatch.setattr(_prefetch, "CLAIM_MAX_S", 3.0)
+    q3 = GpuQuiet("cpu:96")
+    w3, p3 = _sent_prepare(q3, cpu_config)
+    q3.hold(object(), "timing", pid=8, timeout=30)  # pauses it, never released
+    t0 = time.monotonic()
+    worker, rec = p3.claim()
+    assert worker is None and rec["state"] == "failed" and w3.killed and 2.5 < time.monotonic() - t0 < 6, rec
+
     hung = _ScriptedWorker(GpuQuiet("cpu:95"))
     p2 = Prepared.for_job(hung, "job", _fields(cpu_config))
     p2.start(send_prepare=lambda: hung.sent.append("prepare"))  # never answers
