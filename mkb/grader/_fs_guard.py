@@ -54,16 +54,15 @@ FSIZE_MAX = 1 << 30  # RLIMIT_FSIZE once confined: no file it writes grows past 
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64)]  # v1-v3
+    """struct landlock_ruleset_attr; a kernel reads only the fields its ABI knows, so the size passed is cut to them
+    (`_ruleset_size`): handled_access_net came with ABI 4, scoped with ABI 6."""
 
-
-class _RulesetAttrNet(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64)]  # v4-v5
-
-
-class _RulesetAttrScoped(ctypes.Structure):
     _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
                 ("scoped", ctypes.c_uint64)]
+
+
+def _ruleset_size(abi: int) -> int:
+    return 8 * (3 if abi >= 6 else 2 if abi >= 4 else 1)
 
 
 class _PathBeneathAttr(ctypes.Structure):
@@ -121,14 +120,9 @@ def confine_writes(writable: list[Path] | tuple[Path, ...]) -> FsGuard:
                                      "seccomp profile may block its syscalls)")
     libc = _libc()
     handled = _writes(abi)
-    if abi >= 6:
-        attr = _RulesetAttrScoped(handled, _NET_TCP, _SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX)
-    elif abi >= 4:
-        attr = _RulesetAttrNet(handled, _NET_TCP)
-    else:
-        attr = _RulesetAttr(handled)
+    attr = _RulesetAttr(handled, _NET_TCP if abi >= 4 else 0, (_SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX) if abi >= 6 else 0)
     threads_before = _threads() - 1
-    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
+    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(_ruleset_size(abi)),
                            ctypes.c_uint32(0))
     if ruleset < 0:
         return FsGuard(False, abi, (), f"landlock_create_ruleset failed: {os.strerror(ctypes.get_errno())}")

@@ -8,9 +8,11 @@ import os
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -49,27 +51,38 @@ def _num(text: str) -> float | None:
         return None
 
 
-def _from_pynvml(phys: int) -> dict | None:
+def _nvml(phys: int, read: Callable[[Any, Any], _T]) -> _T | None:
+    """`read(pynvml, handle)` for physical device `phys` between nvmlInit and nvmlShutdown (shut down whatever `read`
+    did); None where pynvml is missing or any call fails. NVML creates no CUDA context."""
     try:
         import pynvml  # type: ignore[import-not-found]
     except ImportError:
         return None
     try:
         pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(phys)
-        out = {
-            "sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
-            "mem_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)),
-            "max_sm_clock_mhz": float(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
-            "temperature_c": float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
-            "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
-            "driver": str(pynvml.nvmlSystemGetDriverVersion()),
-            "source": "pynvml",
-        }
-        pynvml.nvmlShutdown()
-        return out
     except Exception:
         return None
+    try:
+        return read(pynvml, pynvml.nvmlDeviceGetHandleByIndex(phys))
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _from_pynvml(phys: int) -> dict | None:
+    return _nvml(phys, lambda nv, h: {
+        "sm_clock_mhz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+        "mem_clock_mhz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
+        "max_sm_clock_mhz": float(nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM)),
+        "temperature_c": float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+        "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+        "driver": str(nv.nvmlSystemGetDriverVersion()),
+        "source": "pynvml",
+    })
 
 
 def _from_smi(phys: int) -> dict | None:
@@ -221,26 +234,12 @@ def query_gpu(index: int = 0) -> tuple[str, tuple[int, int]] | None:
 
 
 def _query_nvml(index: int) -> tuple[str, tuple[int, int]] | None:
-    try:
-        import pynvml  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(index))
-        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-        name = pynvml.nvmlDeviceGetName(h)
+    def read(nv: Any, h: Any) -> tuple[str, tuple[int, int]]:
+        major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
+        name = nv.nvmlDeviceGetName(h)
         return (name.decode() if isinstance(name, bytes) else str(name)), (int(major), int(minor))
-    except Exception:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+
+    return _nvml(_physical_index(index), read)
 
 
 def _query_smi(index: int) -> tuple[str, tuple[int, int]] | None:
