@@ -41,6 +41,7 @@ def test_concurrent_compiles_are_paused_while_one_times_and_failures_are_recorde
     store, beats = tmp_path / "ds", tmp_path / "beats"
     monkeypatch.setenv("MKB_FAKE_HEARTBEAT", str(beats))
     monkeypatch.setenv("MKB_FAKE_BUSY_UNTIL_ROWS_IN", str(store / "kind=torch_compile"))  # a slow start cannot dodge it
+    monkeypatch.setenv("MKB_FAKE_DYNAMO_AFTER_BEAT", "1")  # nor a slow start of the busy one
     rep = _run(store, ["25", "28", "29", "36"], {"25": "busy", "28": "dynamo", "29": "raise", "36": "wrong"},
                monkeypatch, concurrency=4)
     by = {r["problem"]: r for r in _rows(store)}
