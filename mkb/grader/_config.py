@@ -9,6 +9,8 @@ from typing import Any
 # GraderConfig.set_first_pass's values: mkb.measure.FIRST_PASSES with None spelled "none" (kept here, torch-free; a
 # test holds the two together)
 SET_FIRST_PASSES = ("allocate", "make", "none")
+FS_GUARDS = ("landlock", "required", "off")  # GraderConfig.fs_guard (mkb.grader._fs_guard)
+GROUP_GUARDS = ("seccomp", "off")  # GraderConfig.group_guard (mkb.grader._group_guard)
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,13 @@ class GraderConfig:
     # empty windows cost ~0.07 s of GPU time per grading; whether their tails read the same behind 150 us is untested)
     floor_hold_us: float | None = None
     # whether the worker may write only beneath its own scratch folder (and /dev) once its candidate can run
-    # (mkb.grader._fs_guard): "landlock" (where the kernel has it; the figures say when it does not), or "off"
+    # (mkb.grader._fs_guard): "landlock" (where the kernel has it; the figures say when it does not), "required" (a
+    # grading whose worker could not be confined fails as infra_error, for a user who would rather not grade unconfined),
+    # or "off"
     fs_guard: str = "landlock"
+    # whether what a candidate starts is kept in the worker's process group, so that killing the group ends it
+    # (mkb.grader._group_guard): "seccomp" (setsid and setpgid refused; the figures say where it could not be), or "off"
+    group_guard: str = "seccomp"
 
     def __post_init__(self) -> None:
         if self.draws < 1 or self.n_timed < 1 or self.n_warmup < 0:
@@ -73,8 +80,10 @@ class GraderConfig:
             raise ValueError(f"GraderConfig.set_first_pass must be one of {SET_FIRST_PASSES}, not {self.set_first_pass!r}")
         if self.floor_hold_us is not None:
             self._check_floor_hold(self.floor_hold_us)
-        if self.fs_guard not in ("landlock", "off"):
-            raise ValueError(f"GraderConfig.fs_guard must be 'landlock' or 'off', not {self.fs_guard!r}")
+        if self.fs_guard not in FS_GUARDS:
+            raise ValueError(f"GraderConfig.fs_guard must be one of {FS_GUARDS}, not {self.fs_guard!r}")
+        if self.group_guard not in GROUP_GUARDS:
+            raise ValueError(f"GraderConfig.group_guard must be one of {GROUP_GUARDS}, not {self.group_guard!r}")
         if self.sample_positions < 1:
             raise ValueError(f"GraderConfig.sample_positions must be >= 1, not {self.sample_positions}")
 

@@ -10,12 +10,13 @@ the worker is kept from signalling a process outside it (killing its parent or a
 sockets. The worker's inherited file descriptors (its result channel, its log) keep working: Landlock checks opens,
 not writes to what is open; RLIMIT_FSIZE caps every file it writes, those included, at 1 GiB.
 
-The restriction is the calling thread's and that of what it starts (threads, nvcc, ptxas), for good, so it is applied
-once, after the trusted phase and right before the candidate is first imported, on the thread that imports and calls
-it. Landlock does not reach threads that already exist (the CUDA driver's, the profiler's; recorded as
-`threads_before`): code a candidate gets run on one of them (a host callback on the driver's thread) writes
-unconfined. Closing that means confining before the worker's first thread, at its start, under the CUDA and DSL
-imports: the next step, to be run on a GPU first. Also not covered: a file's metadata (chmod, utime, xattrs) and
+The restriction is for good, so it is applied once, after the trusted phase and right before the candidate is first
+imported, on the thread that imports and calls it. From ABI 8 (Linux 7.0) it reaches every thread of the process
+(LANDLOCK_RESTRICT_SELF_TSYNC); below, only the calling thread and what it starts (threads, nvcc, ptxas): threads
+that already exist (the CUDA driver's, the profiler's; recorded as `threads_before`) stay unconfined there, and code
+a candidate gets run on one of them (a host callback on the driver's thread) writes unconfined. Closing that on older
+kernels means confining before the worker's first thread, at its start, under the CUDA and DSL imports: to be run on
+a GPU first. Also not covered: a file's metadata (chmod, utime, xattrs) and
 connecting to a named unix socket (Landlock has no right for them). Where the kernel has no Landlock (Linux < 5.13,
 or it is not enabled) the grading goes on and its figures say the writes were not confined (`CompileFigures.fs_guard`).
 """
@@ -41,6 +42,7 @@ _WRITE_FILE = 1 << 1
 _WRITES_V1 = _WRITE_FILE | sum(1 << b for b in range(4, 13))  # REMOVE_DIR .. MAKE_SYM
 _REFER = 1 << 13  # ABI 2: link or rename across folders
 _TRUNCATE = 1 << 14  # ABI 3
+_RESTRICT_SELF_TSYNC = 1 << 3  # ABI 8: landlock_restrict_self applies to every thread of the process
 
 
 def _writes(abi: int) -> int:
@@ -78,7 +80,8 @@ class FsGuard:
     abi: int  # the kernel's Landlock ABI version (0: none)
     writable: tuple[str, ...]  # folders beneath which writes stay allowed (empty when not confined)
     note: str = ""  # why it is not confined, or what of it is missing
-    threads_before: int = 0  # the process's other threads when it was confined: Landlock does not reach them
+    threads_before: int = 0  # the process's other threads when it was confined
+    all_threads: bool = False  # whether those were confined too (ABI >= 8, TSYNC); below, Landlock does not reach them
 
     @property
     def signals_scoped(self) -> bool:
@@ -91,7 +94,8 @@ class FsGuard:
                     f"{', '.join(self.writable)}" + ("; no TCP" if self.abi >= 4 else "")
                     + ("; no signals or abstract sockets outside" if self.signals_scoped else "")
                     + ("; truncate not controlled (abi < 3)" if self.abi < 3 else "")
-                    + f"; {self.threads_before} threads started before not confined"
+                    + (f"; the {self.threads_before} threads started before too" if self.all_threads
+                       else f"; {self.threads_before} threads started before not confined")
                     + (f"; {self.note}" if self.note else ""))
         return f"not confined: {self.note}"
 
@@ -108,6 +112,11 @@ def landlock_abi() -> int:
     except (OSError, AttributeError):
         return 0
     return max(0, int(v))
+
+
+def restrict_flags(abi: int) -> int:
+    """landlock_restrict_self's flags for a kernel of `abi`: every thread where the kernel can (ABI >= 8)."""
+    return _RESTRICT_SELF_TSYNC if abi >= 8 else 0
 
 
 def confine_writes(writable: list[Path] | tuple[Path, ...]) -> FsGuard:
@@ -145,7 +154,7 @@ def confine_writes(writable: list[Path] | tuple[Path, ...]) -> FsGuard:
                 os.close(fd)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             return FsGuard(False, abi, (), f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(ctypes.get_errno())}")
-        if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
+        if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(restrict_flags(abi))) < 0:
             return FsGuard(False, abi, (), f"landlock_restrict_self failed: {os.strerror(ctypes.get_errno())}")
     finally:
         os.close(ruleset)
@@ -154,7 +163,7 @@ def confine_writes(writable: list[Path] | tuple[Path, ...]) -> FsGuard:
         resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_MAX, FSIZE_MAX))
     except (ValueError, OSError) as exc:
         note = "; ".join(x for x in (note, f"RLIMIT_FSIZE not set: {exc}") if x)
-    return FsGuard(True, abi, tuple(kept), note, threads_before)
+    return FsGuard(True, abi, tuple(kept), note, threads_before, all_threads=bool(restrict_flags(abi)))
 
 
 def _threads() -> int:

@@ -22,6 +22,7 @@ import torch
 
 from mkb.grader._config import GraderConfig
 from mkb.grader._fs_guard import SCRATCH_ENV, FsGuard, confine_writes
+from mkb.grader._group_guard import GroupGuard, keep_in_group
 from mkb.grader._guards import Guard, native_threads, python_threads
 from mkb.grader._prefetch import PREFETCH_FREE_FRACTION, plan_key, prefetch_fits
 from mkb.grader._problems import load_problem
@@ -52,7 +53,9 @@ _warm_copy_watch()  # before any guard snapshot (it imports torch._dynamo, which
 
 
 _WARM: dict[str, Any] = {}
-_FS_GUARD: list[FsGuard] = []  # this process's confinement, applied once before its first candidate import
+# this process's confinement (writes, process group), applied once before its first candidate import
+_FS_GUARD: list[FsGuard] = []
+_GROUP_GUARD: list[GroupGuard] = []
 # integrity_stream when the device stays busy after the call's `end` this much longer than after an empty call
 SIDE_WORK_MIN_US = 25.0
 FLOOR_CALLS = 30  # empty calls before and after the timing loop whose tails are the side-work check's floor
@@ -494,22 +497,31 @@ _PREPARED: dict[str, Any] = {}
 _PREPARED_LOG: dict[str, Any] = {}
 
 
-def confine_candidate_writes(cfg: GraderConfig) -> FsGuard:
+def confine_candidate(cfg: GraderConfig) -> tuple[FsGuard, GroupGuard]:
     """Before a candidate is first imported in this process: from then on it (and what it starts) writes only beneath
-    the worker's scratch folder and /dev (mkb.grader._fs_guard); once per process, idempotent. Only in a grading
-    worker (`Worker` names its scratch folder in the environment): a harness run in some other process (a test's own)
-    must not confine that process for the rest of its life."""
+    the worker's scratch folder and /dev (mkb.grader._fs_guard) and stays in the worker's process group
+    (mkb.grader._group_guard); once per process, idempotent. Only in a grading worker (`Worker` names its scratch
+    folder in the environment): a harness run in some other process (a test's own) must not confine that process for
+    the rest of its life. Raises `Fail(infra_error)` where `cfg.fs_guard` is "required" and Landlock did not confine
+    (before the candidate exists: not its fault)."""
     if not _FS_GUARD:
         import os
 
         scratch = os.environ.get(SCRATCH_ENV)
-        if cfg.fs_guard == "off":
-            _FS_GUARD.append(FsGuard(False, 0, (), "GraderConfig.fs_guard is off"))
-        elif not scratch:
+        if not scratch:
             _FS_GUARD.append(FsGuard(False, 0, (), "not in a grading worker (no scratch folder named)"))
+            _GROUP_GUARD.append(GroupGuard(False, "not in a grading worker (no scratch folder named)"))
         else:
-            _FS_GUARD.append(confine_writes([Path(scratch), Path("/dev")]))
-    return _FS_GUARD[0]
+            _FS_GUARD.append(FsGuard(False, 0, (), "GraderConfig.fs_guard is off") if cfg.fs_guard == "off"
+                             else confine_writes([Path(scratch), Path("/dev")]))
+            _GROUP_GUARD.append(GroupGuard(False, "GraderConfig.group_guard is off") if cfg.group_guard == "off"
+                                else keep_in_group())
+    fs = _FS_GUARD[0]
+    if cfg.fs_guard == "required" and not fs.confined:
+        raise Fail("compile", "infra_error", f"GraderConfig.fs_guard is 'required' and this worker's writes could not be "
+                   f"confined ({fs.describe()})\nhint: grade on Linux >= 5.13 with landlock among its LSMs (lsm= on the "
+                   f"kernel command line), or pass fs_guard='landlock' to grade unconfined and have it recorded")
+    return fs, _GROUP_GUARD[0]
 
 
 def _release_device_memory(kind: str) -> None:
@@ -726,7 +738,8 @@ class _Evaluation:
                               trusted_s=self.trusted_s, trusted_phases_s=self.trusted_phases_s,
                               quiet_wait_s=dict(self.quiet.waited_s), warm_start_s=warm_start_steps(),
                               hold_build=_WARM.get("hold_build"),
-                              fs_guard=_FS_GUARD[0].describe() if _FS_GUARD else None)
+                              fs_guard=_FS_GUARD[0].describe() if _FS_GUARD else None,
+                              group_guard=_GROUP_GUARD[0].describe() if _GROUP_GUARD else None)
 
     # ---------------- compile: import + first call (the JIT build) ----------------
     def compile(self) -> None:
@@ -734,7 +747,7 @@ class _Evaluation:
         self.ph = _Phases()
         self.send({"type": "phase", "phase": "compile"})
         t0 = _perf()
-        confine_candidate_writes(self.cfg)
+        confine_candidate(self.cfg)
         try:
             module = self.backend.load(Path(self.job["kernel_path"]))
         except SystemExit as exc:
