@@ -45,12 +45,14 @@ import dataclasses
 import concurrent.futures
 import json
 import os
+import re
 import statistics
 import sys
 import tarfile
 import threading
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +100,16 @@ def row(c: Case, v) -> dict:
             "candidate_median_us": v.candidate_median_us, "eager_median_us": v.eager_median_us, "speedup": v.speedup,
             "cv": t.figures.get("cv") if t else None, "wall_s": v.wall_s, "overhead_s": v.overhead_s,
             "queue_wait_s": v.queue_wait_s, "evaluation_id": v.evaluation_id, "message": (v.message or "")[:800],
-            "host_syncs": host_syncs(v.stage("integrity").figures if v.stage("integrity") else None)}
+            "host_syncs": host_syncs(v.stage("integrity").figures if v.stage("integrity") else None),
+            "guards": guards_of(v.stage("compile").figures if v.stage("compile") else None)}
+
+
+def guards_of(compile_figures: dict | None) -> str | None:
+    """What the worker's guards were (grader 2.14+), its scratch folder's path left out so that workers compare."""
+    if not compile_figures or compile_figures.get("fs_guard") is None:
+        return None
+    fs = re.sub(r"/\S*mkb-worker-[^,; ]*", "<scratch>", compile_figures["fs_guard"])
+    return f"{fs} | {compile_figures.get('syscall_guard')}"
 
 
 def host_syncs(integrity: dict | None) -> int | None:
@@ -192,6 +203,9 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
     must_pass = {c.key for c in all_cases if c.expected is None}
     summary["result"]["serial_must_pass_passed"] = _all_or_none(v["passed"] for k, v in summary["serial"].items()
                                                                 if job_of(k) in must_pass)
+    # how every grading's worker was confined: one line each, expected to be one and the same line
+    summary["result"]["guards"] = dict(Counter(r.get("guards") or "not recorded"
+                                               for r in [*summary["serial"].values(), *summary["queue"].values()]))
     summary["pooled"] = pooled(summary, must_pass)
     summary["result"]["medians_pooled_compared"] = sum(r["a_vs_b"] is not None for r in summary["pooled"])
     summary["result"]["medians_pooled_within_0_5pct"] = sum(r["within_tol"] for r in summary["pooled"])

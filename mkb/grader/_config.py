@@ -10,7 +10,7 @@ from typing import Any
 # test holds the two together)
 SET_FIRST_PASSES = ("allocate", "make", "none")
 FS_GUARDS = ("landlock", "required", "off")  # GraderConfig.fs_guard (mkb.grader._fs_guard)
-GROUP_GUARDS = ("seccomp", "off")  # GraderConfig.group_guard (mkb.grader._group_guard)
+SYSCALL_GUARDS = ("seccomp", "off")  # GraderConfig.syscall_guard (mkb.grader._syscall_guard)
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,10 @@ class GraderConfig:
     # grading whose worker could not be confined fails as infra_error, for a user who would rather not grade unconfined),
     # or "off"
     fs_guard: str = "landlock"
-    # whether what a candidate starts is kept in the worker's process group, so that killing the group ends it
-    # (mkb.grader._group_guard): "seccomp" (setsid and setpgid refused; the figures say where it could not be), or "off"
-    group_guard: str = "seccomp"
+    # whether the candidate is refused the calls that would let it outlive, leave or reach past its worker (a new
+    # session or process group, sockets, ptrace, io_uring; mkb.grader._syscall_guard): "seccomp" (the figures say where
+    # it could not be installed), or "off"
+    syscall_guard: str = "seccomp"
 
     def __post_init__(self) -> None:
         if self.draws < 1 or self.n_timed < 1 or self.n_warmup < 0:
@@ -82,8 +83,8 @@ class GraderConfig:
             self._check_floor_hold(self.floor_hold_us)
         if self.fs_guard not in FS_GUARDS:
             raise ValueError(f"GraderConfig.fs_guard must be one of {FS_GUARDS}, not {self.fs_guard!r}")
-        if self.group_guard not in GROUP_GUARDS:
-            raise ValueError(f"GraderConfig.group_guard must be one of {GROUP_GUARDS}, not {self.group_guard!r}")
+        if self.syscall_guard not in SYSCALL_GUARDS:
+            raise ValueError(f"GraderConfig.syscall_guard must be one of {SYSCALL_GUARDS}, not {self.syscall_guard!r}")
         if self.sample_positions < 1:
             raise ValueError(f"GraderConfig.sample_positions must be >= 1, not {self.sample_positions}")
 

@@ -101,7 +101,28 @@ class FsGuard:
 
 
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long  # a file descriptor or -1; the default c_int would do, the type says it
+    return libc
+
+
+class LandlockUnavailable(RuntimeError):
+    """`GraderConfig.fs_guard="required"` on a kernel without Landlock: raised before any worker starts, so no
+    grading (and no model submission) is spent on a host that cannot confine one."""
+
+
+def require_landlock() -> int:
+    """The kernel's Landlock ABI; raises LandlockUnavailable where there is none."""
+    abi = landlock_abi()
+    if abi < 1:
+        import platform
+
+        raise LandlockUnavailable(
+            f"GraderConfig.fs_guard is 'required' and this kernel ({platform.release()}) has no Landlock, so a grading "
+            "worker's writes cannot be confined\nhint: grade on Linux >= 5.13 with landlock among its LSMs (lsm= on the "
+            "kernel command line; a container's seccomp profile may block its syscalls), or pass fs_guard='landlock' to "
+            "grade unconfined and have each verdict say so")
+    return abi
 
 
 def landlock_abi() -> int:
@@ -154,16 +175,23 @@ def confine_writes(writable: list[Path] | tuple[Path, ...]) -> FsGuard:
                 os.close(fd)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             return FsGuard(False, abi, (), f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(ctypes.get_errno())}")
-        if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(restrict_flags(abi))) < 0:
+        flags = restrict_flags(abi)
+        if flags and libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(flags)) < 0:
+            tsync_error = os.strerror(ctypes.get_errno())  # then the calling thread alone, as below ABI 8, and said
+            flags = 0
+        else:
+            tsync_error = ""
+        if not flags and libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
             return FsGuard(False, abi, (), f"landlock_restrict_self failed: {os.strerror(ctypes.get_errno())}")
     finally:
         os.close(ruleset)
-    note = f"missing, not writable: {', '.join(skipped)}" if skipped else ""
+    note = "; ".join(x for x in (f"missing, not writable: {', '.join(skipped)}" if skipped else "",
+                                 f"all-threads restriction (TSYNC) failed: {tsync_error}" if tsync_error else "") if x)
     try:  # inherited descriptors too: a candidate may not fill the disk through its log
         resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_MAX, FSIZE_MAX))
     except (ValueError, OSError) as exc:
         note = "; ".join(x for x in (note, f"RLIMIT_FSIZE not set: {exc}") if x)
-    return FsGuard(True, abi, tuple(kept), note, threads_before, all_threads=bool(restrict_flags(abi)))
+    return FsGuard(True, abi, tuple(kept), note, threads_before, all_threads=bool(flags))
 
 
 def _threads() -> int:

@@ -22,7 +22,7 @@ import torch
 
 from mkb.grader._config import GraderConfig
 from mkb.grader._fs_guard import SCRATCH_ENV, FsGuard, confine_writes
-from mkb.grader._group_guard import GroupGuard, keep_in_group
+from mkb.grader._syscall_guard import SyscallGuard, refuse_escapes
 from mkb.grader._guards import Guard, native_threads, python_threads
 from mkb.grader._prefetch import PREFETCH_FREE_FRACTION, plan_key, prefetch_fits
 from mkb.grader._problems import load_problem
@@ -55,7 +55,7 @@ _warm_copy_watch()  # before any guard snapshot (it imports torch._dynamo, which
 _WARM: dict[str, Any] = {}
 # this process's confinement (writes, process group), applied once before its first candidate import
 _FS_GUARD: list[FsGuard] = []
-_GROUP_GUARD: list[GroupGuard] = []
+_SYSCALL_GUARD: list[SyscallGuard] = []
 # integrity_stream when the device stays busy after the call's `end` this much longer than after an empty call
 SIDE_WORK_MIN_US = 25.0
 FLOOR_CALLS = 30  # empty calls before and after the timing loop whose tails are the side-work check's floor
@@ -352,7 +352,8 @@ def _evaluate(job: dict, send: Callable[[dict], None], quiet: _Quiet, line: _Pha
         ev.trusted()
     except Exception as exc:  # the harness or the problem failed: not the candidate's fault
         line.mark("trusted")
-        ev.stage("compile", False, "infra_error", _fmt_exc(exc))
+        ev.stage("compile", False, "infra_error", exc.message if isinstance(exc, Fail) else _fmt_exc(exc),
+                 **CompileFigures(**guard_figures()).as_dict())
         return
     line.mark("trusted")
     try:
@@ -497,31 +498,45 @@ _PREPARED: dict[str, Any] = {}
 _PREPARED_LOG: dict[str, Any] = {}
 
 
-def confine_candidate(cfg: GraderConfig) -> tuple[FsGuard, GroupGuard]:
+def confine_candidate(cfg: GraderConfig) -> tuple[FsGuard, SyscallGuard]:
     """Before a candidate is first imported in this process: from then on it (and what it starts) writes only beneath
-    the worker's scratch folder and /dev (mkb.grader._fs_guard) and stays in the worker's process group
-    (mkb.grader._group_guard); once per process, idempotent. Only in a grading worker (`Worker` names its scratch
-    folder in the environment): a harness run in some other process (a test's own) must not confine that process for
-    the rest of its life. Raises `Fail(infra_error)` where `cfg.fs_guard` is "required" and Landlock did not confine
-    (before the candidate exists: not its fault)."""
+    the worker's scratch folder and /dev (mkb.grader._fs_guard) and is refused the calls that would let it outlive,
+    leave or reach past the worker (mkb.grader._syscall_guard); once per process, idempotent. Only in a grading worker
+    (`Worker` names its scratch folder in the environment): a harness run in some other process (a test's own) must
+    not confine that process for the rest of its life. Raises `Fail(infra_error)` where `cfg.fs_guard` is "required"
+    and Landlock did not confine: called at the end of the trusted phase, so that is never the candidate's fault."""
     if not _FS_GUARD:
         import os
 
         scratch = os.environ.get(SCRATCH_ENV)
         if not scratch:
             _FS_GUARD.append(FsGuard(False, 0, (), "not in a grading worker (no scratch folder named)"))
-            _GROUP_GUARD.append(GroupGuard(False, "not in a grading worker (no scratch folder named)"))
+            _SYSCALL_GUARD.append(SyscallGuard(False, "not in a grading worker (no scratch folder named)"))
         else:
-            _FS_GUARD.append(FsGuard(False, 0, (), "GraderConfig.fs_guard is off") if cfg.fs_guard == "off"
-                             else confine_writes([Path(scratch), Path("/dev")]))
-            _GROUP_GUARD.append(GroupGuard(False, "GraderConfig.group_guard is off") if cfg.group_guard == "off"
-                                else keep_in_group())
+            try:
+                fs = (FsGuard(False, 0, (), "GraderConfig.fs_guard is off") if cfg.fs_guard == "off"
+                      else confine_writes([Path(scratch), Path("/dev")]))
+            except Exception as exc:  # noqa: BLE001 - both "never raise"; were one to, it is recorded, not fatal
+                fs = FsGuard(False, 0, (), f"confine_writes raised {type(exc).__name__}: {exc}")
+            try:
+                sc = (SyscallGuard(False, "GraderConfig.syscall_guard is off") if cfg.syscall_guard == "off"
+                      else refuse_escapes())
+            except Exception as exc:  # noqa: BLE001
+                sc = SyscallGuard(False, f"refuse_escapes raised {type(exc).__name__}: {exc}")
+            _FS_GUARD.append(fs)
+            _SYSCALL_GUARD.append(sc)
     fs = _FS_GUARD[0]
     if cfg.fs_guard == "required" and not fs.confined:
         raise Fail("compile", "infra_error", f"GraderConfig.fs_guard is 'required' and this worker's writes could not be "
                    f"confined ({fs.describe()})\nhint: grade on Linux >= 5.13 with landlock among its LSMs (lsm= on the "
                    f"kernel command line), or pass fs_guard='landlock' to grade unconfined and have it recorded")
-    return fs, _GROUP_GUARD[0]
+    return fs, _SYSCALL_GUARD[0]
+
+
+def guard_figures() -> dict[str, str | None]:
+    """The two guards as CompileFigures records them (None before `confine_candidate` ran in this process)."""
+    return {"fs_guard": _FS_GUARD[0].describe() if _FS_GUARD else None,
+            "syscall_guard": _SYSCALL_GUARD[0].describe() if _SYSCALL_GUARD else None}
 
 
 def _release_device_memory(kind: str) -> None:
@@ -725,6 +740,8 @@ class _Evaluation:
             gpu_reader.join(60)
         self.gpu_before = gpu_box.get("state") or ({"name": "cpu"} if dev.kind != "cuda" else {"name": torch.cuda.get_device_name()})
         ph.mark("gpu_state")
+        confine_candidate(cfg)  # from here on the candidate may run: nothing of the grader's is written after it
+        ph.mark("confine")
         self.trusted_s = _perf() - t_trusted
         self.guard = Guard.take(dev.kind)
         self.threads0 = native_threads()
@@ -738,8 +755,7 @@ class _Evaluation:
                               trusted_s=self.trusted_s, trusted_phases_s=self.trusted_phases_s,
                               quiet_wait_s=dict(self.quiet.waited_s), warm_start_s=warm_start_steps(),
                               hold_build=_WARM.get("hold_build"),
-                              fs_guard=_FS_GUARD[0].describe() if _FS_GUARD else None,
-                              group_guard=_GROUP_GUARD[0].describe() if _GROUP_GUARD else None)
+                              **guard_figures())
 
     # ---------------- compile: import + first call (the JIT build) ----------------
     def compile(self) -> None:
@@ -747,7 +763,6 @@ class _Evaluation:
         self.ph = _Phases()
         self.send({"type": "phase", "phase": "compile"})
         t0 = _perf()
-        confine_candidate(self.cfg)
         try:
             module = self.backend.load(Path(self.job["kernel_path"]))
         except SystemExit as exc:

@@ -61,9 +61,9 @@ class CompileFigures(_Figures):
     # grader 2.14: what the worker could write from the candidate's import on (mkb.grader._fs_guard): "landlock abi N:
     # writes only beneath <its scratch>, /dev", or "not confined: why" (a kernel without Landlock, or GraderConfig.fs_guard off)
     fs_guard: str | None = None
-    # grader 2.15: whether what the candidate starts can leave the worker's process group (mkb.grader._group_guard):
-    # "seccomp: setsid and setpgid refused ...", or "not kept: why" (no table for the machine, GraderConfig.group_guard off)
-    group_guard: str | None = None
+    # grader 2.15: the calls refused to the candidate (mkb.grader._syscall_guard): "seccomp: setsid, setpgid, socket, ...
+    # refused ...", or "not kept: why" (no table for the machine, no seccomp, GraderConfig.syscall_guard off)
+    syscall_guard: str | None = None
     # graders 2.4-2.9 recorded two of those steps on their own; kept so their events read back whole, never written now
     profiler_init_at_warm_start_s: float | None = None
     first_use_at_warm_start_s: float | None = None

@@ -192,23 +192,41 @@ def test_every_thread_is_confined_where_the_kernel_can():
 def test_a_required_guard_that_could_not_confine_fails_the_grading_as_infra(monkeypatch, tmp_path):
     """Checked in this process with the confinement calls replaced (the real ones would confine pytest for good)."""
     from mkb.grader import _harness
-    from mkb.grader._group_guard import GroupGuard
+    from mkb.grader._syscall_guard import SyscallGuard
 
     monkeypatch.setenv("MKB_WORKER_SCRATCH", str(tmp_path))
     monkeypatch.setattr(_harness, "_FS_GUARD", [])
-    monkeypatch.setattr(_harness, "_GROUP_GUARD", [])
-    monkeypatch.setattr(_harness, "keep_in_group", lambda: GroupGuard(True))
+    monkeypatch.setattr(_harness, "_SYSCALL_GUARD", [])
+    monkeypatch.setattr(_harness, "refuse_escapes", lambda: SyscallGuard(True))
     monkeypatch.setattr(_harness, "confine_writes", lambda folders: FsGuard(False, 0, (), "no Landlock here (test)"))
     with pytest.raises(_harness.Fail) as info:
         _harness.confine_candidate(GraderConfig(fs_guard="required"))
     assert (info.value.stage, info.value.reason) == ("compile", "infra_error")
     assert "not confined: no Landlock here (test)" in info.value.message and "hint: " in info.value.message
-    fs, group = _harness.confine_candidate(GraderConfig())  # the default goes on, and records why it is unconfined
-    assert not fs.confined and group.kept
+    fs, calls = _harness.confine_candidate(GraderConfig())  # the default goes on, and records why it is unconfined
+    assert not fs.confined and calls.kept
+    assert _harness.guard_figures() == {"fs_guard": "not confined: no Landlock here (test)",
+                                        "syscall_guard": SyscallGuard(True).describe()}
     monkeypatch.setattr(_harness, "_FS_GUARD", [])
     monkeypatch.setattr(_harness, "confine_writes", lambda folders: FsGuard(True, 7, tuple(map(str, folders))))
     fs, _ = _harness.confine_candidate(GraderConfig(fs_guard="required"))  # confined: required is met
     assert fs.confined and fs.writable == (str(tmp_path), "/dev")
+
+
+def test_a_required_guard_on_a_kernel_without_landlock_grades_nothing(monkeypatch, tmp_path, fake_dsl, cpu_config,
+                                                                     store):
+    """Refused before any worker starts: an attempt stops on the error as infra instead of spending a submission on a
+    grading that cannot be confined."""
+    from mkb.grader import LandlockUnavailable, _fs_guard
+
+    monkeypatch.setattr(_fs_guard, "landlock_abi", lambda: 0)
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(TORCH_BASELINE_28)
+    cfg = GraderConfig.from_dict({**cpu_config.as_dict(), "fs_guard": "required"})
+    with pytest.raises(LandlockUnavailable, match="has no Landlock") as info:
+        grade(28, fake_dsl, kernel, store=store, config=cfg)
+    assert "hint: " in str(info.value)
+    assert not Path(store).exists() or not list(Path(store).rglob("*.parquet"))  # nothing was graded or written
 
 
 def test_fs_guard_takes_landlock_required_or_off():

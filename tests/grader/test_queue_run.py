@@ -137,7 +137,13 @@ class _FakeVerdict:
         self.queue_wait_s, self.evaluation_id, self.message = wait, f"ev-{id(self)}", ""
 
     def stage(self, name):
-        return None
+        import types
+
+        if name != "compile":
+            return None
+        scratch = f"/tmp/mkb-worker-{self.dsl}-{self.evaluation_id}"  # one folder per worker
+        return types.SimpleNamespace(figures={"fs_guard": f"landlock abi 7: ... write only beneath {scratch}, /dev; no TCP",
+                                              "syscall_guard": "seccomp: setsid, ... refused"})
 
 
 class _FakeQueue:
@@ -206,6 +212,8 @@ def test_one_call_of_the_jobs_that_must_pass_runs_both_passes_and_pools_them(mon
     assert res["controls_and_baselines_pass"] is True and res["redteam_all_rejected"] is None
     assert len(s["pair"]) == 2 and not s["skipped"] and not s["errors"]
     assert s["queue_quiet_replayed"]["beside_timing"] == []  # recorded (nothing held a phase on this fake device)
+    # every worker's guards on one line, its own scratch folder left out
+    assert res["guards"] == {"landlock abi 7: ... write only beneath <scratch>, /dev; no TCP | seccomp: setsid, ... refused": 12}
 
 
 def test_past_the_budget_the_queue_cancels_what_has_not_started_and_still_writes_its_summary(monkeypatch, tmp_path) -> None:
