@@ -85,24 +85,14 @@ def plan_cmd(
 
 
 def _grader(spec: str, store: Optional[str]):
-    """`replay:DATASET`, `none` (attempts only) or `gpu` (the per-GPU grading queue of this host)."""
-    if spec == "none":
-        return None
-    if spec.startswith("replay:"):
-        from mkb.experiment._replay import ReplayGrader
+    """The grader `--grader` names (mkb.experiment._graders.grader_from_spec), its errors as CLI errors."""
+    from mkb.experiment._graders import grader_from_spec
+    from mkb.experiment._replay import ReplayError
 
-        from mkb.experiment._replay import ReplayError
-
-        try:
-            return ReplayGrader.load(spec.split(":", 1)[1], store=store)
-        except ReplayError as exc:
-            _fail(str(exc))
-    if spec != "gpu":
-        _fail(f"--grader {spec!r}: expected gpu, replay:DATASET or none")
     try:
-        from mkb.experiment._graders import LocalGpuGrader
-
-        return LocalGpuGrader(store=store)
+        return grader_from_spec(spec, store)
+    except (ReplayError, ValueError) as exc:
+        _fail(str(exc))
     except ImportError as exc:
         _fail(f"cannot grade on this host: {exc}\nhint: install the problems and dsl extras, or use --grader replay:DATASET")
     except RuntimeError as exc:
@@ -112,7 +102,7 @@ def _grader(spec: str, store: Optional[str]):
 def run_cmd(
     config: Path = typer.Argument(..., help="Experiment config (TOML)."),
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    grader: str = typer.Option("gpu", "--grader", help="gpu (this host's GPUs), replay:DATASET (recorded verdicts) or none."),
+    grader: str = typer.Option("gpu", "--grader", help="gpu (this host's GPUs), gpu:confined (the same, refusing to grade where a worker's writes cannot be confined), replay:DATASET (recorded verdicts) or none."),
     executor: str = typer.Option("local", "--executor", help="local (one process) or ray (the cluster RAY_ADDRESS names)."),
     rerun_stale: bool = typer.Option(False, "--rerun-stale", help="Re-run coordinates graded under older grader/DSL/doc-pack versions, with their dependents."),
     rerun: bool = typer.Option(False, "--rerun", help="Re-run the --subset (and the arms that consumed its skills) even if finished."),
@@ -197,7 +187,7 @@ def status_cmd(store: Optional[str] = typer.Option(None, "--store", help=STORE_H
 
 def regrade_cmd(config: Path = typer.Argument(..., help="The experiment's config (TOML)."),
                 store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-                grader: str = typer.Option("gpu", "--grader", help="gpu or replay:DATASET.")) -> None:
+                grader: str = typer.Option("gpu", "--grader", help="gpu, gpu:confined or replay:DATASET.")) -> None:
     """Pair re-grade every complete (model, problem, replicate) not yet re-graded by this grader: a new stratum, attempts untouched."""
     from mkb.experiment._executor import Executor
     from mkb.experiment._state import read_state
@@ -219,7 +209,7 @@ def reproduce_cmd(
     dataset: str = typer.Argument(..., help="A dataset (store URL) holding an experiment's plan event."),
     store: Optional[str] = typer.Option(None, "--store", help="Where the re-run writes; " + STORE_HELP),
     experiment: Optional[str] = typer.Option(None, "--experiment", help="Which experiment of DATASET (default: its only one)."),
-    grader: str = typer.Option("gpu", "--grader", help="gpu, replay:DATASET or none."),
+    grader: str = typer.Option("gpu", "--grader", help="gpu, gpu:confined, replay:DATASET or none."),
     subset: List[str] = typer.Option([], "--subset", help="KEY=VALUE (model, problem, dsl, arm, replicate); repeatable."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and its estimate only."),
 ) -> None:

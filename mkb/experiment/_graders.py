@@ -1,4 +1,5 @@
-"""The local executor's grader: one grading queue per GPU of the host, submissions spread across them, a pair batch on one."""
+"""The local executor's grader: one grading queue per GPU of the host, submissions spread across them, a pair batch on one;
+and the one reading of a `--grader` spec."""
 
 from __future__ import annotations
 
@@ -18,12 +19,41 @@ def _as_grader_job(job: Any) -> Any:
     return GradeJob(**{k: getattr(job, k) for k in names if hasattr(job, k)})
 
 
+GRADER_SPECS = ("gpu (this host's GPUs), gpu:confined (the same, refusing to grade where a worker's writes cannot be "
+                "confined: no Landlock), replay:DATASET (recorded verdicts) or none")
+
+
+def grader_from_spec(spec: str, store: str | None) -> Any:
+    """The grader a `--grader` spec names, built inside whatever process needs one (the local executor, a Ray actor).
+
+    Raises ValueError for an unknown spec, ReplayError for a dataset that cannot be replayed, RuntimeError where this
+    host cannot grade (no GPU; `gpu:confined` on a kernel without Landlock)."""
+    if spec == "none":
+        return None
+    if spec.startswith("replay:"):
+        from mkb.experiment._replay import ReplayGrader
+
+        return ReplayGrader.load(spec.split(":", 1)[1], store=store)
+    if spec in ("gpu", "gpu:confined"):
+        config = None
+        if spec == "gpu:confined":
+            from mkb.grader import GraderConfig
+
+            config = GraderConfig(fs_guard="required")
+        return LocalGpuGrader(store=store, config=config)
+    raise ValueError(f"--grader {spec!r}: expected {GRADER_SPECS}")
+
+
 class LocalGpuGrader:
     """`GradingQueue`s on `devices` (default: every visible GPU). Submissions go to the least-loaded queue."""
 
     def __init__(self, *, store: Any = None, writer: Any = None, devices: list[str] | None = None, config: Any = None) -> None:
         from mkb.grader import GRADER_VERSION, GradingQueue
 
+        if config is not None and config.fs_guard == "required":  # refused here, before a GPU or a queue is touched
+            from mkb.grader._fs_guard import require_landlock
+
+            require_landlock()
         if devices is None:
             import torch
 

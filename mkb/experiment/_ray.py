@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mkb.experiment._executor import Executor, RunReport, Runner
+from mkb.experiment._graders import grader_from_spec
 from mkb.experiment._plan import Coordinate, Plan
 from mkb.experiment._ray_pace import check_pacers, ray_limiters, start_pacers
 
@@ -27,24 +28,11 @@ def _ray():
     return ray
 
 
-def make_grader(spec: str, store: str | None) -> Any:
-    """Build the grader a spec names, inside whatever process needs one (an actor, or the local executor)."""
-    if spec == "none":
-        return None
-    if spec.startswith("replay:"):
-        from mkb.experiment._replay import ReplayGrader
-
-        return ReplayGrader.load(spec.split(":", 1)[1], store=store)
-    from mkb.experiment._graders import LocalGpuGrader  # in an actor: the one GPU Ray gave it (CUDA_VISIBLE_DEVICES)
-
-    return LocalGpuGrader(store=store)
-
-
 class GraderActorImpl:
     """One per GPU: owns that GPU's grading queue. Kernels arrive as bytes (the attempt ran on another node)."""
 
     def __init__(self, spec: str, store: str | None) -> None:
-        self.grader = make_grader(spec, store)
+        self.grader = grader_from_spec(spec, store)  # in an actor: the one GPU Ray gave it (CUDA_VISIBLE_DEVICES)
         self.version = getattr(self.grader, "version", None)
         self.dir = Path(tempfile.mkdtemp(prefix="mkb-grader-actor-"))
 

@@ -28,7 +28,7 @@ def test_plan_dry_run_prints_estimates_and_how():
     (["plan", "nope.toml", "--dry-run"], "no such config file"),
     (["run", "configs/demo.toml", "--store", "hf://datasets/x/y", "--grader", "none"], "not a live append target"),
     (["run", "configs/demo.toml", "--grader", "replay:/nonexistent"], "no replay index"),
-    (["run", "configs/demo.toml", "--grader", "tpu"], "expected gpu, replay:DATASET or none"),
+    (["run", "configs/demo.toml", "--grader", "tpu"], "expected gpu (this host's GPUs), gpu:confined"),
     (["run", "configs/demo.toml", "--rerun", "--grader", "none"], "--rerun needs a --subset"),
     (["import-upstream", "nope.json"], "no such file"),
 ])
@@ -37,6 +37,16 @@ def test_errors_are_one_line(args, msg, monkeypatch, tmp_path):
     monkeypatch.setenv("MKB_STORE", str(tmp_path / "s"))
     r = runner.invoke(app, args)
     assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, r.output
+
+
+def test_a_confined_grader_is_refused_in_one_line_on_a_kernel_without_landlock(monkeypatch, tmp_path):
+    from mkb.grader import _fs_guard
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("MKB_STORE", str(tmp_path / "s"))
+    monkeypatch.setattr(_fs_guard, "landlock_abi", lambda: 0)
+    r = runner.invoke(app, ["run", "configs/demo.toml", "--grader", "gpu:confined"])
+    assert r.exit_code == 2 and "has no Landlock" in r.output and "Traceback" not in r.output, r.output
 
 
 def test_status_and_reproduce_dry_run(tmp_path):
