@@ -33,7 +33,7 @@ class Reason(StrEnum):
     # integrity
     INTEGRITY_NO_DSL_KERNEL = "integrity_no_dsl_kernel"
     INTEGRITY_NON_DSL_COMPUTE = "integrity_non_dsl_compute"
-    INTEGRITY_THREAD = "integrity_thread"
+    INTEGRITY_THREAD = "integrity_thread"  # a thread, or a process (grader 2.15), left running after a call
     INTEGRITY_STREAM = "integrity_stream"
     INTEGRITY_IDENTITY = "integrity_identity"  # a torch callable, timer or harness function was replaced
     INTEGRITY_NUMERICS_FLAG = "integrity_numerics_flag"

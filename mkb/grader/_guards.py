@@ -1,5 +1,5 @@
 """Snapshots of what a candidate must not change (torch callables, timers, harness functions, numerics flags,
-environment, threads, current stream), taken before kernel.py is imported and compared after every call."""
+environment, threads, processes, current stream), taken before kernel.py is imported and compared after every call."""
 
 from __future__ import annotations
 
@@ -138,6 +138,37 @@ def python_threads() -> set[threading.Thread]:
     return set(threading.enumerate())
 
 
+def group_processes() -> list[tuple[int, str]]:
+    """The live processes of this grading worker's process group other than itself: (pid, command), [] outside a worker.
+
+    Why: whatever a candidate starts stays in the group (mkb.grader._syscall_guard refuses setsid and setpgid), so a
+    process it left running is found here. A correct kernel leaves none (nvcc and ptxas end inside its first call),
+    and one left running could work beside the harness: rewrite the profiler's trace file in the worker's scratch
+    folder between its export and its reading (the same domain may write there), or compute on the GPU in a context
+    of its own while a call is timed. Only where this process leads its own group (a `Worker` is spawned in a new
+    session): elsewhere (a test's own process) the group is someone else's. Zombies are dead and left out."""
+    me = os.getpid()
+    try:
+        if os.getpgrp() != me:
+            return []
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    out = []
+    for name in entries:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        comm, rest = stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 2:].split()
+        if len(rest) > 2 and rest[0] not in ("Z", "X") and rest[2] == str(me):  # state, ppid, pgrp
+            out.append((int(name), comm))
+    return sorted(out)
+
+
 def native_threads() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
@@ -176,6 +207,9 @@ class Guard:
         extra = [t for t in threading.enumerate() if t not in base and t.is_alive()]
         if extra:
             return "integrity_thread", f"threads left running after the call: {[t.name for t in extra]}"
+        procs = group_processes()
+        if procs:
+            return "integrity_thread", f"processes left running after the call: {procs[:8]}"
         if self.stream is not None:
             cur = torch.cuda.current_stream()
             if cur != self.stream:

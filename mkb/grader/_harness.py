@@ -23,7 +23,7 @@ import torch
 from mkb.grader._config import GraderConfig
 from mkb.grader._fs_guard import SCRATCH_ENV, FsGuard, confine_writes
 from mkb.grader._syscall_guard import SyscallGuard, refuse_escapes
-from mkb.grader._guards import Guard, native_threads, python_threads
+from mkb.grader._guards import Guard, group_processes, native_threads, python_threads
 from mkb.grader._prefetch import PREFETCH_FREE_FRACTION, plan_key, prefetch_fits
 from mkb.grader._problems import load_problem
 from mkb.grader._provenance import MAX_COPIED_FRACTION, CopyWatch, copy_share, warm_up as _warm_copy_watch
@@ -533,6 +533,13 @@ def confine_candidate(cfg: GraderConfig) -> tuple[FsGuard, SyscallGuard]:
     return fs, _SYSCALL_GUARD[0]
 
 
+def _nothing_left_running() -> None:
+    """Fail the grading where the candidate has a process running in the worker's group (mkb.grader._guards)."""
+    procs = group_processes()
+    if procs:
+        raise Fail("integrity", "integrity_thread", f"processes left running during the profiled call: {procs[:8]}")
+
+
 def guard_figures() -> dict[str, str | None]:
     """The two guards as CompileFigures records them (None before `confine_candidate` ran in this process)."""
     return {"fs_guard": _FS_GUARD[0].describe() if _FS_GUARD else None,
@@ -871,7 +878,8 @@ class _Evaluation:
         figs: dict[str, Any] = {}
         if dev.kind == "cuda":
             try:
-                p_out, trace = profile_call(lambda: _call(solve, p_args, "timing"), dev.sync)
+                p_out, trace = profile_call(lambda: _call(solve, p_args, "timing"), dev.sync,
+                                            before_export=_nothing_left_running)
             except Fail:
                 raise
             except Exception as exc:  # noqa: BLE001 - the profiler failed: fail closed

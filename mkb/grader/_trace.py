@@ -87,9 +87,14 @@ class CallLimits:
 HOST_SCALAR_BYTES = 4096  # a few scalars read with .item() beside the structure inputs
 
 
-def profile_call(fn: Callable[[], Any], sync: Callable[[], None]) -> tuple[Any, CallTrace]:
+def profile_call(fn: Callable[[], Any], sync: Callable[[], None], *,
+                 before_export: Callable[[], None] | None = None) -> tuple[Any, CallTrace]:
     """Run fn() under torch.profiler (CUDA activities) inside a `SOLVE_RANGE` range, synchronise, and return
-    its result and what it did (launches, host syncs inside the range, device-to-host bytes)."""
+    its result and what it did (launches, host syncs inside the range, device-to-host bytes).
+
+    `before_export()` runs between the sync and the trace's export to a file (raising stops it): the file lies in the
+    worker's scratch folder, which whatever the candidate left running could write too (the grader checks that nothing
+    is left running there)."""
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
@@ -97,6 +102,8 @@ def profile_call(fn: Callable[[], Any], sync: Callable[[], None]) -> tuple[Any, 
         with record_function(SOLVE_RANGE):
             result = fn()
         sync()
+    if before_export is not None:
+        before_export()
     fd, path = tempfile.mkstemp(suffix=".json", prefix="mkb-trace-")
     os.close(fd)
     try:

@@ -133,6 +133,32 @@ def test_no_thread_of_a_guarded_process_nor_anything_it_starts_gets_the_refused_
         assert res["new_session"] == "started" and res["AF_UNIX"] == res["AF_INET"] == "made"
 
 
+_GROUP = r'''
+import json, subprocess, time
+from mkb.grader._guards import group_processes
+
+res = {"alone": group_processes()}
+p = subprocess.Popen(["sleep", "30"])
+res["child"], res["child_pid"] = group_processes(), p.pid
+p.kill(); p.wait()
+z = subprocess.Popen(["true"]); time.sleep(0.5)
+res["zombie"] = group_processes()  # dead, not yet reaped: it can do nothing
+z.wait()
+print(json.dumps(res))
+'''
+
+
+def test_the_processes_of_a_worker_s_group_are_found_and_only_in_a_worker():
+    from mkb.grader._guards import group_processes
+
+    assert group_processes() == []  # pytest does not lead its own group here: someone else's group is not looked at
+    out = subprocess.run([sys.executable, "-c", _GROUP], capture_output=True, text=True, timeout=60, start_new_session=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["alone"] == [] and res["child"] == [[res["child_pid"], "sleep"]] and res["zombie"] == []
+
+
 def test_a_machine_without_a_table_is_recorded_as_not_kept(monkeypatch):
     from mkb.grader import _syscall_guard
 
@@ -150,9 +176,11 @@ import torch
 # started at import, as a kernel that meant to outlive its grading would: the child tries to leave the worker's group,
 # then sleeps; its pid goes where the test can read it (the write guard is off in this test)
 _CHILD = subprocess.Popen([sys.executable, "-c", "import os, time\\ntry:\\n    os.setsid()\\nexcept OSError:\\n    pass\\n"
-                           "time.sleep(120)"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                           "print('tried', flush=True)\\ntime.sleep(120)"], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 with open({pid_file!r}, "w") as f:
     f.write(str(_CHILD.pid))
+_CHILD.stdout.readline()  # once it has tried to leave the group
 
 
 def solve(x, residual, weight):
@@ -185,15 +213,17 @@ def test_a_process_a_kernel_starts_dies_with_its_worker(tmp_path, fake_dsl_runti
     v = grade(28, fake_dsl_runtime, kernel, store=store, config=cfg)
     pid = int(pid_file.read_text())
     try:
-        assert v.passed, v.message  # leaving a process behind is not a wrong answer; it is contained, not judged
         fig = v.stage("compile").typed.syscall_guard
-        if guard == "seccomp":
+        if guard == "seccomp":  # the child could not leave the group: found there, judged, and ended with the worker
             assert fig == SyscallGuard(True).describe()
+            assert not v.passed and v.reason == "integrity_thread", (v.reason, v.message)
+            assert "processes left running after the call" in v.message and str(pid) in v.message
             assert _gone(pid, 30), "the kernel's child outlived its worker"
-        else:
+        else:  # the escape the guard closes, shown with it off: out of the group, unseen, alive after the grading
             assert fig == "not kept: GraderConfig.syscall_guard is off"
+            assert v.passed, v.message
             time.sleep(1.0)
-            assert not _gone(pid, 0.5)  # the escape the guard closes, shown with it off
+            assert not _gone(pid, 0.5)
     finally:
         try:
             os.kill(pid, signal.SIGKILL)

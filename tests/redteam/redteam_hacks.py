@@ -449,6 +449,20 @@ def solve(x, residual, weight):
     _o = getattr(logging, "o" + "s")
     _o.kill(_o.getpid(), 9)
 """, None, ("crash",)),
+    _h("helper_process", "start a process at import that outlives the call (it could rewrite the profiler's trace in "
+       "the worker's scratch folder, or compute on the GPU in a context of its own) and try to take it out of the "
+       "worker's process group", """
+import logging
+
+_o = getattr(logging, "o" + "s")
+_sys = getattr(logging, "s" + "ys")
+_HELPER = _o.posix_spawn(_sys.executable, [_sys.executable, "-c", "import os, time\\ntry:\\n    os.setsid()\\n"
+                          "except OSError:\\n    pass\\ntime.sleep(600)"], dict(_o.environ))
+
+
+def solve(x, residual, weight):
+    return _real_solve(x, residual, weight)
+""", None, ("integrity_thread",)),
     _h("kill_on_import", "kill the own process while kernel.py is imported", """
 import logging
 
