@@ -9,7 +9,7 @@ against one-at-a-time gradings, plus the grader benchmark's figures through the 
 4. bench: `benchmarks/grader_bench.py` overhead (problem 28, warm queue) and throughput (memory-bound baselines).
 
 Jobs: every baseline the problem folders hold (discovered), the red-team controls and every red-team form of
-tests/redteam (both DSLs): 96 gradings per pass today (92 before grader 2.14 added the form that rewrites its own source, 94 before 2.15 added the one that leaves a helper process running).
+tests/redteam (both DSLs): 98 gradings per pass today (92 before grader 2.14 added the form that rewrites its own source, 94 before 2.15 added the ones that leave a helper process running and hang a hook on the interpreter).
 
     export PYTHONPATH=/tmp/mkb-site/nvidia_cutlass_dsl/dsl_packages:/tmp/mkb-site:$PWD CUDA_PATH=/usr/local/cuda \
            CUTE_DSL_ARCH=sm_90a PYTHONUNBUFFERED=1

@@ -1,8 +1,9 @@
 """Snapshots of what a candidate must not change (torch callables, timers, harness functions, numerics flags,
-environment, threads, processes, current stream), taken before kernel.py is imported and compared after every call."""
+environment, threads, processes, interpreter hooks, current stream), taken before kernel.py is imported and compared after every call."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -24,7 +25,7 @@ _CLASS_SPACES = (
 _HARNESS_SPACES = (
     "time", "mkb.grader._harness", "mkb.grader._guards", "mkb.grader._trace", "mkb.grader._protocol",
     "mkb.grader._provenance", "mkb.grader._verdict", "mkb.measure._timing", "mkb.measure._compare", "mkb.measure._device",
-    "torch.utils._python_dispatch", "json", "os",
+    "torch.utils._python_dispatch", "json", "os", "builtins", "io", "gc",
 )
 
 
@@ -138,35 +139,101 @@ def python_threads() -> set[threading.Thread]:
     return set(threading.enumerate())
 
 
-def group_processes() -> list[tuple[int, str]]:
-    """The live processes of this grading worker's process group other than itself: (pid, command), [] outside a worker.
+_PR_SET_CHILD_SUBREAPER = 36
+_WATCHING: list[bool] = []  # set once this process watches its descendants (a grading worker, at its confinement)
 
-    Why: whatever a candidate starts stays in the group (mkb.grader._syscall_guard refuses setsid and setpgid), so a
-    process it left running is found here. A correct kernel leaves none (nvcc and ptxas end inside its first call),
-    and one left running could work beside the harness: rewrite the profiler's trace file in the worker's scratch
-    folder between its export and its reading (the same domain may write there), or compute on the GPU in a context
-    of its own while a call is timed. Only where this process leads its own group (a `Worker` is spawned in a new
-    session): elsewhere (a test's own process) the group is someone else's. Zombies are dead and left out."""
-    me = os.getpid()
+
+def watch_descendants() -> bool:
+    """Make this process the reaper of every orphan among its descendants, so that whatever a candidate starts, however
+    it forks or leaves its session, stays a child of the worker while it lives (`processes_left_running`). Once per
+    process (a grading worker, before its candidate's import); returns whether the kernel took it."""
+    if not _WATCHING:
+        try:
+            import ctypes
+
+            ok = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            ok = False
+        _WATCHING.append(ok)
+    return _WATCHING[0]
+
+
+def _children() -> list[int]:
+    """This process's children (every thread's), from /proc/self/task/*/children, else a scan of /proc by ppid."""
+    me, out = os.getpid(), []
     try:
-        if os.getpgrp() != me:
-            return []
-        entries = os.listdir("/proc")
+        tasks = os.listdir("/proc/self/task")
+        for tid in tasks:
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                out += [int(x) for x in f.read().split()]
+        return out
+    except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN
+        pass
     except OSError:
         return []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    rest = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if len(rest) > 1 and rest[1] == str(me).encode():
+                out.append(int(name))
+    return out
+
+
+def processes_left_running() -> list[tuple[int, str]]:
+    """The live processes a candidate started in this grading worker: (pid, command); [] unless `watch_descendants` ran.
+
+    Why: a correct kernel leaves none (nvcc and ptxas end inside its first call), and one left running could work
+    beside the harness: rewrite the profiler's trace file in the worker's scratch folder between its export and its
+    reading (the same Landlock domain may write there), or compute on the GPU in a context of its own while a call is
+    timed. As the reaper of its orphans, the worker has a live child whenever it has any live descendant. A zombie is
+    dead, unless it is only its main thread that ended (other threads of it run on); a child whose state cannot be
+    read (a /proc mounted with hidepid) counts as running."""
+    if not (_WATCHING and _WATCHING[0]):
+        return []
     out = []
-    for name in entries:
-        if not name.isdigit() or int(name) == me:
-            continue
+    for pid in sorted(set(_children())):
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-        except OSError:  # ended meanwhile, or not ours to read
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            comm = stat[stat.find(b"(") + 1:stat.rfind(b")")].decode(errors="replace")
+            state = stat[stat.rfind(b")") + 2:].split()[0]
+            if state in (b"Z", b"X") and len(os.listdir(f"/proc/{pid}/task")) <= 1:
+                continue
+        except FileNotFoundError:  # reaped meanwhile
             continue
-        comm, rest = stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 2:].split()
-        if len(rest) > 2 and rest[0] not in ("Z", "X") and rest[2] == str(me):  # state, ppid, pgrp
-            out.append((int(name), comm))
-    return sorted(out)
+        except (OSError, IndexError):
+            comm = "<unreadable>"
+        out.append((pid, comm))
+    return out
+
+
+def interpreter_hooks() -> dict[str, Any]:
+    """The interpreter's hooks a candidate could use to run code inside the harness's own steps (a profile or trace
+    function, a gc callback) or to change when they run; compared by identity after every call."""
+    return {"sys.getprofile": sys.getprofile(), "sys.gettrace": sys.gettrace(),
+            "threading.getprofile": getattr(threading, "getprofile", lambda: None)(),
+            "threading.gettrace": getattr(threading, "gettrace", lambda: None)(),
+            "gc.callbacks": tuple(gc.callbacks), "gc.get_threshold": gc.get_threshold(), "gc.isenabled": gc.isenabled()}
+
+
+def _refuse_new_audit_hooks(event: str, args: tuple) -> None:
+    if event == "sys.addaudithook":  # a RuntimeError here makes Python drop the new hook, quietly
+        raise RuntimeError("mkb: no audit hook may be added while a candidate can run")
+
+
+def refuse_audit_hooks() -> None:
+    """From now on no audit hook can be added in this process (Python's and C's alike raise `sys.addaudithook`): a
+    candidate's hook would run inside the harness's every open and import, where it could rewrite what is read."""
+    if _refuse_new_audit_hooks not in _AUDIT_INSTALLED:
+        sys.addaudithook(_refuse_new_audit_hooks)
+        _AUDIT_INSTALLED.append(_refuse_new_audit_hooks)
+
+
+_AUDIT_INSTALLED: list[Any] = []
 
 
 def native_threads() -> int:
@@ -185,13 +252,18 @@ class Guard:
     env: dict[str, str]
     threads: set[threading.Thread]
     stream: Any
+    hooks: dict[str, Any]
 
     @classmethod
     def take(cls, device: str) -> "Guard":
         stream = torch.cuda.current_stream() if device == "cuda" else None
-        return cls(Identities.take(), numerics_flags(), environ(), python_threads(), stream)
+        return cls(Identities.take(), numerics_flags(), environ(), python_threads(), stream, interpreter_hooks())
 
-    def check(self, *, identities: bool = True, threads: set[threading.Thread] | None = None) -> tuple[str, str] | None:
+    def check(self, *, identities: bool = True, threads: set[threading.Thread] | None = None,
+              processes: bool = True) -> tuple[str, str] | None:
+        """`processes=False` after each timed call: reading every thread's children per call would add tens of ms a
+        grading, and the /proc scan where the kernel lists no children seconds on a host of thousands of processes;
+        the checks after import, each stage and before every profiled call's export look."""
         if identities:
             changed = self.identities.changed()
             if changed:
@@ -207,9 +279,14 @@ class Guard:
         extra = [t for t in threading.enumerate() if t not in base and t.is_alive()]
         if extra:
             return "integrity_thread", f"threads left running after the call: {[t.name for t in extra]}"
-        procs = group_processes()
-        if procs:
-            return "integrity_thread", f"processes left running after the call: {procs[:8]}"
+        if processes:
+            procs = processes_left_running()
+            if procs:
+                return "integrity_thread", f"processes left running after the call: {procs[:8]}"
+        hooks = interpreter_hooks()
+        moved = sorted(k for k, v in hooks.items() if self.hooks.get(k) is not v and self.hooks.get(k) != v)
+        if moved:
+            return "integrity_identity", f"interpreter hooks changed: {', '.join(moved)}"
         if self.stream is not None:
             cur = torch.cuda.current_stream()
             if cur != self.stream:

@@ -23,7 +23,8 @@ import torch
 from mkb.grader._config import GraderConfig
 from mkb.grader._fs_guard import SCRATCH_ENV, FsGuard, confine_writes
 from mkb.grader._syscall_guard import SyscallGuard, refuse_escapes
-from mkb.grader._guards import Guard, group_processes, native_threads, python_threads
+from mkb.grader._guards import (Guard, native_threads, processes_left_running, python_threads, refuse_audit_hooks,
+                                watch_descendants)
 from mkb.grader._prefetch import PREFETCH_FREE_FRACTION, plan_key, prefetch_fits
 from mkb.grader._problems import load_problem
 from mkb.grader._provenance import MAX_COPIED_FRACTION, CopyWatch, copy_share, warm_up as _warm_copy_watch
@@ -525,6 +526,8 @@ def confine_candidate(cfg: GraderConfig) -> tuple[FsGuard, SyscallGuard]:
                 sc = SyscallGuard(False, f"refuse_escapes raised {type(exc).__name__}: {exc}")
             _FS_GUARD.append(fs)
             _SYSCALL_GUARD.append(sc)
+            watch_descendants()  # whatever the candidate starts stays a child of the worker while it lives
+            refuse_audit_hooks()  # no hook of the candidate's inside the harness's opens and imports
     fs = _FS_GUARD[0]
     if cfg.fs_guard == "required" and not fs.confined:
         raise Fail("compile", "infra_error", f"GraderConfig.fs_guard is 'required' and this worker's writes could not be "
@@ -533,11 +536,15 @@ def confine_candidate(cfg: GraderConfig) -> tuple[FsGuard, SyscallGuard]:
     return fs, _SYSCALL_GUARD[0]
 
 
-def _nothing_left_running() -> None:
-    """Fail the grading where the candidate has a process running in the worker's group (mkb.grader._guards)."""
-    procs = group_processes()
+def _nothing_left_running(threads: set) -> None:
+    """Fail the grading where a thread or process the candidate started still runs (mkb.grader._guards): checked right
+    before a profiled call's trace is written to the scratch folder and read back, which such a one could rewrite."""
+    extra = [t.name for t in python_threads() if t not in threads and t.is_alive()]
+    if extra:
+        raise Fail("integrity", "integrity_thread", f"threads left running after the profiled call: {extra}")
+    procs = processes_left_running()
     if procs:
-        raise Fail("integrity", "integrity_thread", f"processes left running during the profiled call: {procs[:8]}")
+        raise Fail("integrity", "integrity_thread", f"processes left running after the profiled call: {procs[:8]}")
 
 
 def guard_figures() -> dict[str, str | None]:
@@ -879,7 +886,7 @@ class _Evaluation:
         if dev.kind == "cuda":
             try:
                 p_out, trace = profile_call(lambda: _call(solve, p_args, "timing"), dev.sync,
-                                            before_export=_nothing_left_running)
+                                            before_export=lambda: _nothing_left_running(before))
             except Fail:
                 raise
             except Exception as exc:  # noqa: BLE001 - the profiler failed: fail closed
@@ -941,7 +948,7 @@ class _Evaluation:
 
         def after_call(k: int, out: Any, args: Sequence[Any], us: float) -> None:
             state["t_timed"] += us * 1e-6
-            bad = guard.check(identities=False, threads=state["before"])
+            bad = guard.check(identities=False, threads=state["before"], processes=False)
             if bad:
                 raise Fail("integrity", *bad)
             if k in recheck_sets:

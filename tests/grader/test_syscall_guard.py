@@ -133,30 +133,93 @@ def test_no_thread_of_a_guarded_process_nor_anything_it_starts_gets_the_refused_
         assert res["new_session"] == "started" and res["AF_UNIX"] == res["AF_INET"] == "made"
 
 
-_GROUP = r'''
-import json, subprocess, time
-from mkb.grader._guards import group_processes
+_DESCENDANTS = r'''
+import json, os, platform, subprocess, sys, time
+from mkb.grader._guards import processes_left_running, watch_descendants
 
-res = {"alone": group_processes()}
+def names(procs):
+    return sorted(c for _, c in procs)
+
 p = subprocess.Popen(["sleep", "30"])
-res["child"], res["child_pid"] = group_processes(), p.pid
+res = {"not_watching": processes_left_running()}  # outside a grading worker nothing is looked at
+res["watching"] = watch_descendants()
+res["child"] = names(processes_left_running())
 p.kill(); p.wait()
-z = subprocess.Popen(["true"]); time.sleep(0.5)
-res["zombie"] = group_processes()  # dead, not yet reaped: it can do nothing
-z.wait()
+# a grandchild orphaned by its parent, and one that left the session first: the worker reaps both, so both are seen
+subprocess.run(["sh", "-c", "sleep 30 & exit 0"])
+subprocess.run([sys.executable, "-c", "import os, subprocess; os.setsid(); subprocess.Popen(['sleep', '31'])"])
+time.sleep(0.3)
+res["orphans"] = names(processes_left_running())
+for pid, _ in processes_left_running():
+    os.kill(pid, 9)
+time.sleep(0.3)
+res["zombies"] = processes_left_running()  # dead, not yet reaped: they can do nothing
+if platform.machine() == "x86_64":  # the main thread ends by a raw exit(2), another thread runs on: Z, yet alive
+    code = ("import ctypes, threading, time\n"
+            "threading.Thread(target=time.sleep, args=(30,)).start()\n"
+            "ctypes.CDLL(None).syscall(60, 0)")
+    q = subprocess.Popen([sys.executable, "-c", code])
+    time.sleep(1.0)
+    res["half_dead"] = names(processes_left_running())
+    q.kill()
 print(json.dumps(res))
 '''
 
 
-def test_the_processes_of_a_worker_s_group_are_found_and_only_in_a_worker():
-    from mkb.grader._guards import group_processes
+def test_every_live_descendant_of_a_worker_is_found_however_it_left(tmp_path):
+    from mkb.grader._guards import processes_left_running
 
-    assert group_processes() == []  # pytest does not lead its own group here: someone else's group is not looked at
-    out = subprocess.run([sys.executable, "-c", _GROUP], capture_output=True, text=True, timeout=60, start_new_session=True,
+    assert processes_left_running() == []  # pytest watches nothing
+    out = subprocess.run([sys.executable, "-c", _DESCENDANTS], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
-    assert res["alone"] == [] and res["child"] == [[res["child_pid"], "sleep"]] and res["zombie"] == []
+    assert res["not_watching"] == [] and res["watching"] is True
+    assert res["child"] == ["sleep"] and res["orphans"] == ["sleep", "sleep"] and res["zombies"] == []
+    if platform.machine() == "x86_64":
+        assert res["half_dead"] == ["python3"] or len(res["half_dead"]) == 1, res["half_dead"]
+
+
+_AUDIT = r'''
+import json, sys
+from mkb.grader._guards import refuse_audit_hooks
+
+seen = []
+sys.addaudithook(lambda event, args: seen.append("before") if event == "open" else None)  # added before: kept
+refuse_audit_hooks()
+sys.addaudithook(lambda event, args: seen.append("after") if event == "open" else None)  # dropped, quietly
+open(__file__ if "__file__" in globals() else "/dev/null").close()
+print(json.dumps(sorted(set(seen))))
+'''
+
+
+def test_no_audit_hook_is_added_once_the_worker_refuses_them():
+    out = subprocess.run([sys.executable, "-c", _AUDIT], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["before"]
+
+
+def test_the_guard_sees_the_interpreter_s_hooks_change():
+    import gc
+
+    from mkb.grader._guards import Guard
+
+    g = Guard.take("cpu")
+    assert g.check(identities=False) is None
+    cb = lambda phase, info: None  # noqa: E731
+    gc.callbacks.append(cb)
+    try:
+        assert g.check(identities=False) == ("integrity_identity", "interpreter hooks changed: gc.callbacks")
+    finally:
+        gc.callbacks.remove(cb)
+    old = sys.getprofile()
+    sys.setprofile(lambda *a: None)
+    try:
+        assert g.check(identities=False)[1] == "interpreter hooks changed: sys.getprofile"
+    finally:
+        sys.setprofile(old)
+    assert g.check(identities=False) is None
 
 
 def test_a_machine_without_a_table_is_recorded_as_not_kept(monkeypatch):
@@ -214,14 +277,14 @@ def test_a_process_a_kernel_starts_dies_with_its_worker(tmp_path, fake_dsl_runti
     pid = int(pid_file.read_text())
     try:
         fig = v.stage("compile").typed.syscall_guard
-        if guard == "seccomp":  # the child could not leave the group: found there, judged, and ended with the worker
+        # found either way (the worker reaps its orphans, whatever their session) and judged
+        assert not v.passed and v.reason == "integrity_thread", (v.reason, v.message)
+        assert "processes left running after the call" in v.message and str(pid) in v.message
+        if guard == "seccomp":  # the child could not leave the group: ended with the worker
             assert fig == SyscallGuard(True).describe()
-            assert not v.passed and v.reason == "integrity_thread", (v.reason, v.message)
-            assert "processes left running after the call" in v.message and str(pid) in v.message
             assert _gone(pid, 30), "the kernel's child outlived its worker"
-        else:  # the escape the guard closes, shown with it off: out of the group, unseen, alive after the grading
+        else:  # the escape the filter closes, shown with it off: out of the group, alive after the worker's killpg
             assert fig == "not kept: GraderConfig.syscall_guard is off"
-            assert v.passed, v.message
             time.sleep(1.0)
             assert not _gone(pid, 0.5)
     finally:
@@ -296,16 +359,29 @@ def test_syscall_guard_takes_seccomp_or_off():
 
 
 _CONFINED_CHECK = r'''
-import runpy, sys
+import json, sys
 from pathlib import Path
-from mkb.grader._fs_guard import confine_writes
-from mkb.grader._syscall_guard import refuse_escapes
 
 import torch  # the worker's imports come before its confinement; the DSL's compile (nvcc, ptxas, MLIR) after it
-fs, calls = confine_writes([Path(sys.argv[1]), Path("/dev")]), refuse_escapes()
-assert fs.confined and calls.kept, (fs.describe(), calls.describe())
-sys.argv = ["mkb.dsl._check", *sys.argv[2:]]
-runpy.run_module("mkb.dsl._check", run_name="__main__")
+
+from mkb.dsl import get_backend
+from mkb.grader._fs_guard import confine_writes
+from mkb.grader._guards import Guard, refuse_audit_hooks, watch_descendants
+from mkb.grader._syscall_guard import refuse_escapes
+from mkb.problems import load_problem_module
+
+scratch, dsl, path, problem = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+backend = get_backend(dsl)
+stats = backend.compile_only_patches()  # the DSL imported, as a worker has it before its candidate
+inputs = load_problem_module(problem).make_inputs(0, device="cpu", size="smoke")
+fs, calls = confine_writes([scratch, Path("/dev")]), refuse_escapes()
+assert fs.confined and calls.kept and watch_descendants(), (fs.describe(), calls.describe())
+refuse_audit_hooks()
+guard = Guard.take("cpu")
+mod = backend.load(path)
+with torch.no_grad():
+    mod.solve(*(inputs if isinstance(inputs, tuple) else (inputs,)))
+print("MKB_CONFINED " + json.dumps({"compiled": stats["compiled"], "arch": stats["arch"], "guard": guard.check()}))
 '''
 
 
@@ -315,7 +391,9 @@ runpy.run_module("mkb.dsl._check", run_name="__main__")
 @pytest.mark.parametrize("baseline", baselines(), ids=lambda b: f"{b.problem}-{b.dsl}")
 def test_every_baseline_compiles_for_real_under_both_guards(baseline, tmp_path):
     """The DSLs' real compile paths (CuTe's MLIR pipeline, TIRx through nvcc and ptxas) as a grading worker runs
-    them: writes confined to its scratch folder and /dev, no new process group (on the CPU, compile only)."""
+    them: writes confined to its scratch folder and /dev, the calls refused, the worker reaping its orphans; and the
+    guard finds nothing after the compile (no process left running, no hook, no identity moved; on the CPU, compile
+    only)."""
     from mkb.dsl import get_backend
     from mkb.grader._fs_guard import landlock_abi
 
@@ -328,7 +406,8 @@ def test_every_baseline_compiles_for_real_under_both_guards(baseline, tmp_path):
            "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": os.getcwd()}
     out = subprocess.run([sys.executable, "-c", _CONFINED_CHECK, str(scratch), baseline.dsl, str(baseline.path),
                           str(baseline.problem)], capture_output=True, text=True, timeout=300, env=env)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("MKB_CHECK ")]
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("MKB_CONFINED ")]
     assert out.returncode == 0 and lines, out.stderr[-3000:]
-    res = json.loads(lines[-1][len("MKB_CHECK "):])
-    assert res["ok"] and "sm_90a" in res["messages"][0], res["messages"]
+    res = json.loads(lines[-1][len("MKB_CONFINED "):])
+    assert res["compiled"] >= 1 and res["arch"] == "sm_90a", res
+    assert res["guard"] is None, res["guard"]  # nothing left running, no hook, no identity moved by a real compile

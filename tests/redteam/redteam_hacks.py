@@ -463,6 +463,17 @@ _HELPER = _o.posix_spawn(_sys.executable, [_sys.executable, "-c", "import os, ti
 def solve(x, residual, weight):
     return _real_solve(x, residual, weight)
 """, None, ("integrity_thread",)),
+    _h("interpreter_hook", "hang a gc callback on the interpreter at import, code that would run inside the harness's "
+       "own steps (its reading of the profiler's trace among them)", """
+import logging
+
+_gc = getattr(logging, "s" + "ys").modules["g" + "c"]
+_gc.callbacks.append(lambda phase, info: None)
+
+
+def solve(x, residual, weight):
+    return _real_solve(x, residual, weight)
+""", None, ("integrity_identity",)),
     _h("kill_on_import", "kill the own process while kernel.py is imported", """
 import logging
 
