@@ -102,7 +102,7 @@ def _grader(spec: str, store: Optional[str]):
 def run_cmd(
     config: Path = typer.Argument(..., help="Experiment config (TOML)."),
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    grader: str = typer.Option("gpu", "--grader", help="gpu (this host's GPUs), gpu:confined (the same, refusing to grade where a worker's writes cannot be confined), replay:DATASET (recorded verdicts) or none."),
+    grader: str = typer.Option("gpu", "--grader", help="gpu (this host's GPUs), gpu:confined (the same, refusing to grade where a worker cannot be confined), replay:DATASET (recorded verdicts) or none."),
     executor: str = typer.Option("local", "--executor", help="local (one process) or ray (the cluster RAY_ADDRESS names)."),
     rerun_stale: bool = typer.Option(False, "--rerun-stale", help="Re-run coordinates graded under older grader/DSL/doc-pack versions, with their dependents."),
     rerun: bool = typer.Option(False, "--rerun", help="Re-run the --subset (and the arms that consumed its skills) even if finished."),

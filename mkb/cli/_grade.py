@@ -64,8 +64,9 @@ def grade_cmd(
     device: str = typer.Option("cuda", "--device", help="cuda or cuda:N; cpu only for smoke runs without a GPU (no profiler)."),
     quick: bool = typer.Option(False, "--quick", help="A short policy (3 draws, 6 timed calls): never a reported verdict."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON instead of tables."),
-    confined: bool = typer.Option(False, "--confined", help="Refuse to grade where a worker's writes cannot be confined "
-                                  "(a kernel without Landlock); by default such a grading goes on and its verdict says so."),
+    confined: bool = typer.Option(False, "--confined", help="Refuse to grade where a worker cannot be confined (a kernel "
+                                  "without Landlock or seccomp filters); by default such a grading goes on and its "
+                                  "verdict says so."),
     problems_root: Optional[Path] = typer.Option(
         None, "--problems-root", help="Grade against the problems under this folder instead of the catalog, e.g. a doc "
         "pack's worked examples (mkb/dsl/docs/<dsl>/examples); sets $MKB_PROBLEMS_ROOT for the run and its workers."),
@@ -97,14 +98,14 @@ def grade_cmd(
     if confined:
         from dataclasses import replace
 
-        from mkb.grader import LandlockUnavailable
-        from mkb.grader._fs_guard import require_landlock
+        from mkb.grader import ConfinementUnavailable
+        from mkb.grader._confine import require_confinement
 
+        cfg = replace(cfg, fs_guard="required", syscall_guard="required")
         try:
-            require_landlock()  # before any worker starts
-        except LandlockUnavailable as exc:
+            require_confinement(cfg)  # before any worker starts
+        except ConfinementUnavailable as exc:
             _fail(str(exc))
-        cfg = replace(cfg, fs_guard="required")
     console = Console()
     results: list = []
     dsls = tuple(dict.fromkeys(j.dsl for j in jobs))

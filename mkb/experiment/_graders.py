@@ -19,8 +19,8 @@ def _as_grader_job(job: Any) -> Any:
     return GradeJob(**{k: getattr(job, k) for k in names if hasattr(job, k)})
 
 
-GRADER_SPECS = ("gpu (this host's GPUs), gpu:confined (the same, refusing to grade where a worker's writes cannot be "
-                "confined: no Landlock), replay:DATASET (recorded verdicts) or none")
+GRADER_SPECS = ("gpu (this host's GPUs), gpu:confined (the same, refusing to grade where a worker cannot be confined: "
+                "no Landlock or no seccomp), replay:DATASET (recorded verdicts) or none")
 
 
 def grader_from_spec(spec: str, store: str | None) -> Any:
@@ -39,7 +39,7 @@ def grader_from_spec(spec: str, store: str | None) -> Any:
         if spec == "gpu:confined":
             from mkb.grader import GraderConfig
 
-            config = GraderConfig(fs_guard="required")
+            config = GraderConfig(fs_guard="required", syscall_guard="required")
         return LocalGpuGrader(store=store, config=config)
     raise ValueError(f"--grader {spec!r}: expected {GRADER_SPECS}")
 
@@ -50,10 +50,10 @@ class LocalGpuGrader:
     def __init__(self, *, store: Any = None, writer: Any = None, devices: list[str] | None = None, config: Any = None) -> None:
         from mkb.grader import GRADER_VERSION, GradingQueue
 
-        if config is not None and config.fs_guard == "required":  # refused here, before a GPU or a queue is touched
-            from mkb.grader._fs_guard import require_landlock
+        if config is not None:  # a host that cannot confine as required is refused here, before a GPU or a queue
+            from mkb.grader._confine import require_confinement
 
-            require_landlock()
+            require_confinement(config)
         if devices is None:
             import torch
 

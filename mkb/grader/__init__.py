@@ -1,7 +1,7 @@
 """The grader: isolated single-use workers, trust-ordered correctness, timing and integrity checks, verdict events."""
 
 from mkb.grader._config import GraderConfig
-from mkb.grader._fs_guard import LandlockUnavailable
+from mkb.grader._confine import ConfinementUnavailable
 from mkb.grader._grade import GRADER_VERSION, grade
 from mkb.grader._pool import Worker, WorkerPool, quiet_for
 from mkb.grader._queue import GradeJob, GradingQueue
@@ -12,6 +12,6 @@ from mkb.grader._verdict import (
 
 __all__ = [
     "CompileFigures", "IntegrityFigures", "TimingFigures", "VerificationFigures",
-    "GRADER_VERSION", "GradeJob", "GraderConfig", "GradingQueue", "LandlockUnavailable", "Reason", "STAGES", "StageResult", "THRESHOLDS",
+    "GRADER_VERSION", "GradeJob", "GraderConfig", "GradingQueue", "ConfinementUnavailable", "Reason", "STAGES", "StageResult", "THRESHOLDS",
     "Verdict", "Worker", "WorkerPool", "grade", "is_known", "quiet_for", "stage_of", "static_reason",
 ]

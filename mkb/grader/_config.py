@@ -10,7 +10,7 @@ from typing import Any
 # test holds the two together)
 SET_FIRST_PASSES = ("allocate", "make", "none")
 FS_GUARDS = ("landlock", "required", "off")  # GraderConfig.fs_guard (mkb.grader._fs_guard)
-SYSCALL_GUARDS = ("seccomp", "off")  # GraderConfig.syscall_guard (mkb.grader._syscall_guard)
+SYSCALL_GUARDS = ("seccomp", "required", "off")  # GraderConfig.syscall_guard (mkb.grader._syscall_guard)
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class GraderConfig:
     fs_guard: str = "landlock"
     # whether the candidate is refused the calls that would let it outlive, leave or reach past its worker (a new
     # session or process group, sockets, ptrace, io_uring; mkb.grader._syscall_guard): "seccomp" (the figures say where
-    # it could not be installed), or "off"
+    # it could not be installed), "required" (such a host is refused, as fs_guard's), or "off"
     syscall_guard: str = "seccomp"
 
     def __post_init__(self) -> None:

@@ -106,25 +106,6 @@ def _libc() -> ctypes.CDLL:
     return libc
 
 
-class LandlockUnavailable(RuntimeError):
-    """`GraderConfig.fs_guard="required"` on a kernel without Landlock: raised before any worker starts, so no
-    grading (and no model submission) is spent on a host that cannot confine one."""
-
-
-def require_landlock() -> int:
-    """The kernel's Landlock ABI; raises LandlockUnavailable where there is none."""
-    abi = landlock_abi()
-    if abi < 1:
-        import platform
-
-        raise LandlockUnavailable(
-            f"GraderConfig.fs_guard is 'required' and this kernel ({platform.release()}) has no Landlock, so a grading "
-            "worker's writes cannot be confined\nhint: grade on Linux >= 5.13 with landlock among its LSMs (lsm= on the "
-            "kernel command line; a container's seccomp profile may block its syscalls), or pass fs_guard='landlock' to "
-            "grade unconfined and have each verdict say so")
-    return abi
-
-
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, 0 where there is none (not Linux, too old, or not enabled)."""
     try:

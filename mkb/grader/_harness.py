@@ -528,12 +528,16 @@ def confine_candidate(cfg: GraderConfig) -> tuple[FsGuard, SyscallGuard]:
             _SYSCALL_GUARD.append(sc)
             watch_descendants()  # whatever the candidate starts stays a child of the worker while it lives
             refuse_audit_hooks()  # no hook of the candidate's inside the harness's opens and imports
-    fs = _FS_GUARD[0]
+    fs, sc = _FS_GUARD[0], _SYSCALL_GUARD[0]
     if cfg.fs_guard == "required" and not fs.confined:
         raise Fail("compile", "infra_error", f"GraderConfig.fs_guard is 'required' and this worker's writes could not be "
                    f"confined ({fs.describe()})\nhint: grade on Linux >= 5.13 with landlock among its LSMs (lsm= on the "
                    f"kernel command line), or pass fs_guard='landlock' to grade unconfined and have it recorded")
-    return fs, _SYSCALL_GUARD[0]
+    if cfg.syscall_guard == "required" and not sc.kept:
+        raise Fail("compile", "infra_error", f"GraderConfig.syscall_guard is 'required' and this worker's calls could "
+                   f"not be filtered ({sc.describe()})\nhint: grade on x86_64 or aarch64 Linux with seccomp filters, or "
+                   f"pass syscall_guard='seccomp' to grade unfiltered and have it recorded")
+    return fs, sc
 
 
 def _nothing_left_running(threads: set) -> None:

@@ -115,6 +115,28 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
     return rows
 
 
+_SECCOMP_GET_ACTION_AVAIL = 2
+
+
+def seccomp_unavailable() -> str | None:
+    """Why the filter could not be installed on this host (None: it could), asked without installing anything."""
+    machine = platform.machine()
+    if machine not in _ARCHES:
+        return f"no seccomp table for {machine or 'this machine'} (x86_64 and aarch64 have one)"
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError as exc:
+        return f"no libc: {exc}"
+    libc.syscall.restype = ctypes.c_long
+    action = ctypes.c_uint32(_SECCOMP_RET_ERRNO)
+    if libc.syscall(ctypes.c_long(_ARCHES[machine].seccomp_nr), ctypes.c_uint(_SECCOMP_GET_ACTION_AVAIL),
+                    ctypes.c_uint(0), ctypes.byref(action)) != 0:
+        e = ctypes.get_errno()
+        return (f"seccomp filters unavailable: {errno.errorcode.get(e, e)} (a kernel without CONFIG_SECCOMP_FILTER, "
+                "or a container that blocks seccomp)")
+    return None
+
+
 def refuse_escapes() -> SyscallGuard:
     """Install the filter on every thread of this process, for good; never raises."""
     machine = platform.machine()

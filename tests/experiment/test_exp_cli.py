@@ -40,11 +40,11 @@ def test_errors_are_one_line(args, msg, monkeypatch, tmp_path):
 
 
 def test_a_confined_grader_is_refused_in_one_line_on_a_kernel_without_landlock(monkeypatch, tmp_path):
-    from mkb.grader import _fs_guard
+    from mkb.grader import _confine
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("MKB_STORE", str(tmp_path / "s"))
-    monkeypatch.setattr(_fs_guard, "landlock_abi", lambda: 0)
+    monkeypatch.setattr(_confine, "landlock_abi", lambda: 0)
     r = runner.invoke(app, ["run", "configs/demo.toml", "--grader", "gpu:confined"])
     assert r.exit_code == 2 and "has no Landlock" in r.output and "Traceback" not in r.output, r.output
 

@@ -198,6 +198,8 @@ def test_a_required_guard_that_could_not_confine_fails_the_grading_as_infra(monk
     monkeypatch.setattr(_harness, "_FS_GUARD", [])
     monkeypatch.setattr(_harness, "_SYSCALL_GUARD", [])
     monkeypatch.setattr(_harness, "refuse_escapes", lambda: SyscallGuard(True))
+    monkeypatch.setattr(_harness, "watch_descendants", lambda: True)  # the real ones would change pytest for good
+    monkeypatch.setattr(_harness, "refuse_audit_hooks", lambda: None)
     monkeypatch.setattr(_harness, "confine_writes", lambda folders: FsGuard(False, 0, (), "no Landlock here (test)"))
     with pytest.raises(_harness.Fail) as info:
         _harness.confine_candidate(GraderConfig(fs_guard="required"))
@@ -211,19 +213,25 @@ def test_a_required_guard_that_could_not_confine_fails_the_grading_as_infra(monk
     monkeypatch.setattr(_harness, "confine_writes", lambda folders: FsGuard(True, 7, tuple(map(str, folders))))
     fs, _ = _harness.confine_candidate(GraderConfig(fs_guard="required"))  # confined: required is met
     assert fs.confined and fs.writable == (str(tmp_path), "/dev")
+    monkeypatch.setattr(_harness, "_SYSCALL_GUARD", [])
+    monkeypatch.setattr(_harness, "_FS_GUARD", [])
+    monkeypatch.setattr(_harness, "refuse_escapes", lambda: SyscallGuard(False, "no seccomp here (test)"))
+    with pytest.raises(_harness.Fail) as info:  # the calls required and not refused: infra too
+        _harness.confine_candidate(GraderConfig(syscall_guard="required"))
+    assert info.value.reason == "infra_error" and "not kept: no seccomp here (test)" in info.value.message
 
 
 def test_a_required_guard_on_a_kernel_without_landlock_grades_nothing(monkeypatch, tmp_path, fake_dsl, cpu_config,
                                                                      store):
     """Refused before any worker starts: an attempt stops on the error as infra instead of spending a submission on a
     grading that cannot be confined."""
-    from mkb.grader import LandlockUnavailable, _fs_guard
+    from mkb.grader import ConfinementUnavailable, _confine
 
-    monkeypatch.setattr(_fs_guard, "landlock_abi", lambda: 0)
+    monkeypatch.setattr(_confine, "landlock_abi", lambda: 0)
     kernel = tmp_path / "kernel.py"
     kernel.write_text(TORCH_BASELINE_28)
     cfg = GraderConfig.from_dict({**cpu_config.as_dict(), "fs_guard": "required"})
-    with pytest.raises(LandlockUnavailable, match="has no Landlock") as info:
+    with pytest.raises(ConfinementUnavailable, match="has no Landlock") as info:
         grade(28, fake_dsl, kernel, store=store, config=cfg)
     assert "hint: " in str(info.value)
     assert not Path(store).exists() or not list(Path(store).rglob("*.parquet"))  # nothing was graded or written

@@ -62,13 +62,13 @@ def test_bad_names_are_one_line_errors(tmp_path):
 
 
 def test_confined_grading_is_refused_up_front_on_a_kernel_without_landlock(tmp_path, fake_dsl, store, monkeypatch):
-    from mkb.grader import _fs_guard
+    from mkb.grader import _confine
 
     good = tmp_path / "good.py"
     good.write_text(TORCH_BASELINE_28)
     args = ["grade", "--problem", "28", "--dsl", fake_dsl, "--device", "cpu", "--size", "smoke", "--quick", "--store", store,
             "--confined", str(good)]
-    if _fs_guard.landlock_abi() >= 1:  # where the kernel has it, --confined grades as usual (and requires it)
+    if _confine.landlock_abi() >= 1 and _confine.seccomp_unavailable() is None:  # here --confined grades as usual
         r = CliRunner().invoke(app, args + ["--json"])
         assert r.exit_code == 0, r.output
         import json
@@ -79,8 +79,9 @@ def test_confined_grading_is_refused_up_front_on_a_kernel_without_landlock(tmp_p
         (v,) = json.loads(r.output)
         assert v["passed"]
         (row,) = [r for f in Path(store).rglob("kind=verdict/*.parquet") for r in pq.read_table(f).to_pylist()]
-        assert json.loads(row["details"])["config_overrides"]["fs_guard"] == "required"  # graded under it, and recorded
-    monkeypatch.setattr(_fs_guard, "landlock_abi", lambda: 0)
+        overrides = json.loads(row["details"])["config_overrides"]  # graded under them, and recorded
+        assert overrides["fs_guard"] == overrides["syscall_guard"] == "required"
+    monkeypatch.setattr(_confine, "landlock_abi", lambda: 0)
     r = CliRunner().invoke(app, args)
     assert r.exit_code != 0 and "has no Landlock" in r.output and "hint:" in r.output
 
@@ -89,11 +90,14 @@ def test_a_grader_spec_is_read_in_one_place_and_refuses_what_it_does_not_know(mo
     import pytest
 
     from mkb.experiment._graders import grader_from_spec
-    from mkb.grader import LandlockUnavailable, _fs_guard
+    from mkb.grader import ConfinementUnavailable, _confine
 
     assert grader_from_spec("none", None) is None
     with pytest.raises(ValueError, match="gpu:confined"):
         grader_from_spec("gpu:strict", None)
-    monkeypatch.setattr(_fs_guard, "landlock_abi", lambda: 0)
-    with pytest.raises(LandlockUnavailable, match="has no Landlock"):  # before any GPU is looked for
-        grader_from_spec("gpu:confined", None)
+    monkeypatch.setattr(_confine, "seccomp_unavailable", lambda: "seccomp filters unavailable: EINVAL (test)")
+    with pytest.raises(ConfinementUnavailable, match="cannot be refused .seccomp filters unavailable: EINVAL"):
+        grader_from_spec("gpu:confined", None)  # before any GPU is looked for
+    monkeypatch.setattr(_confine, "landlock_abi", lambda: 0)
+    with pytest.raises(ConfinementUnavailable, match="has no Landlock.*; the calls a candidate must not make"):
+        grader_from_spec("gpu:confined", None)  # every guard it lacks, named

@@ -351,7 +351,17 @@ def test_a_kernel_cannot_have_a_service_of_the_user_start_a_process_for_it(tmp_p
                 pass
 
 
-def test_syscall_guard_takes_seccomp_or_off():
+def test_whether_seccomp_is_there_is_asked_without_installing_anything(monkeypatch):
+    from mkb.grader import _syscall_guard
+
+    if platform.machine() in _ARCHES:
+        assert _syscall_guard.seccomp_unavailable() is None  # this kernel has filters (the tests above install them)
+    monkeypatch.setattr(_syscall_guard.platform, "machine", lambda: "riscv64")
+    assert _syscall_guard.seccomp_unavailable().startswith("no seccomp table for riscv64")
+
+
+def test_syscall_guard_takes_seccomp_required_or_off():
+    assert GraderConfig(syscall_guard="required").syscall_guard == "required"
     assert GraderConfig().syscall_guard == "seccomp"
     assert GraderConfig(syscall_guard="off").overrides() == {"syscall_guard": "off"}
     with pytest.raises(ValueError, match="syscall_guard"):
