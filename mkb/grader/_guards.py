@@ -228,12 +228,12 @@ def _refuse_new_audit_hooks(event: str, args: tuple) -> None:
 def refuse_audit_hooks() -> None:
     """From now on no audit hook can be added in this process (Python's and C's alike raise `sys.addaudithook`): a
     candidate's hook would run inside the harness's every open and import, where it could rewrite what is read."""
-    if _refuse_new_audit_hooks not in _AUDIT_INSTALLED:
+    if not _AUDIT_INSTALLED:
         sys.addaudithook(_refuse_new_audit_hooks)
-        _AUDIT_INSTALLED.append(_refuse_new_audit_hooks)
+        _AUDIT_INSTALLED.append(True)
 
 
-_AUDIT_INSTALLED: list[Any] = []
+_AUDIT_INSTALLED: list[bool] = []
 
 
 def native_threads() -> int:

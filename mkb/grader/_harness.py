@@ -23,8 +23,7 @@ import torch
 from mkb.grader._config import GraderConfig
 from mkb.grader._fs_guard import SCRATCH_ENV, FsGuard, confine_writes
 from mkb.grader._syscall_guard import SyscallGuard, refuse_escapes
-from mkb.grader._guards import (Guard, native_threads, processes_left_running, python_threads, refuse_audit_hooks,
-                                watch_descendants)
+from mkb.grader._guards import Guard, native_threads, python_threads, refuse_audit_hooks, watch_descendants
 from mkb.grader._prefetch import PREFETCH_FREE_FRACTION, plan_key, prefetch_fits
 from mkb.grader._problems import load_problem
 from mkb.grader._provenance import MAX_COPIED_FRACTION, CopyWatch, copy_share, warm_up as _warm_copy_watch
@@ -540,17 +539,6 @@ def confine_candidate(cfg: GraderConfig) -> tuple[FsGuard, SyscallGuard]:
     return fs, sc
 
 
-def _nothing_left_running(threads: set) -> None:
-    """Fail the grading where a thread or process the candidate started still runs (mkb.grader._guards): checked right
-    before a profiled call's trace is written to the scratch folder and read back, which such a one could rewrite."""
-    extra = [t.name for t in python_threads() if t not in threads and t.is_alive()]
-    if extra:
-        raise Fail("integrity", "integrity_thread", f"threads left running after the profiled call: {extra}")
-    procs = processes_left_running()
-    if procs:
-        raise Fail("integrity", "integrity_thread", f"processes left running after the profiled call: {procs[:8]}")
-
-
 def guard_figures() -> dict[str, str | None]:
     """The two guards as CompileFigures records them (None before `confine_candidate` ran in this process)."""
     return {"fs_guard": _FS_GUARD[0].describe() if _FS_GUARD else None,
@@ -878,6 +866,13 @@ class _Evaluation:
             device_free_bytes=plan.free_bytes).as_dict())
 
     # ---------------- timing: fresh values and addresses, L2 flushed, secret re-checks ----------------
+    def _check_guard(self, threads: set) -> None:
+        """The guard after a profiled call, threads and processes included: run also right before the call's trace is
+        written to the scratch folder and read back, which whatever the candidate left running could rewrite."""
+        bad = self.guard.check(identities=False, threads=threads)
+        if bad:
+            raise Fail("integrity", *bad)
+
     def _profiled(self, k: int, is_probe: bool) -> None:
         """One call under the profiler (untimed): which kernels ran, what moved to the host, and its limits."""
         plan, meta, dev, solve = self.plan, self.meta, self.dev, self.solve
@@ -890,7 +885,7 @@ class _Evaluation:
         if dev.kind == "cuda":
             try:
                 p_out, trace = profile_call(lambda: _call(solve, p_args, "timing"), dev.sync,
-                                            before_export=lambda: _nothing_left_running(before))
+                                            before_export=lambda: self._check_guard(before))
             except Fail:
                 raise
             except Exception as exc:  # noqa: BLE001 - the profiler failed: fail closed
@@ -900,9 +895,7 @@ class _Evaluation:
             launches = list(trace.launches)
         else:
             p_out, launches, reason, msg = _call(solve, p_args, "timing"), [], None, "no profiler on cpu (test mode)"
-        bad = self.guard.check(identities=False, threads=before)
-        if bad:
-            raise Fail("integrity", *bad)
+        self._check_guard(before)
         if is_probe:
             cmp = compare(plan.recheck_sets[plan.probe_src][1], p_out, inputs_after=p_args, input_names=meta.inputs)
             if not cmp.ok:

@@ -29,6 +29,8 @@ import errno
 import platform
 from dataclasses import dataclass
 
+from mkb.grader._fs_guard import _libc
+
 _PR_SET_NO_NEW_PRIVS = 38
 _SECCOMP_SET_MODE_FILTER = 1
 _SECCOMP_FILTER_FLAG_TSYNC = 1
@@ -124,10 +126,9 @@ def seccomp_unavailable() -> str | None:
     if machine not in _ARCHES:
         return f"no seccomp table for {machine or 'this machine'} (x86_64 and aarch64 have one)"
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = _libc()
     except OSError as exc:
         return f"no libc: {exc}"
-    libc.syscall.restype = ctypes.c_long
     action = ctypes.c_uint32(_SECCOMP_RET_ERRNO)
     if libc.syscall(ctypes.c_long(_ARCHES[machine].seccomp_nr), ctypes.c_uint(_SECCOMP_GET_ACTION_AVAIL),
                     ctypes.c_uint(0), ctypes.byref(action)) != 0:
@@ -144,10 +145,9 @@ def refuse_escapes() -> SyscallGuard:
     if not rows:
         return SyscallGuard(False, f"no seccomp table for {machine or 'this machine'} (x86_64 and aarch64 have one)")
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = _libc()
     except OSError as exc:
         return SyscallGuard(False, f"no libc: {exc}")
-    libc.syscall.restype = ctypes.c_long
     libc.prctl.restype = ctypes.c_int
     arr = (_SockFilter * len(rows))(*(_SockFilter(*r) for r in rows))
     prog = _SockFprog(len(rows), ctypes.cast(arr, ctypes.POINTER(_SockFilter)))

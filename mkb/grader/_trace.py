@@ -94,6 +94,7 @@ HOST_SCALAR_BYTES = 4096  # a few scalars read with .item() beside the structure
 _OPEN = io.open
 _DECODE = json.JSONDecoder().decode
 
+
 def profile_call(fn: Callable[[], Any], sync: Callable[[], None], *,
                  before_export: Callable[[], None] | None = None) -> tuple[Any, CallTrace]:
     """Run fn() under torch.profiler (CUDA activities) inside a `SOLVE_RANGE` range, synchronise, and return
