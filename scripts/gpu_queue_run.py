@@ -407,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--queue-jobs", choices=("all", "passing"), default="all",
                     help="the queue pass grades every job, or only those that must pass (baselines and controls)")
+    ap.add_argument("--only", default="", help="grade only the jobs whose key (baseline/28/cute, redteam/kill_self/tirx) this "
+                    "regular expression finds, in every section: a call that grades what an earlier call's budget left")
     ap.add_argument("--queue-rounds", type=int, default=1, help="times each queue job is pushed (medians compared per round)")
     ap.add_argument("--serial-jobs", choices=("all", "passing"), default="all",
                     help="the serial pass grades every job, or only those that must pass (with --queue-jobs passing, "
@@ -460,6 +462,10 @@ def main(argv: list[str] | None = None) -> int:
         writer = JsonlWriter(out / "events.jsonl")
         log(f"events as JSON lines ({exc})")
     all_cases = cases(Path("/tmp/mkb-queue-redteam"))
+    if a.only:
+        all_cases = [c for c in all_cases if re.search(a.only, c.key)]
+        if not all_cases:
+            raise SystemExit(f"--only {a.only!r} finds no job; hint: keys look like baseline/28/cute or redteam/kill_self/tirx")
     log(f"{len(all_cases)} gradings per pass: {sum(c.key.startswith('baseline') for c in all_cases)} baselines, "
         f"{sum('control' in c.key for c in all_cases)} controls, {sum(c.expected is not None for c in all_cases)} red-team forms")
     cfg = GraderConfig()

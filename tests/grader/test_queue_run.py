@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import gpu_queue_run as qr  # noqa: E402
@@ -426,3 +428,12 @@ def test_a_store_that_holds_none_of_the_summarys_verdicts_is_refused(tmp_path) -
     summary = {"serial": {"baseline/23/cute": _r(True, None, 100.0) | {"evaluation_id": "e1"}}, "queue": {}}
     with pytest.raises(SystemExit, match="none of the summary's 1 verdicts.*hint: pass the dataset folder"):
         qr.with_host_syncs(summary, store)
+
+
+def test_only_grades_the_jobs_its_pattern_finds_in_every_section_and_an_empty_pick_is_refused(monkeypatch, tmp_path) -> None:
+    s = _fake_run(monkeypatch, tmp_path, ["--sections", "serial,queue", "--only", "/tirx$|host_compute"], step_s=0.0)
+    assert sorted(s["serial"]) == ["baseline/28/tirx", "redteam/host_compute/cute"]
+    assert sorted(s["queue"]) == ["baseline/28/tirx", "redteam/host_compute/cute"]
+    assert s["result"]["gradings_per_pass"] == 2
+    with pytest.raises(SystemExit, match="finds no job"):
+        _fake_run(monkeypatch, tmp_path / "none", ["--sections", "serial", "--only", "nothing-like-this"], step_s=0.0)
