@@ -61,6 +61,12 @@ class DslBackend(Protocol):
       process and device compiles (imports the DSL then, never at module import); later calls
       return the cached callable. Added in the protocol after v1: callers that must accept older
       backends look it up with `getattr(backend, "empty_kernel", None)`.
+    - `precompiles` (optional, False by default; grader 2.17): the DSL's compile is mostly a step that needs no GPU,
+      made ahead for a queued job (mkb.grader._precompile). Then `record_device_code()` patches the calling process
+      (after `compile_only_patches()`, in a process that cannot open the GPU) to record the device sources instead
+      of building them and returns the list it fills; `build_device_code(sources, folder, gpu_arch=...)` builds each
+      as a worker would into `folder` (a trusted process); `use_device_code(folder)` makes a worker's own builds read
+      a build there whose key is that of its call, and returns counts the worker records.
     - `baseline_file` is the file name of this DSL's baseline solution in a problem folder (`<name>.py`);
       baselines are discovered through it and left out of the problem hash.
     - `is_compile_error(exc)` says whether an exception raised while a kernel was imported or first

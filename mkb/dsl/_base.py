@@ -39,6 +39,19 @@ class BackendBase:
     def compile_only_patches(self) -> dict:  # pragma: no cover - each backend has its own
         raise NotImplementedError
 
+    # device code made ahead, outside the GPU (mkb.grader._precompile): a backend whose compile is mostly a step that
+    # needs no GPU sets this and the three hooks; the others keep compiling in the worker
+    precompiles = False
+
+    def record_device_code(self) -> list[str]:
+        raise NotImplementedError(f"{self.name} makes no device code ahead")
+
+    def build_device_code(self, sources: list[str], folder: Path, *, gpu_arch: str) -> list[str]:
+        raise NotImplementedError(f"{self.name} makes no device code ahead")
+
+    def use_device_code(self, folder: Path) -> dict:
+        raise NotImplementedError(f"{self.name} makes no device code ahead")
+
     @property
     def baseline_file(self) -> str:
         return f"{self.name}.py"

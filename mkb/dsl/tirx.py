@@ -96,6 +96,17 @@ class TirxBackend(BackendBase):
     def compile_only_patches(self) -> dict:
         return _compile_only_patches()
 
+    precompiles = True
+
+    def record_device_code(self) -> list[str]:
+        return _record_device_code()
+
+    def build_device_code(self, sources: list[str], folder: Path, *, gpu_arch: str) -> list[str]:
+        return _build_device_code(sources, folder, gpu_arch=gpu_arch)
+
+    def use_device_code(self, folder: Path) -> dict:
+        return _use_device_code(folder)
+
 
 # --- the launch floor: one empty kernel, launched the way candidates launch theirs ----------------------
 
@@ -204,4 +215,124 @@ def _compile_only_patches() -> dict:
     _common.patch_torch_cuda_for_cpu(torch)
     maj, minor = re.match(r"sm_(\d+?)(\d)a?$", arch).groups()
     torch.cuda.get_device_capability = lambda device=None: (int(maj), int(minor))
+    return stats
+
+
+# --- device code made ahead (grader 2.17's precompile: mkb.grader._precompile) ------------------------------
+#
+# A TIRx compile is mostly nvcc (71-84% of it on the H200, events/h200-precompile-probe), which needs no GPU. A process
+# that cannot open the GPU runs the candidate's `solve` with launching stubbed and nvcc replaced by a recorder: it
+# hands over the CUDA sources TVM generated, nothing built. A trusted process builds each source exactly as a worker's
+# TVM would (`compile_cuda(code, target_format="fatbin", compiler="nvcc")` under the worker's target) into a folder
+# the candidate cannot write, and the worker's `compile_cuda` reads a build there whose key is that of its own call.
+# The key names everything the nvcc command line depends on, so a hit is the bytes the worker's own nvcc would make.
+
+_KEY_ENV = ("TVM_CUDA_NVCC_NO_FAST_MATH", "TVM_CUDA_PTXAS_REG_LEVEL", "TVM_CUDA_PTXAS_EXTRA_OPTS", "CUDA_PATH",
+            "MKB_MATH_POLICY")
+
+
+def _device_code_key(code: str, target_format: str | None, arch, options, path_target, compiler: str) -> str | None:
+    """The key of one `compile_cuda` call, or None where a build made elsewhere could differ (a dump or debug build,
+    an output path, nvshmem, a kernels output folder, another compiler); read where the call is made."""
+    import hashlib
+    import json
+
+    import tvm
+    import tvm_ffi
+
+    if (compiler != "nvcc" or path_target is not None or os.environ.get("TVM_KERNEL_DUMP") is not None
+            or os.environ.get("TVM_KERNEL_DEBUG", "0") == "1" or "nvshmem" in code):
+        return None
+    ctx = tvm_ffi.get_global_func("transform.GetCurrentPassContext")()
+    if "cuda.kernels_output_dir" in ctx.config:
+        return None
+    from tvm.support import nvcc
+
+    # the arch as compile_cuda resolves it: the current target's, else the device's compute capability
+    target = tvm.target.Target.current(allow_none=True)
+    target_arch = getattr(target, "arch", None) if target is not None else None
+    if arch is not None:
+        resolved = arch
+    elif isinstance(target_arch, str) and target_arch.startswith("sm_"):
+        resolved = target_arch[3:]
+    else:
+        try:
+            resolved = "".join(nvcc.get_target_compute_version(target).split("."))
+        except Exception:  # noqa: BLE001 - no device to ask: nothing made ahead can be this call's
+            return None
+    ident = [code, target_format, resolved, options, compiler, nvcc.__file__, tvm.__version__,
+             {k: os.environ.get(k) for k in _KEY_ENV}]
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _record_device_code() -> list[str]:
+    """Patch this process (after `compile_only_patches`) so that nvcc is never run: each CUDA source TVM would build
+    is recorded instead (the compile-only check's own cubin build included), and a placeholder returned."""
+    from tvm.support import nvcc
+
+    sources: list[str] = []
+
+    def record(code, target_format=None, arch=None, options=None, path_target=None, compiler="nvrtc"):
+        if code not in sources:
+            sources.append(code)
+        return bytearray()
+
+    nvcc.compile_cuda = record
+    return sources
+
+
+def _build_device_code(sources: list[str], folder: Path, *, gpu_arch: str) -> list[str]:
+    """Build each source as a worker's TVM would into `folder/<key>.bin`; returns the keys built (a source that does not
+    compile is left out: the worker's own nvcc then says why).
+
+    Twice where the arch has a feature suffix: under a `cuda` target of `gpu_arch` (sm_90a, what a kernel that names
+    its target gets) and of the plain arch (sm_90: the command nvcc gets where the worker's call has no target in
+    scope and the arch comes from the device's compute capability)."""
+    import tvm
+    from tvm.support import nvcc
+
+    full = normalise_arch(gpu_arch)
+    keys = []
+    for arch in dict.fromkeys((full, full.rstrip("af") if full[-1:] in ("a", "f") else full)):
+        with tvm.target.Target({"kind": "cuda", "arch": arch}):
+            for code in sources:
+                key = _device_code_key(code, "fatbin", None, None, None, "nvcc")
+                if key is None or key in keys:
+                    continue
+                try:
+                    out = nvcc.compile_cuda(code, target_format="fatbin", compiler="nvcc")
+                except Exception:  # noqa: BLE001 - the worker compiles it itself and reports the error there
+                    continue
+                tmp = folder / f".{key}.part"
+                tmp.write_bytes(bytes(out))
+                tmp.rename(folder / f"{key}.bin")
+                keys.append(key)
+    return keys
+
+
+def _use_device_code(folder: Path) -> dict:
+    """Wrap `compile_cuda` in this (worker) process so that a call whose key has a build in `folder` reads it; counts
+    in the returned dict (`hits`, `misses`, `uncacheable`), which the worker records with its compile."""
+    from tvm.support import nvcc
+
+    real = nvcc.compile_cuda
+    stats = {"builds": sum(1 for p in folder.glob("*.bin")), "hits": 0, "misses": 0, "uncacheable": 0}
+
+    def compile_cuda(code, target_format=None, arch=None, options=None, path_target=None, compiler="nvrtc"):
+        key = _device_code_key(code, target_format, arch, options, path_target, compiler)
+        if key is None:
+            stats["uncacheable"] += 1
+        else:
+            try:
+                data = (folder / f"{key}.bin").read_bytes()
+            except OSError:
+                stats["misses"] += 1
+            else:
+                stats["hits"] += 1
+                return bytearray(data)
+        return real(code, target_format=target_format, arch=arch, options=options, path_target=path_target,
+                    compiler=compiler)
+
+    compile_cuda.__wrapped__ = real
+    nvcc.compile_cuda = compile_cuda
     return stats

@@ -11,6 +11,7 @@ from typing import Any
 SET_FIRST_PASSES = ("allocate", "make", "none")
 FS_GUARDS = ("landlock", "required", "off")  # GraderConfig.fs_guard (mkb.grader._fs_guard)
 SYSCALL_GUARDS = ("seccomp", "required", "off")  # GraderConfig.syscall_guard (mkb.grader._syscall_guard)
+PRECOMPILES = ("on", "off")  # GraderConfig.precompile (mkb.grader._precompile)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,10 @@ class GraderConfig:
     # session or process group, sockets, ptrace, io_uring; mkb.grader._syscall_guard): "seccomp" (the figures say where
     # it could not be installed), "required" (such a host is refused, as fs_guard's), or "off"
     syscall_guard: str = "seccomp"
+    # whether a queue makes a queued job's device code ahead, outside the GPU, for a DSL whose compile is mostly a step
+    # that needs none (TIRx's nvcc; mkb.grader._precompile): "on" (where Landlock can confine the sandbox that runs the
+    # candidate's code for it) or "off"; the verdict's compile figures record what each grading got
+    precompile: str = "on"
 
     def __post_init__(self) -> None:
         if self.draws < 1 or self.n_timed < 1 or self.n_warmup < 0:
@@ -85,6 +90,8 @@ class GraderConfig:
             raise ValueError(f"GraderConfig.fs_guard must be one of {FS_GUARDS}, not {self.fs_guard!r}")
         if self.syscall_guard not in SYSCALL_GUARDS:
             raise ValueError(f"GraderConfig.syscall_guard must be one of {SYSCALL_GUARDS}, not {self.syscall_guard!r}")
+        if self.precompile not in PRECOMPILES:
+            raise ValueError(f"GraderConfig.precompile must be one of {PRECOMPILES}, not {self.precompile!r}")
         if self.sample_positions < 1:
             raise ValueError(f"GraderConfig.sample_positions must be >= 1, not {self.sample_positions}")
 

@@ -43,6 +43,7 @@ _WRITES_V1 = _WRITE_FILE | sum(1 << b for b in range(4, 13))  # REMOVE_DIR .. MA
 _REFER = 1 << 13  # ABI 2: link or rename across folders
 _TRUNCATE = 1 << 14  # ABI 3
 _RESTRICT_SELF_TSYNC = 1 << 3  # ABI 8: landlock_restrict_self applies to every thread of the process
+_IOCTL_DEV = 1 << 15  # ABI 5: ioctl on a device file (every call of the GPU driver is one)
 
 
 def _writes(abi: int) -> int:
@@ -121,16 +122,19 @@ def restrict_flags(abi: int) -> int:
     return _RESTRICT_SELF_TSYNC if abi >= 8 else 0
 
 
-def confine_writes(writable: list[Path] | tuple[Path, ...]) -> FsGuard:
+def confine_writes(writable: list[Path] | tuple[Path, ...], *, device_ioctls: bool = True) -> FsGuard:
     """Restrict this process (and what it starts) to writing beneath `writable` from now on; never raises.
 
-    Each folder in `writable` that exists gets every write right; a missing one is skipped (named in the note)."""
+    Each folder in `writable` that exists gets every write right; a missing one is skipped (named in the note).
+    `device_ioctls=False` (a process that must not reach the GPU: mkb.grader._precompile's sandbox) also refuses ioctl
+    on any device file outside `writable` where the kernel can (ABI >= 5); the device files' write access is refused
+    at every ABI."""
     abi = landlock_abi()
     if abi < 1:
         return FsGuard(False, 0, (), "no Landlock here (Linux >= 5.13 with landlock among its LSMs; a container's "
                                      "seccomp profile may block its syscalls)")
     libc = _libc()
-    handled = _writes(abi)
+    handled = _writes(abi) | (_IOCTL_DEV if not device_ioctls and abi >= 5 else 0)
     attr = _RulesetAttr(handled, _NET_TCP if abi >= 4 else 0, (_SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX) if abi >= 6 else 0)
     threads_before = _threads() - 1
     ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(_ruleset_size(abi)),

@@ -19,6 +19,7 @@ from mkb.grader._confine import require_confinement
 from mkb.grader._phases import PhaseClock, attribute, clean_timeline
 from mkb.grader._pool import WARM_WAIT_S, Worker, WorkerPool
 from mkb.grader._prefetch import PlanFootprint, Prepared, plan_key
+from mkb.grader._precompile import DeviceCode
 from mkb.grader._reasons import STAGES, Reason, static_reason
 from mkb.grader._session import TrustedCache, problem_identity, trusted_key
 from mkb.grader._verdict import THRESHOLDS, StageResult, Verdict, exit_failure, missing_stages_reason, timeout_failure
@@ -223,7 +224,7 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
                fresh_eager: bool = False, pair_id: str | None = None, prepared: Prepared | None = None,
                on_compile: Callable[[], None] | None = None,
                on_plan: Callable[[PlanFootprint], None] | None = None,
-               device_idle_s: float | None = None) -> tuple[Verdict, dict]:
+               device_idle_s: float | None = None, device_code: DeviceCode | None = None) -> tuple[Verdict, dict]:
     """One grading on `pool` with its events emitted to `writer` (the queue's and `grade`'s shared core).
 
     Returns the verdict and the trusted figures the worker measured fresh (for a batch's one eager timing).
@@ -231,6 +232,8 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
     secret only if it made the plan and the plan's key is this job's, else the job takes a spare (a failed prepare's
     worker is killed) with a fresh secret. `on_compile` is called once the worker starts the candidate's compile (the
     queue starts the next job's prefetch there); `on_plan` gets the trusted plan's footprint (the prefetch gate).
+    `device_code`: what the queue made ahead for this job (mkb.grader._precompile); the worker reads its builds and
+    records it with the compile.
     """
     from mkb.grader._backends import backend_from_target, backend_target
     from mkb.grader._jsonl import uuid7
@@ -270,6 +273,9 @@ def grade_with(problem: int | str | Path, dsl: str, kernel_path: str | Path, *, 
         pool = pool or WorkerPool((dsl,), device=cfg.device, prestart=False, refill_on_take=False)
         try:
             job = {**plan_job_fields(problem, dsl, cfg, phash), "kernel_path": str(kernel_path), "secret": None}
+            if device_code is not None and device_code.state != "off":
+                job["device_code"] = {**device_code.as_dict(),
+                                      "folder": str(device_code.folder) if device_code.folder is not None else None}
             worker = None
             if prepared is not None:
                 worker, prefetch = _claim(prepared, job)

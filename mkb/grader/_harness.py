@@ -498,6 +498,15 @@ _PREPARED: dict[str, Any] = {}
 _PREPARED_LOG: dict[str, Any] = {}
 
 
+def _device_code_figures(record: dict | None) -> dict | None:
+    """The record as the compile figures keep it: the worker's counts read now (they grow while the kernel compiles)."""
+    if record is None:
+        return None
+    counts = record.get("counts")
+    out = {k: v for k, v in record.items() if k != "counts"}
+    return {**out, **dict(counts)} if isinstance(counts, dict) else out
+
+
 def confine_candidate(cfg: GraderConfig) -> tuple[FsGuard, SyscallGuard]:
     """Before a candidate is first imported in this process: from then on it (and what it starts) writes only beneath
     the worker's scratch folder and /dev (mkb.grader._fs_guard) and is refused the calls that would let it outlive,
@@ -637,6 +646,7 @@ class _Evaluation:
         self.reached: list[str] = []
         self.gpu_model = None
         self.prof_results: list[dict[str, Any]] = []
+        self.device_code: dict | None = None  # builds made ahead for this job (mkb.grader._precompile), once trusted
 
     def fresh_seed(self) -> int:
         return self.rng.getrandbits(62)
@@ -746,6 +756,7 @@ class _Evaluation:
             gpu_reader.join(60)
         self.gpu_before = gpu_box.get("state") or ({"name": "cpu"} if dev.kind != "cuda" else {"name": torch.cuda.get_device_name()})
         ph.mark("gpu_state")
+        self.device_code = self._use_device_code(job.get("device_code"))
         confine_candidate(cfg)  # from here on the candidate may run: nothing of the grader's is written after it
         ph.mark("confine")
         self.trusted_s = _perf() - t_trusted
@@ -756,11 +767,29 @@ class _Evaluation:
         self.compile_s: float | None = None
         self.patterns: tuple[str, ...] | None = None
 
+    def _use_device_code(self, made: dict | None) -> dict | None:
+        """Builds made ahead for this job (mkb.grader._precompile): read by the DSL's own compiler calls, installed
+        before the guard's snapshot; what was made and what the compile then read, for the compile figures."""
+        if not isinstance(made, dict):
+            return None
+        record = {k: made.get(k) for k in ("state", "seconds", "sources", "builds", "note", "sandbox")
+                  if k in made}
+        folder = made.get("folder")
+        if made.get("state") == "ready" and isinstance(folder, str):
+            try:
+                counts = self.backend.use_device_code(Path(folder))
+            except Exception as exc:  # noqa: BLE001 - then the worker compiles everything itself, as without one
+                record["note"] = f"not used: {type(exc).__name__}: {exc}"[:300]
+            else:
+                return {**record, "counts": counts}
+        return record
+
     def compile_figures(self) -> CompileFigures:
         return CompileFigures(compile_s=self.compile_s, kernel_patterns=list(self.patterns) if self.patterns is not None else None,
                               trusted_s=self.trusted_s, trusted_phases_s=self.trusted_phases_s,
                               quiet_wait_s=dict(self.quiet.waited_s), warm_start_s=warm_start_steps(),
                               hold_build=_WARM.get("hold_build"),
+                              device_code=_device_code_figures(self.device_code),
                               **guard_figures())
 
     # ---------------- compile: import + first call (the JIT build) ----------------

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 from mkb.grader._config import GraderConfig
 from mkb.grader._pool import WorkerPool, device_kind, normalize_device
+from mkb.grader._precompile import Precompiler
 from mkb.grader._prefetch import PlanFootprint, Prepared
 
 SCOPES = ("submission", "attempt", "pair")
@@ -67,18 +68,19 @@ class GradingQueue:
     def __init__(self, *, device: str = "cuda:0", store: Any = None, writer: Any = None,
                  config: GraderConfig | None = None, dsls: Sequence[str] | None = None,
                  env: dict[str, str] | None = None, prestart: bool = True, depth: int = 3,
-                 low_water: int | None = 1, prefetch: bool = True) -> None:
+                 low_water: int | None = 1, prefetch: bool = True, precompile_arch: str | None = None) -> None:
         self.device = normalize_device(device)
         _claim_device(self)
         try:
             self._start(store=store, writer=writer, config=config, dsls=dsls, env=env, prestart=prestart, depth=depth,
-                        low_water=low_water, prefetch=prefetch)
+                        low_water=low_water, prefetch=prefetch, precompile_arch=precompile_arch)
         except BaseException:
             _release_device(self)
             raise
 
     def _start(self, *, store: Any, writer: Any, config: GraderConfig | None, dsls: Sequence[str] | None,
-               env: dict[str, str] | None, prestart: bool, depth: int, low_water: int | None, prefetch: bool) -> None:
+               env: dict[str, str] | None, prestart: bool, depth: int, low_water: int | None, prefetch: bool,
+               precompile_arch: str | None) -> None:
         kind = device_kind(self.device)
         cfg = config or GraderConfig(device=kind)
         self.config = cfg if cfg.device == kind else dataclasses.replace(cfg, device=kind)
@@ -102,6 +104,9 @@ class GradingQueue:
         self._prepared: Prepared | None = None
         self._last_end: float | None = None  # when the previous grading on this device ended (verdict's device_idle_s)
         self._footprints: dict[tuple[str, str], PlanFootprint] = {}  # (problem hash, size) -> the last plan's bytes
+        # each queued job's device code made ahead, outside the GPU, for a DSL whose compile is mostly nvcc
+        # (mkb.grader._precompile); on a GPU for the device's own arch, on a CPU queue only where `precompile_arch` asks
+        self.precompiler = _precompiler_for(self.config, kind, precompile_arch)
         self._cv = threading.Condition()
         self._pending: collections.OrderedDict[str, collections.deque[_Entry]] = collections.OrderedDict()
         self._closed = False
@@ -146,6 +151,9 @@ class GradingQueue:
                 raise RuntimeError(f"the grading queue of {self.device} is closed\nhint: submit before close()")
             self._pending.setdefault(experiment, collections.deque()).append(entry)
             self._cv.notify_all()
+        if self.precompiler is not None:
+            for job in entry.jobs:
+                self.precompiler.request(job)
 
     def pending(self) -> int:
         """Jobs submitted and not yet started (for tests and load reports)."""
@@ -211,6 +219,7 @@ class GradingQueue:
                     prepared.drop()
                 continue  # cancelled by its producer while it waited
             wait = time.monotonic() - entry.submitted
+            code = self.precompiler.take(job) if self.precompiler is not None else None
             try:
                 verdict, fresh = grade_with(
                     job.problem, job.dsl, job.kernel_path, writer=self.writer, config=self.config, pool=self.pool,
@@ -219,7 +228,8 @@ class GradingQueue:
                     fresh_eager=entry.batch and pinned is None, pair_id=pair_id if job.scope == "pair" else None,
                     prepared=prepared, on_compile=(lambda e=entry, k=i: self._prefetch_next(e, k)) if self.prefetch else None,
                     on_plan=lambda foot, j=job: self._note_footprint(j, foot),
-                    device_idle_s=None if self._last_end is None else time.monotonic() - self._last_end)
+                    device_idle_s=None if self._last_end is None else time.monotonic() - self._last_end,
+                    device_code=code)
             except BaseException as exc:  # noqa: BLE001 - the producer gets it through its future
                 if prepared is not None and not prepared.claimed:  # it raised before taking its worker (unreadable kernel)
                     prepared.drop()
@@ -227,6 +237,8 @@ class GradingQueue:
                 continue
             finally:
                 self._last_end = time.monotonic()
+                if code is not None:
+                    self.precompiler.release(code)
             if entry.batch and pinned is None and fresh.get("eager"):
                 pinned = {"eager": fresh["eager"]}
             self.graded += 1
@@ -300,6 +312,8 @@ class GradingQueue:
                 left, self._prepared = self._prepared, None
             if left is not None:  # made for a job that never came (drained without it): its spare goes
                 left.drop()
+            if self.precompiler is not None:
+                self.precompiler.close()
             self.pool.close()
             if self._own_writer:
                 self.writer.close()
@@ -318,6 +332,22 @@ class GradingQueue:
 # the process's open queue of each device it guards (module docstring: one grading at a time per GPU)
 _OPEN: dict[str, GradingQueue] = {}
 _OPEN_LOCK = threading.Lock()
+
+
+def _precompiler_for(cfg: GraderConfig, kind: str, arch: str | None) -> Precompiler | None:
+    """The queue's precompiler, or None: turned off, no Landlock to confine its sandbox, or a CPU queue not asked."""
+    from mkb.grader._fs_guard import landlock_abi
+
+    if cfg.precompile == "off" or landlock_abi() < 1:
+        return None
+    if arch is None and kind == "cuda":
+        from mkb.measure._device import UnsupportedGpu, detect_arch
+
+        try:
+            arch = detect_arch()
+        except UnsupportedGpu:
+            return None
+    return Precompiler(gpu_arch=arch, size=cfg.size) if arch else None
 
 
 def _guarded(device: str) -> bool:

@@ -64,6 +64,10 @@ class CompileFigures(_Figures):
     # grader 2.15: the calls refused to the candidate (mkb.grader._syscall_guard): "seccomp: setsid, setpgid, socket, ...
     # refused ...", or "not kept: why" (no table for the machine, no seccomp, GraderConfig.syscall_guard off)
     syscall_guard: str | None = None
+    # grader 2.17: the device code made ahead for this job (mkb.grader._precompile): state ("ready", "late", "failed";
+    # None: none was asked, as in a grading outside a queue), seconds, sources and builds made, and the worker's own
+    # compiler calls that read a build (hits), found none (misses) or could not be keyed (uncacheable)
+    device_code: dict[str, Any] | None = None
     # graders 2.4-2.9 recorded two of those steps on their own; kept so their events read back whole, never written now
     profiler_init_at_warm_start_s: float | None = None
     first_use_at_warm_start_s: float | None = None

@@ -1,0 +1,281 @@
+"""Device code made ahead (grader 2.17, mkb.grader._precompile): a queued TIRx kernel's nvcc builds are made outside
+the GPU by a confined sandbox and a trusted builder, and a worker's own compiler call reads them only under its key."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mkb.grader import GradeJob, GradingQueue, Verdict
+from mkb.grader import _grade
+from mkb.grader._fs_guard import landlock_abi
+from mkb.grader._harness import _device_code_figures
+from mkb.grader._precompile import OFF, DeviceCode, Precompiler
+from mkb.problems import baselines
+
+pytestmark = [pytest.mark.dsl]
+
+needs_landlock = pytest.mark.skipif(landlock_abi() < 1, reason="the sandbox refuses to run without Landlock")
+ROOT = Path(__file__).resolve().parents[2]
+TIRX_28 = next(b for b in baselines([28], dsls=["tirx"]))
+
+
+def _job(path: Path, problem: int = 28, dsl: str = "tirx") -> GradeJob:
+    return GradeJob(problem=problem, dsl=dsl, kernel_path=path)
+
+
+def _wait(pc: Precompiler, job: GradeJob, limit_s: float = 120.0) -> None:
+    task = pc._tasks[pc._key(job)]
+    deadline = time.monotonic() + limit_s
+    while not (task.future and task.future.done()):
+        assert time.monotonic() < deadline, "the precompile never finished"
+        time.sleep(0.05)
+
+
+def _lookup(folder: Path, sources: list[str], *, arch: str = "sm_90a", env: dict | None = None) -> dict:
+    """A worker's side, in a process of the DSL's environment: the wrapped compiler called as TVM's build calls it."""
+    from mkb.dsl import get_backend
+
+    code = (
+        "import json, sys\n"
+        "import tvm\n"
+        "from mkb.dsl import get_backend\n"
+        "from tvm.support import nvcc\n"
+        "made = []\n"
+        "nvcc_real = nvcc.compile_cuda\n"
+        "stats = get_backend('tirx').use_device_code(__import__('pathlib').Path(sys.argv[1]))\n"
+        "nvcc.compile_cuda.__wrapped__  # the wrapper is installed\n"
+        "import tvm.support.nvcc as m\n"
+        "m._compile_cuda_nvcc = lambda *a, **k: made.append(1) or bytearray(b'built here')\n"
+        f"with tvm.target.Target({{'kind': 'cuda', 'arch': {arch!r}}}):\n"
+        "    outs = [bytes(nvcc.compile_cuda(c, target_format='fatbin', compiler='nvcc')) for c in json.load(open(sys.argv[2]))]\n"
+        "print('LOOKUP ' + json.dumps({'stats': stats, 'built_here': len(made), 'sizes': [len(o) for o in outs]}))\n"
+    )
+    src = folder.parent / "lookup_sources.json"
+    src.write_text(json.dumps(sources))
+    full = {**os.environ, **get_backend("tirx").environment("sm_90a"), **(env or {}),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    out = subprocess.run([sys.executable, "-c", code, str(folder), str(src)], env=full, capture_output=True, text=True,
+                         timeout=120)
+    line = next((x for x in reversed(out.stdout.splitlines()) if x.startswith("LOOKUP ")), None)
+    assert line is not None, out.stderr[-3000:]
+    return json.loads(line[len("LOOKUP "):])
+
+
+@needs_landlock
+def test_a_queued_tirx_kernel_is_built_ahead_and_only_a_call_with_its_key_reads_the_build(tmp_path) -> None:
+    pytest.importorskip("tvm")
+    pc = Precompiler(gpu_arch="sm_90a", size="smoke", root=tmp_path)
+    try:
+        job = _job(TIRX_28.path)
+        assert pc.request(job) and not pc.request(job)  # asked once
+        _wait(pc, job)
+        code = pc.take(job)
+        assert code.state == "ready", code
+        assert code.sources == 1 and code.builds == 2 and code.seconds > 0  # sm_90a, and sm_90 for a call without a target
+        builds = list(code.folder.glob("*.bin"))
+        assert len(builds) == 2 and all(b.stat().st_size > 1000 for b in builds)  # real fatbins from nvcc
+        assert "device ioctls refused" in code.sandbox or landlock_abi() < 5
+        assert not (code.folder.parent / "sandbox").exists()  # nothing of the sandbox's is kept
+        # the source the sandbox recorded, as the worker's TVM passes it: read back, nvcc not run
+        sources = _sources_of(TIRX_28.path, tmp_path)
+        hit = _lookup(code.folder, sources)
+        assert hit["stats"]["hits"] == 1 and hit["stats"]["misses"] == 0 and hit["built_here"] == 0
+        assert hit["sizes"][0] in {b.stat().st_size for b in builds}
+        plain = _lookup(code.folder, sources, arch="sm_90")
+        assert plain["stats"]["hits"] == 1 and plain["built_here"] == 0
+        # another arch, or another policy, is another key: compiled in the worker
+        miss = _lookup(code.folder, sources, arch="sm_80")
+        assert miss["stats"] == {**miss["stats"], "hits": 0, "misses": 1} and miss["built_here"] == 1
+        fast = _lookup(code.folder, sources, env={"TVM_CUDA_NVCC_NO_FAST_MATH": ""})
+        assert fast["stats"]["hits"] == 0 and fast["built_here"] == 1
+        pc.release(code)
+        assert not code.folder.parent.exists()
+    finally:
+        pc.close()
+    assert not pc.root.exists()
+
+
+def _sources_of(kernel: Path, tmp: Path) -> list[str]:
+    from mkb.dsl import get_backend
+
+    folder = tmp / "record"
+    folder.mkdir()
+    env = {**os.environ, **get_backend("tirx").environment("sm_90a"), "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(folder),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    out = subprocess.run([sys.executable, "-m", "mkb.grader._precompile_child", "sources", "tirx", str(kernel), "28",
+                          "smoke", str(folder)], env=env, capture_output=True, text=True, timeout=120)
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("MKB_PRECOMPILE "), out.stderr[-2000:]
+    return json.loads(line[len("MKB_PRECOMPILE "):])["sources"]
+
+
+@needs_landlock
+def test_the_sandbox_writes_nowhere_but_its_own_folder(tmp_path) -> None:
+    """A kernel's code runs there beside another grading's timing: it may not write the builds, the store or /dev."""
+    pytest.importorskip("tvm")
+    outside = tmp_path / "builds"
+    outside.mkdir()
+    shm = Path("/dev/shm") / f"mkb-precompile-test-{os.getpid()}"
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(TIRX_28.path.read_text() + (
+        "\n\nimport os as _os\n"
+        "for _p in (%r, %r):\n"
+        "    try:\n"
+        "        _fd = _os.open(_p, _os.O_WRONLY | _os.O_CREAT, 0o644)\n"
+        "        _os.write(_fd, b'forged')\n"
+        "        _os.close(_fd)\n"
+        "        print('WROTE', _p)\n"
+        "    except OSError as _e:\n"
+        "        print('REFUSED', _p, _e.errno)\n"
+        "import fcntl as _fcntl, termios as _termios\n"
+        "with open('/dev/null', 'rb') as _f:\n"
+        "    try:\n"
+        "        _fcntl.ioctl(_f, _termios.TIOCGWINSZ, b'\\0' * 8)\n"
+        "    except OSError as _e:\n"
+        "        print('IOCTL', _e.errno)\n") % (str(outside / "forged.bin"), str(shm)))
+    folder = tmp_path / "sandbox"
+    folder.mkdir()
+    from mkb.dsl import get_backend
+
+    env = {**os.environ, **get_backend("tirx").environment("sm_90a"), "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(folder),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    out = subprocess.run([sys.executable, "-m", "mkb.grader._precompile_child", "sources", "tirx", str(kernel), "28",
+                          "smoke", str(folder)], env=env, capture_output=True, text=True, timeout=120)
+    try:
+        assert out.stdout.count("REFUSED") == 2 and "WROTE" not in out.stdout, out.stdout + out.stderr[-2000:]
+        assert not (outside / "forged.bin").exists() and not shm.exists()
+        assert out.stdout.strip().splitlines()[-1].startswith("MKB_PRECOMPILE {\"sources\"")  # and it still recorded
+        if landlock_abi() >= 5:  # no ioctl on a device file (every GPU driver call is one): EACCES, not /dev/null's ENOTTY
+            assert "IOCTL 13" in out.stdout and "device ioctls refused" in out.stdout
+    finally:
+        shm.unlink(missing_ok=True)
+
+
+@needs_landlock
+def test_a_kernel_that_is_not_done_when_its_grading_starts_is_stopped_and_left_to_the_worker(tmp_path) -> None:
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(TIRX_28.path.read_text() + "\n\nimport time as _t\n_t.sleep(600)\n")
+    pc = Precompiler(gpu_arch="sm_90a", size="smoke", root=tmp_path)
+    try:
+        job = _job(kernel)
+        assert pc.request(job)
+        task = pc._tasks[pc._key(job)]
+        deadline = time.monotonic() + 60
+        while task.proc is None:  # the sandbox has started
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        proc = task.proc
+        code = pc.take(job)
+        assert code.state == "late" and code.folder is None
+        proc.wait(timeout=10)  # killed, with its session
+        task.future.result(timeout=30)
+        deadline = time.monotonic() + 10
+        while task.folder.exists():
+            assert time.monotonic() < deadline, "the stopped task's folder was kept"
+            time.sleep(0.02)
+        assert pc.take(job) == OFF  # taken once
+    finally:
+        pc.close()
+
+
+def test_only_a_dsl_whose_compile_needs_no_gpu_is_asked_and_a_broken_kernel_fails_without_a_process(tmp_path) -> None:
+    pc = Precompiler(gpu_arch="sm_90a", size="smoke", root=tmp_path)
+    try:
+        cute = next(b for b in baselines([28], dsls=["cute"]))
+        assert not pc.request(_job(cute.path, dsl="cute"))
+        assert pc.take(_job(cute.path, dsl="cute")) == OFF
+        bad = tmp_path / "bad.py"
+        bad.write_text("import subprocess\nsubprocess.run(['true'])\n")  # a static rule refuses it
+        job = _job(bad)
+        assert pc.request(job)
+        _wait(pc, job)
+        code = pc.take(job)
+        assert code.state == "failed" and "static rule" in code.note and code.folder is None
+    finally:
+        pc.close()
+
+
+def test_the_compile_figures_record_what_was_made_and_what_the_compile_read() -> None:
+    counts = {"builds": 2, "hits": 0, "misses": 0, "uncacheable": 0}
+    rec = {"state": "ready", "seconds": 3.2, "sources": 2, "builds": 2, "note": "", "counts": counts}
+    counts["hits"] = 2  # the worker's calls count after the figures' record was made
+    assert _device_code_figures(rec) == {"state": "ready", "seconds": 3.2, "sources": 2, "builds": 2, "note": "",
+                                         "hits": 2, "misses": 0, "uncacheable": 0}
+    assert _device_code_figures({"state": "late", "seconds": 0.4}) == {"state": "late", "seconds": 0.4}
+    assert _device_code_figures(None) is None
+    assert DeviceCode("ready", folder=Path("/x/out"), builds=1).as_dict() == {
+        "state": "ready", "seconds": None, "sources": 0, "builds": 1, "note": "", "sandbox": ""}
+
+
+class _NullWriter:
+    def emit(self, *a, **k) -> str:
+        return ""
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_queue_asks_for_each_queued_job_and_hands_each_grading_what_was_made(monkeypatch, tmp_path) -> None:
+    asked, taken, released = [], [], []
+
+    class _FakePrecompiler:
+        def __init__(self, **kw) -> None:
+            self.kw = kw
+
+        def request(self, job):
+            asked.append(job.kernel_path.name)
+            return True
+
+        def take(self, job):
+            taken.append(job.kernel_path.name)
+            return DeviceCode("ready", folder=tmp_path / job.kernel_path.stem / "out", builds=1)
+
+        def release(self, code):
+            released.append(code.folder.parent.name)
+
+        def close(self):
+            asked.append("closed")
+
+    got: list[dict] = []
+    gate = threading.Event()
+
+    def fake_grade_with(problem, dsl, kernel_path, **kw):
+        got.append({"name": Path(kernel_path).name, "code": kw.get("device_code")})
+        gate.wait(10)
+        return Verdict(evaluation_id=str(kernel_path), problem=problem, dsl=dsl, kernel_sha256="0" * 64, passed=True,
+                       reason=None, speedup=1.0, eager_median_us=1.0, candidate_median_us=1.0, gpu="cpu"), {}
+
+    import mkb.grader._queue as q
+
+    monkeypatch.setattr(q, "Precompiler", _FakePrecompiler)
+    monkeypatch.setattr(q, "landlock_abi", lambda: 7, raising=False)
+    monkeypatch.setattr("mkb.grader._fs_guard.landlock_abi", lambda: 7)
+    monkeypatch.setattr(_grade, "grade_with", fake_grade_with)
+    with GradingQueue(device="cpu", writer=_NullWriter(), dsls=(), precompile_arch="sm_90a") as queue:
+        assert isinstance(queue.precompiler, _FakePrecompiler) and queue.precompiler.kw["gpu_arch"] == "sm_90a"
+        futs = [queue.submit(_job(Path(f"/snap/k{i}.py"))) for i in range(3)]
+        gate.set()
+        for f in futs:
+            f.result(timeout=30)
+    assert asked == ["k0.py", "k1.py", "k2.py", "closed"]  # every job asked for when queued, closed with the queue
+    assert taken == ["k0.py", "k1.py", "k2.py"] and released == ["k0", "k1", "k2"]
+    assert [g["code"].state for g in got] == ["ready"] * 3
+    # a CPU queue not asked, and a config that turns it off, make nothing ahead
+    with GradingQueue(device="cpu", writer=_NullWriter(), dsls=()) as queue:
+        assert queue.precompiler is None
+    from mkb.grader import GraderConfig
+
+    with GradingQueue(device="cpu", writer=_NullWriter(), dsls=(), precompile_arch="sm_90a",
+                      config=GraderConfig(device="cpu", precompile="off")) as queue:
+        assert queue.precompiler is None
