@@ -321,6 +321,21 @@ def test_grader_bench_clock_warm_table_counts_warm_ups_that_found_the_clock_at_m
                  "idle_s_max_first_at_max": 0.4, "by_clock": 2}
 
 
+def test_grader_bench_tables_timing_inputs_by_problem(repo_script):
+    """Each problem's `timing_inputs` with the first pass's new segments where the grader recorded them (2.14)."""
+    bench = repo_script("benchmarks/grader_bench.py")
+
+    def row(problem: int, inputs: float, segs: int | None = None) -> dict:
+        return {"problem": problem, "phases_s": {"worker.run.timing_inputs": inputs}, "first_pass_segments": segs}
+
+    tab = bench.inputs_table([row(28, 0.025), row(1, 1.8, 112), row(1, 0.02, 0), row(1, 0.1)])
+    assert list(tab) == [1, 28]
+    assert tab[1]["n"] == 3 and tab[1]["over_1s"] == 1 and abs(tab[1]["mean_s"] - 0.64) < 1e-9
+    assert tab[1]["first_pass_segments"] == [112, 0] and tab[28]["first_pass_segments"] == []
+    (line,) = bench._inputs_line("FIGURE x", tab)
+    assert line == "FIGURE x: 1: 0.640 s (1 of 3 over 1 s, first-pass segments [0, 112]); 28: 0.025 s (0 of 1 over 1 s)"
+
+
 def test_grader_bench_quiet_table_times_warm_ups_prefetches_and_deferred_gos(repo_script):
     bench = repo_script("benchmarks/grader_bench.py")
     history = [(0.5, "imported", 9), (0.6, "go", 9), (1.0, "warmed", 9),  # before `since`: not counted
@@ -379,8 +394,8 @@ def test_grader_bench_main_runs_the_lead_s_sections(grader_bench, tmp_path, fake
     assert "FIGURE gradings per GPU-hour" in printed and "prefetch {" in printed
     assert "FIGURE throughput quiet rule: spares' GPU warm-ups" in printed and "FIGURE backlog quiet rule" in printed
     assert "FIGURE throughput quiet rule replayed: " in printed and " timing phases, 0 beside another's, 0 spares'" in printed
-    assert "FIGURE throughput timing_inputs by problem (mean; prepare paused / not): 28: " in printed
+    assert "FIGURE throughput timing_inputs by problem (mean): 28: " in printed
     res = json.loads((out / "grader_bench.json").read_text())
-    assert sum(c["n"] for c in res["throughput"]["timing_inputs"]["28"].values()) == res["throughput"]["gradings"]
+    assert res["throughput"]["timing_inputs"]["28"]["n"] == res["throughput"]["gradings"]
     assert res["backlog"][0]["dsls"][fake_dsl]["all_passed"] and res["throughput"]["all_passed"]
     assert "overhead" not in res

@@ -170,61 +170,6 @@ def test_a_real_worker_yields_between_expectations_and_resumes(fake_dsl, cpu_con
         w.cleanup()
 
 
-def test_grader_bench_counts_a_paused_prepare_once_and_times_its_yields(repo_script):
-    bench = repo_script("benchmarks/grader_bench.py")
-    history = [(10.0, "prepare", 3), (10.4, "yield", 3), (10.5, "yielded", 3), (10.5, "hold:timing", 7),
-               (11.0, "release", 7), (11.0, "prepare", 3), (11.3, "warmed", 3)]
-    q = bench.quiet_table(history, since=5.0)
-    assert q["prepares"]["n"] == 1 and abs(q["prepares"]["median_s"] - 0.8) < 1e-9  # 0.5 s before the pause, 0.3 after
-    assert q["yields"]["n"] == 1 and abs(q["yields"]["max_s"] - 0.1) < 1e-9  # the hold waited 0.1 s, not the rest
-    assert "prefetches paused for a timing phase 1 times" in bench._quiet_line("FIGURE x", q)[0]
-    assert q["yields_finished_instead"]["n"] == 0
-
-
-def test_grader_bench_counts_a_yield_answered_by_the_prepare_finishing(repo_script):
-    bench = repo_script("benchmarks/grader_bench.py")
-    history = [(10.0, "prepare", 3), (10.4, "yield", 3), (10.45, "warmed", 3), (10.45, "hold:timing", 7),
-               (11.0, "release", 7), (12.0, "prepare", 4), (12.1, "yield", 4), (12.2, "forgotten", 4),
-               (13.0, "prepare", 4), (13.5, "warmed", 4)]
-    q = bench.quiet_table(history, since=5.0)
-    assert q["yields"]["n"] == 0
-    assert q["yields_finished_instead"]["n"] == 1 and abs(q["yields_finished_instead"]["max_s"] - 0.05) < 1e-9
-    assert q["prepares"]["n"] == 2  # 0.45 s and the later 0.5 s prepare; the killed one counts nowhere
-    assert "asked but finished instead 1 times" in bench._quiet_line("FIGURE x", q)[0]
-
-
-def test_grader_bench_runs_the_throughput_with_the_yield_off_then_on(grader_bench, tmp_path, fake_dsl, capsys):
-    import json
-
-    from mkb.grader import quiet_for
-
-    out = tmp_path / "out"
-    grader_bench.main(["--smoke", "--device", "cpu", "--sections", "throughput", "--rounds", "1", "--depth", "2",
-                       "--low-water", "1", "--budget-s", "600", "--out", str(out), "--prefetch-yield", "both"])
-    printed = capsys.readouterr().out
-    assert "FIGURE gradings per GPU-hour (prefetch yield off)" in printed
-    assert "FIGURE gradings per GPU-hour (prefetch yield on)" in printed
-    res = json.loads((out / "grader_bench.json").read_text())
-    assert "throughput" not in res and [t["prefetch_yield"] for t in res["throughput_arms"]] == [False, True]
-    assert all(t["all_passed"] for t in res["throughput_arms"])
-    assert quiet_for("cpu").yield_side_work is True  # the process's coordinator is left as shipped
-    assert "FIGURE prefetch yield A/B, arms pooled: off: " in printed and "; on: " in printed
-
-
-def test_grader_bench_pools_alternated_arms_by_setting(repo_script):
-    bench = repo_script("benchmarks/grader_bench.py")
-
-    def arm(on: bool, n: int, el: float, wait: float) -> dict:
-        return {"prefetch_yield": on, "gradings": n, "elapsed_s": el, "steady_gradings_per_gpu_hour": 3600 * n / el,
-                "runs": [{"phases_s": {"worker.run.quiet_wait": wait}}] * n}
-
-    tab = bench.arms_table([arm(False, 10, 30.0, 0.4), arm(True, 10, 20.0, 0.1), arm(False, 10, 10.0, 0.2),
-                            arm(True, 10, 20.0, 0.3)])
-    assert tab["off"]["gradings_per_gpu_hour"] == 3600 * 20 / 40.0 and tab["on"]["gradings_per_gpu_hour"] == 3600 * 20 / 40.0
-    assert abs(tab["off"]["quiet_wait_s_mean"] - 0.3) < 1e-9 and abs(tab["on"]["quiet_wait_s_mean"] - 0.2) < 1e-9
-    assert tab["off"]["runs"] == 2 and len(tab["on"]["steady_per_run"]) == 2
-
-
 def test_a_hold_whose_yield_ask_raises_still_counts_itself_out(fake_dsl, cpu_config):
     """Whatever an ask raises, the hold's pending count comes down, or no spare would ever be sent `go` again."""
     q = GpuQuiet("cpu:94")
@@ -242,25 +187,3 @@ def test_a_hold_whose_yield_ask_raises_still_counts_itself_out(fake_dsl, cpu_con
     q.release(holder, pid=7)
     q.warmed(w)
     assert q.busy() == {"holds": {}, "pending": 0, "waiting": [], "warming": [], "untimed": 0}
-
-
-def test_grader_bench_splits_timing_inputs_by_problem_and_by_a_paused_prepare(repo_script):
-    """Where the yield arm's time went (h200-grader-bench-2-13): each problem's `timing_inputs`, apart for gradings
-    whose prepare paused, with the first pass's new segments where the grader recorded them (2.14)."""
-    bench = repo_script("benchmarks/grader_bench.py")
-
-    def row(problem: int, yields: int | None, inputs: float, segs: int | None = None) -> dict:
-        return {"problem": problem, "prefetch": None if yields is None else {"yields": yields},
-                "phases_s": {"worker.run.timing_inputs": inputs}, "first_pass_segments": segs}
-
-    tab = bench.inputs_table([row(1, 1, 1.8, 112), row(1, 1, 1.9, 110), row(1, 0, 0.02, 0), row(1, None, 0.1),
-                              row(28, 0, 0.025)])
-    assert list(tab) == [1, 28]
-    assert tab[1]["paused"]["n"] == 2 and tab[1]["paused"]["over_1s"] == 2 and abs(tab[1]["paused"]["mean_s"] - 1.85) < 1e-9
-    assert tab[1]["not_paused"]["n"] == 2 and tab[1]["not_paused"]["over_1s"] == 0
-    assert tab[1]["paused"]["first_pass_segments"] == [112, 110] and tab[1]["not_paused"]["first_pass_segments"] == [0]
-    assert "paused" not in tab[28]
-    (line,) = bench._inputs_line("FIGURE x", tab)
-    assert line.startswith("FIGURE x: 1: paused 1.850 s (2 of 2 over 1 s, first-pass segments [110, 112]) / not paused")
-    assert "; 28: not paused 0.025 s (0 of 1 over 1 s)" in line
-
