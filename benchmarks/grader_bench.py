@@ -83,22 +83,21 @@ def _row(v) -> dict:
     }
 
 
-def inputs_table(rows: list[dict]) -> dict[int, dict[str, dict]]:
-    """`worker.run.timing_inputs` by problem, apart for gradings whose prefetched plan paused for a timing phase
-    (`prefetch.yields` > 0) and the rest, with the segments the first pass created (grader 2.14; 0: the worker had the
-    blocks cached): where h200-grader-bench-2-13's yield arm lost its time (problem 1: 1.8 s in 6 of 8)."""
-    out: dict[int, dict[str, dict]] = {}
+def inputs_table(rows: list[dict]) -> dict[int, dict]:
+    """`worker.run.timing_inputs` by problem, with the segments the first pass created (grader 2.14; 0: the worker had
+    the blocks cached): the figures that tell a grading whose timed sets missed the worker's cached blocks (problem 1:
+    1.65 s mean where its prepare had paused for a timing phase, graders 2.13-2.15, against 1.04 s not paused;
+    h200-grader-bench-2-15)."""
+    out: dict[int, dict] = {}
     for r in rows:
-        side = "paused" if ((r.get("prefetch") or {}).get("yields") or 0) > 0 else "not_paused"
-        cell = out.setdefault(r["problem"], {}).setdefault(side, {"n": 0, "inputs_s": [], "first_pass_segments": []})
+        cell = out.setdefault(r["problem"], {"n": 0, "inputs_s": [], "first_pass_segments": []})
         cell["n"] += 1
         cell["inputs_s"].append((r.get("phases_s") or {}).get("worker.run.timing_inputs", 0.0))
         if r.get("first_pass_segments") is not None:
             cell["first_pass_segments"].append(r["first_pass_segments"])
-    for by_side in out.values():
-        for cell in by_side.values():
-            cell["mean_s"] = statistics.fmean(cell["inputs_s"])
-            cell["over_1s"] = sum(x > 1.0 for x in cell["inputs_s"])
+    for cell in out.values():
+        cell["mean_s"] = statistics.fmean(cell["inputs_s"])
+        cell["over_1s"] = sum(x > 1.0 for x in cell["inputs_s"])
     return dict(sorted(out.items()))
 
 
@@ -106,14 +105,9 @@ def _inputs_line(head: str, tab: dict | None) -> list[str]:
     if not tab:
         return []
     parts = []
-    for prob, by_side in tab.items():
-        cells = []
-        for side in ("paused", "not_paused"):
-            c = by_side.get(side)
-            if c:
-                seg = f", first-pass segments {sorted(c['first_pass_segments'])}" if c["first_pass_segments"] else ""
-                cells.append(f"{side.replace('_', ' ')} {c['mean_s']:.3f} s ({c['over_1s']} of {c['n']} over 1 s{seg})")
-        parts.append(f"{prob}: " + " / ".join(cells))
+    for prob, c in tab.items():
+        seg = f", first-pass segments {sorted(c['first_pass_segments'])}" if c["first_pass_segments"] else ""
+        parts.append(f"{prob}: {c['mean_s']:.3f} s ({c['over_1s']} of {c['n']} over 1 s{seg})")
     return [f"{head}: " + "; ".join(parts)]
 
 
@@ -290,10 +284,6 @@ def quiet_table(history, since: float) -> dict:
     started: dict[int, tuple[str, float]] = {}
     imported: dict[int, float] = {}
     waits_deferred: set[int] = set()
-    asked: dict[int, float] = {}  # prepares asked to yield, when
-    ran: dict[int, float] = {}  # a paused prepare's seconds before its pause(s)
-    to_yield: list[float] = []  # seconds from a hold's `yield` to the prepare's `yielded` (what that hold waited)
-    finished: list[float] = []  # asked to yield but finished instead: seconds from `yield` to `warmed`
     at_once = 0  # the most warm-ups and prefetches on the device at one time
     history = sorted(history, key=lambda e: e[0])  # in time order (stable: one instant keeps its order of notes)
     for t, event, pid in history:
@@ -307,22 +297,11 @@ def quiet_table(history, since: float) -> dict:
             started[pid] = (event, t)
             if event == "go" and pid in waits_deferred and pid in imported:
                 deferred.append(t - imported[pid])
-        elif event == "yield" and pid in started:  # a hold asked the prepare to pause (grader 2.13)
-            asked[pid] = t
-        elif event == "yielded" and pid in started:  # paused: the segment so far counts, the rest after `prepare` again
-            _, t0 = started.pop(pid)
-            ran[pid] = ran.get(pid, 0.0) + t - t0
-            if pid in asked:
-                to_yield.append(t - asked.pop(pid))
         elif event == "warmed" and pid in started:
             kind, t0 = started.pop(pid)
-            if pid in asked:
-                finished.append(t - asked.pop(pid))
-            (warm if kind == "go" else prep).append(t - t0 + ran.pop(pid, 0.0))
+            (warm if kind == "go" else prep).append(t - t0)
         elif event == "forgotten":  # killed while warming: no longer on the device, and no duration to count
             started.pop(pid, None)
-            ran.pop(pid, None)
-            asked.pop(pid, None)
         at_once = max(at_once, len(started))
 
     def stats(xs: list[float]) -> dict:
@@ -332,7 +311,7 @@ def quiet_table(history, since: float) -> dict:
     # gradings' phases: which warm-up a timing phase waited behind, and how many ran at once
     timeline = [[round(t - since, 4), event, pid] for t, event, pid in history if t >= since]
     return {"warm_ups": stats(warm), "prepares": stats(prep), "deferred_go": stats(deferred), "at_once_max": at_once,
-            "yields": stats(to_yield), "yields_finished_instead": stats(finished), "timeline": timeline}
+            "timeline": timeline}
 
 
 def _quiet_line(head: str, q: dict | None) -> list[str]:
@@ -342,11 +321,7 @@ def _quiet_line(head: str, q: dict | None) -> list[str]:
     return [f"{head}: spares' GPU warm-ups {w['n']} (median {_f(w['median_s'], '.3f')} s, max {_f(w['max_s'], '.3f')}), "
             f"prefetches {p['n']} (median {_f(p['median_s'], '.3f')} s, max {_f(p['max_s'], '.3f')}); go deferred behind a "
             f"grading's timing phase for {d['n']} spares (imports to go: median {_f(d['median_s'], '.3f')} s, "
-            f"max {_f(d['max_s'], '.3f')}); at most {q.get('at_once_max', '-')} warm-ups and prefetches at once"
-            + (f"; prefetches paused for a timing phase {q['yields']['n']} times (asked to paused: median "
-               f"{_f(q['yields']['median_s'], '.3f')} s, max {_f(q['yields']['max_s'], '.3f')})" if q.get("yields") else "")
-            + (f"; asked but finished instead {q['yields_finished_instead']['n']} times (asked to warmed: median "
-               f"{_f(q['yields_finished_instead']['median_s'], '.3f')} s)" if q.get("yields_finished_instead") else "")]
+            f"max {_f(d['max_s'], '.3f')}); at most {q.get('at_once_max', '-')} warm-ups and prefetches at once"]
 
 
 def clock_warm_table(rows: list[dict]) -> dict:
@@ -492,11 +467,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--low-water", type=int, default=1)
-    ap.add_argument("--prefetch-yield", choices=("on", "off", "both", "abab"), default="on",
-                    help="whether a pending timing phase pauses a running prefetch (grader 2.13); both: the throughput "
-                    "section runs off, then on, on the same device (an A/B of the coordinator; nothing timed changes); "
-                    "abab: off, on, off, on (the order's own effect, the first arm's uncached eager timings among it, "
-                    "falls on both arms)")
     ap.add_argument("--n-timed", type=int, default=100)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--store", default=None)
@@ -541,21 +511,9 @@ def main(argv: list[str] | None = None) -> None:
     if "backlog" in sections:
         res["backlog"] = [backlog(problem=p, dsls=dsls, repeats=a.repeats, config=cfg, store=store, device=a.device,
                                   depth=a.depth, low_water=a.low_water, deadline=deadline) for p in a.problem]
-    from mkb.grader._pool import quiet_for
-
-    arms = {"on": [True], "off": [False], "both": [False, True], "abab": [False, True, False, True]}[a.prefetch_yield]
-    quiet_for(a.device).yield_side_work = arms[-1]  # the other sections run with the last arm's setting
-    for arm in arms:
-        if "throughput" in sections and (deadline is None or time.monotonic() < deadline):
-            quiet_for(a.device).yield_side_work = arm
-            t = throughput(rounds=a.rounds, dsls=dsls, config=cfg, store=store, device=a.device,
-                           depth=a.depth, low_water=a.low_water, deadline=deadline)
-            t["prefetch_yield"] = arm
-            if len(arms) == 1:
-                res["throughput"] = t
-            else:
-                res.setdefault("throughput_arms", []).append(t)
-    quiet_for(a.device).yield_side_work = True
+    if "throughput" in sections and (deadline is None or time.monotonic() < deadline):
+        res["throughput"] = throughput(rounds=a.rounds, dsls=dsls, config=cfg, store=store, device=a.device,
+                                       depth=a.depth, low_water=a.low_water, deadline=deadline)
     res["elapsed_s"] = time.monotonic() - t0
     print(summary(res))
     print(f"[bench] done in {res['elapsed_s']:.0f} s")
@@ -611,44 +569,15 @@ def summary(res: dict) -> str:
                      f"{c['passed']} passed; {_f(c['warm_overhead_s_median'], '.3f')} s over the {c['warm']} with eager "
                      f"and reference cached and a worker ready; largest phases (median s): "
                      + ", ".join(f"{d['phase']} {d['median_s']:.3f}" for d in top))
-    for t in ([res["throughput"]] if res.get("throughput") else []) + list(res.get("throughput_arms") or []):
-        lines += _throughput_lines(t)
-    lines += _arms_lines(res.get("throughput_arms") or [])
+    if res.get("throughput"):
+        lines += _throughput_lines(res["throughput"])
     return "\n".join(lines)
 
 
-def arms_table(arms: list[dict]) -> dict[str, dict]:
-    """The throughput arms pooled by setting (all of one setting's gradings over all of its time), so that an
-    alternated run (abab) reads as one figure per arm; quiet_wait is the time a timing phase waited for side work."""
-    out: dict[str, dict] = {}
-    for key in ("off", "on"):
-        runs = [t for t in arms if t.get("prefetch_yield") == (key == "on")]
-        if not runs:
-            continue
-        n, el = sum(t["gradings"] for t in runs), sum(t["elapsed_s"] for t in runs)
-        waits = [(r.get("phases_s") or {}).get("worker.run.quiet_wait", 0.0) for t in runs for r in t["runs"]]
-        steady = [t["steady_gradings_per_gpu_hour"] for t in runs if t.get("steady_gradings_per_gpu_hour")]
-        out[key] = {"runs": len(runs), "gradings": n, "elapsed_s": el,
-                    "gradings_per_gpu_hour": 3600.0 * n / el if el > 0 else None,
-                    "steady_per_run": steady, "quiet_wait_s_mean": statistics.fmean(waits) if waits else None}
-    return out
-
-
-def _arms_lines(arms: list[dict]) -> list[str]:
-    if len(arms) < 2:
-        return []
-    tab = arms_table(arms)
-    return ["FIGURE prefetch yield A/B, arms pooled: " + "; ".join(
-        f"{k}: {_f(v['gradings_per_gpu_hour'], '.0f')} per GPU-hour ({v['gradings']} gradings in {v['elapsed_s']:.1f} s "
-        f"over {v['runs']} runs; cached-eager rate per run {[round(x) for x in v['steady_per_run']]}), quiet_wait mean "
-        f"{_f(v['quiet_wait_s_mean'], '.3f')} s" for k, v in tab.items())]
-
-
 def _throughput_lines(t: dict) -> list[str]:
-    """One throughput run's figures; an A/B arm says which (`prefetch_yield`)."""
+    """One throughput run's figures."""
     lines = []
-    arm = "" if "prefetch_yield" not in t else f" (prefetch yield {'on' if t['prefetch_yield'] else 'off'})"
-    lines.append(f"FIGURE gradings per GPU-hour{arm}, memory-bound baselines {t['problems']}: {_f(t['gradings_per_gpu_hour'], '.0f')} "
+    lines.append(f"FIGURE gradings per GPU-hour, memory-bound baselines {t['problems']}: {_f(t['gradings_per_gpu_hour'], '.0f')} "
                  f"({t['gradings']} gradings in {t['elapsed_s']:.1f} s, {t['cancelled']} cancelled by the budget; "
                  f"target >= 1500); all passed: {t['all_passed']}; overhead median {_f(t['overhead_s_median'], '.3f')} s, "
                  f"wall median {_f(t['wall_s_median'], '.3f')} s, worker wait median {_f(t['worker_wait_s_median'], '.3f')} s; "
@@ -661,7 +590,7 @@ def _throughput_lines(t: dict) -> list[str]:
         lines.append("FIGURE throughput overhead, largest phases (mean s): "
                      + ", ".join(f"{d['phase']} {d['mean_s']:.3f}" for d in top))
     lines += _quiet_line("FIGURE throughput quiet rule", t.get("quiet"))
-    lines += _inputs_line("FIGURE throughput timing_inputs by problem (mean; prepare paused / not)", t.get("timing_inputs"))
+    lines += _inputs_line("FIGURE throughput timing_inputs by problem (mean)", t.get("timing_inputs"))
     r = t.get("quiet_replayed")
     if r:
         lines.append(f"FIGURE throughput quiet rule replayed: {r['timing_phases']} timing phases, "

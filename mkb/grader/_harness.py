@@ -427,10 +427,7 @@ class _Plan:
     """
 
     def __init__(self, mod: Any, cfg: GraderConfig, rng: random.Random, make: Callable[[int], tuple],
-                 fresh_seed: Callable[[], int], *, device: str = "cpu", prefetch: bool = False,
-                 pause: Callable[[], None] | None = None) -> None:
-        # `pause` runs after each expectation of a prefetched plan: where it may give the device up to a timing phase
-        pause = pause or (lambda: None)
+                 fresh_seed: Callable[[], int], *, device: str = "cpu", prefetch: bool = False) -> None:
         free = _free_bytes(device)
         seed = fresh_seed()
         box: dict[str, int] = {}
@@ -457,7 +454,6 @@ class _Plan:
 
         self.draws = [(seed, keep(first))]
         del first
-        pause()
         if prefetch:
             kept = self.draws[0][1].nbytes() * cfg.n_expectations + self.input_bytes
             if not prefetch_fits(plan_bytes=kept, working_bytes=working, free_bytes=free):
@@ -466,7 +462,6 @@ class _Plan:
         for _ in range(cfg.draws - 1):
             seed = fresh_seed()
             self.draws.append((seed, keep(expect(mod, make(seed)))))
-            pause()
         self.compile_inputs = make(fresh_seed())
         self.n_warm = cfg.n_warmup + rng.randrange(cfg.warmup_jitter + 1)
         self.n_timed = n_timed = cfg.n_timed
@@ -476,7 +471,6 @@ class _Plan:
         for k in sorted(recheck):
             seed = fresh_seed()
             self.recheck_sets[k] = (seed, keep(expect(mod, make(seed))))
-            pause()
         self.final_seed = fresh_seed()
         self.final_expected = keep(expect(mod, make(self.final_seed)))
         kept = [e for _, e in self.draws] + [e for _, e in self.recheck_sets.values()] + [self.final_expected]
@@ -561,19 +555,14 @@ def _release_device_memory(kind: str) -> None:
         torch.cuda.empty_cache()
 
 
-def prepare(msg: dict, *, yield_point: Callable[[Callable[[], None]], float] | None = None) -> dict:
+def prepare(msg: dict) -> dict:
     """Make a job's trusted plan ahead of the job (mkb.grader._prefetch), before anything of a candidate exists here.
 
     Exactly what the job's trusted phase would do first: load the problem, seed the job's rng from its secret and build
     `_Plan` (draws, expectations, re-check sets, the compile call's inputs), declining where the plan would be kept
     otherwise than lazily or would crowd the grading in flight. Kept under `plan_key(msg)`; only a job of that key
-    takes it. Returns the `prepared` reply (its seconds are the prepare's own, outside the job's wall).
-
-    `yield_point(sync)` runs after each expectation: where the parent asked this prepare to give the device up to a
-    timing phase, it syncs (nothing of the plan left running), says so and waits to be resumed, returning the seconds
-    paused. Pausing between expectations changes no value of the plan (each is computed whole, from its own seed)."""
+    takes it. Returns the `prepared` reply (its seconds are the prepare's own, outside the job's wall)."""
     t0 = _perf()
-    paused: list[float] = []
     _PREPARED.clear()
     _PREPARED_LOG.clear()
     sealed = _seal_process()
@@ -583,8 +572,7 @@ def prepare(msg: dict, *, yield_point: Callable[[Callable[[], None]], float] | N
         mod = load_problem(msg["problem"])
         make = _maker(mod, dev, cfg)
         rng = random.Random(msg["secret"])
-        pause = None if yield_point is None else (lambda: paused.append(yield_point(dev.sync)))
-        plan = _Plan(mod, cfg, rng, make, lambda: rng.getrandbits(62), device=dev.kind, prefetch=True, pause=pause)
+        plan = _Plan(mod, cfg, rng, make, lambda: rng.getrandbits(62), device=dev.kind, prefetch=True)
         dev.sync()
     except PrefetchDeclined as exc:
         _release_device_memory(dev.kind)
@@ -596,8 +584,7 @@ def prepare(msg: dict, *, yield_point: Callable[[Callable[[], None]], float] | N
     prepare_s = round(_perf() - t0, 6)
     _PREPARED.update(key=key, mod=mod, make=make, rng=rng, plan=plan, prepare_s=prepare_s)
     return {"ok": True, "key": key, "prepare_s": prepare_s, "plan_bytes": plan.kept_bytes + plan.input_bytes,
-            "expectations": plan.expectations, "sealed": sealed, "yields": sum(1 for x in paused if x > 0),
-            "paused_s": round(sum(paused), 6)}
+            "expectations": plan.expectations, "sealed": sealed}
 
 
 def _seal_process() -> bool | None:

@@ -113,9 +113,7 @@ class GpuQuiet:
         self._waiting: list[Worker] = []
         self._warming: set[Worker] = set()
         self._untimed: set[object] = set()  # gradings in flight whose timing phase has not ended (defer new `go`s)
-        self._yielders: dict[Worker, Callable[[], None]] = {}  # side work that can pause for a hold: how to ask it
         self.defer_s = DEFER_GO_S
-        self.yield_side_work = True  # a pending hold pauses side work that can pause (False: an A/B arm, grader_bench)
         self.history: collections.deque[tuple[float, str, int]] = collections.deque(maxlen=HISTORY_MAX)
 
     def _note(self, event: str, pid: int) -> None:
@@ -194,15 +192,13 @@ class GpuQuiet:
         self._note("go", w.pid)
 
     def side_work(self, w: "Worker", start: Callable[[], None], *, cancel: threading.Event,
-                  lock: threading.Lock | None = None, timeout: float = 3600.0,
-                  on_hold: Callable[[], None] | None = None) -> bool:
+                  lock: threading.Lock | None = None, timeout: float = 3600.0) -> bool:
         """Job-independent GPU work of a ready worker (a prefetched plan, mkb.grader._prefetch), under the warm-up rule.
 
         Waits until no worker of the device is in (or waits for) a GPU-sensitive phase, then calls `start` (which
-        sends the work) and counts `w` as warming until `warmed(w)` or `paused(w)`, so a hold waits for it as for a
-        warm-up. `on_hold` (once, under the coordinator's lock: it must only send) asks the work to pause when a hold
-        comes: a prepare then stops at its next yield point instead of making the timing phase wait for all of it. False
-        when `cancel` is set first, the worker is gone, or `timeout` passes (then `start` is never called).
+        sends the work) and counts `w` as warming until `warmed(w)`, so a hold waits for all of it as for a warm-up
+        (grader 2.16 removed 2.13's pause for a hold: no gain, docs/DESIGN.md "Throughput of one GPU"). False when
+        `cancel` is set first, the worker is gone, or `timeout` passes (then `start` is never called).
         """
         deadline = time.monotonic() + timeout
         with self._cv:
@@ -217,24 +213,14 @@ class GpuQuiet:
                     return False
                 start()
             self._warming.add(w)
-            if on_hold is not None:
-                self._yielders[w] = on_hold
             self._note("prepare", w.pid)
             return True
 
-    def paused(self, w: "Worker") -> None:
-        """`w`'s side work stopped at a yield point (its device work synced) for a hold: no longer counted as warming."""
-        self._off_device(w, "yielded")
-
     def warmed(self, w: "Worker") -> None:
-        self._off_device(w, "warmed")
-
-    def _off_device(self, w: "Worker", event: str) -> None:
         with self._cv:
-            self._yielders.pop(w, None)
             if w in self._warming:
                 self._warming.discard(w)
-                self._note(event, w.pid)
+                self._note("warmed", w.pid)
             self._cv.notify_all()
 
     def hold(self, token: object, what: str, *, pid: int = 0, timeout: float = WARM_WAIT_S) -> float:
@@ -242,14 +228,7 @@ class GpuQuiet:
         t0 = time.monotonic()
         with self._cv:
             self._pending += 1
-            try:  # the count must come down whatever an ask raises, or no spare is ever sent `go` again
-                for w in [x for x in self._warming if x in self._yielders and self.yield_side_work]:  # ask side work to pause
-                    ask = self._yielders.pop(w)
-                    try:
-                        ask()
-                        self._note("yield", w.pid)
-                    except Exception as e:  # noqa: BLE001 - a worker that cannot be asked is waited for (<= timeout) like one that will not pause
-                        self._note(f"yield_failed:{type(e).__name__}", w.pid)
+            try:
                 self._cv.wait_for(lambda: not self._warming, timeout=max(0.0, timeout))
             finally:
                 self._pending -= 1
@@ -283,7 +262,6 @@ class GpuQuiet:
             w._forgotten = True
             if w in self._waiting:
                 self._waiting.remove(w)
-            self._yielders.pop(w, None)
             if w in self._warming:  # a warm-up or prefetch that ends without `warmed` (the record says so)
                 self._warming.discard(w)
                 self._note("forgotten", w.pid)
@@ -336,7 +314,7 @@ def replay_phases(history, *, since: float | None = None) -> PhaseReplay:
             if holding:
                 went.append(f"{event} of {pid} at {t:.6f} beside the hold of {sorted(holding)}")
             warming.add(pid)
-        elif event in ("warmed", "forgotten", "yielded"):
+        elif event in ("warmed", "forgotten"):
             warming.discard(pid)
     return PhaseReplay(timing_phases=holds, beside_timing=tuple(broken), warm_ups_beside_timing=beside_warm,
                        go_beside_timing=tuple(went), beside_teardown=beside_tear)

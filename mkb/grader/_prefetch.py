@@ -11,11 +11,10 @@ Rules kept (each tested in tests/grader/test_prefetch.py):
   for that job only. It is keyed on everything it depends on (`plan_key`): a job whose key differs finds no plan
   (the worker drops it and computes its own), and the secret of a prepare that was not used is never used again.
 - The prepare is GPU work outside any window: it waits for quiet like a spare's warm-up (no worker of the device
-  in a GPU-sensitive phase) and a timing phase waits for a prepare already running (mkb.grader._pool.GpuQuiet).
-  Since grader 2.13 it need not wait for all of it: a pending timing phase asks the prepare to `yield`, and the
-  worker stops after its current expectation, syncs, answers `yielded` (off the warming set) and waits for `resume`,
-  which the parent sends once quiet is back (the waits behind problem 1's prepares were up to 3 s on the H200,
-  events/h200-grader-bench-2-11). The plan's values do not depend on where it paused.
+  in a GPU-sensitive phase) and a timing phase waits for a prepare already running, all of it
+  (mkb.grader._pool.GpuQuiet; that wait is the grading's `quiet_wait`). Grader 2.13 let a pending timing phase pause
+  the prepare instead; 2.16 removed that: no gain in two H200 A/Bs, and a paused prepare cost problem 1's next
+  grading its cached input blocks (docs/DESIGN.md, "Throughput of one GPU").
 - Memory: a prepared plan stays on the device beside the grading in flight, whose free-memory readings
   (`needs_sampling`, the timing loop's input budget) were taken before it existed. So a plan is prefetched only when
   a previous grading of the same problem measured it at most `PREFETCH_FREE_FRACTION` of the free memory it saw,
@@ -40,7 +39,6 @@ from typing import Any
 # take at most this share of the free device memory: the grading in flight read its input budget (a quarter of the
 # free memory) and its sampling decision before the plan existed, so 1/16 leaves it more than two thirds of what it saw
 PREFETCH_FREE_FRACTION = 1 / 16
-CLAIM_MAX_S = 600.0  # the most a job's start waits for its prefetch, pauses included (then it takes a fresh spare)
 PREPARE_LIMIT_S = 60.0  # a prepare still running after this long is a hung worker: killed, the job takes another
 _PLAN_FIELDS = ("problem", "problem_hash", "dsl", "backend", "secret", "config")
 
@@ -116,9 +114,7 @@ class Prepared:
     reply: dict = field(default_factory=dict)
     error: str | None = None
     claimed: bool = False  # a grading took it (its worker is that grading's to kill)
-    yields: int = 0  # times it paused at a yield point for a timing phase
-    deadline: float | None = None  # when the prepare counts as hung: sent_at + PREPARE_LIMIT_S + the time it sat paused
-    paused_since: float | None = None  # paused for a timing phase now, since (its deadline moves while it waits)
+    deadline: float | None = None  # when the prepare counts as hung: sent_at + PREPARE_LIMIT_S (set with sent_at)
     _done: threading.Event = field(default_factory=threading.Event)
     _cancel: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -138,36 +134,19 @@ class Prepared:
             def send() -> None:
                 (send_prepare or (lambda: w.send_job({"type": "prepare", **self.fields})))()
                 self.sent_at = time.monotonic()
+                self.deadline = self.sent_at + PREPARE_LIMIT_S
                 self.state = "sent"
-
-            def ask_to_yield() -> None:  # a hold is pending: stop at the next yield point (mkb.grader._worker)
-                w._send({"type": "yield"})
 
             with self._lock:
                 if self._cancel.is_set():
                     self.state = "cancelled"
                     return
-            started = w.quiet.side_work(w, send, cancel=self._cancel, lock=self._lock, on_hold=ask_to_yield)
+            started = w.quiet.side_work(w, send, cancel=self._cancel, lock=self._lock)
             if not started:
                 if self.state == "waiting":
                     self.state = "cancelled"
                 return
-            self.deadline = self.sent_at + PREPARE_LIMIT_S
-            while True:
-                msg = w.reader.read(self.deadline)
-                if not (isinstance(msg, dict) and msg.get("type") == "yielded"):
-                    break
-                # paused for a timing phase, its work synced: off the warming set until quiet comes back, then resumed
-                self.paused_since = t_paused = time.monotonic()
-                self.yields += 1
-                w.quiet.paused(w)
-                resumed = w.quiet.side_work(w, lambda: w._send({"type": "resume"}), cancel=self._cancel,
-                                            on_hold=ask_to_yield)
-                self.deadline += time.monotonic() - t_paused  # the limit is on preparing, not on waiting for quiet
-                self.paused_since = None
-                if not resumed:
-                    msg = "not resumed (dropped or killed while paused)"
-                    break
+            msg = w.reader.read(self.deadline)
             if isinstance(msg, dict) and msg.get("type") == "prepared":
                 self.reply = {k: v for k, v in msg.items() if k != "type"}
                 if msg.get("ok") and msg.get("key") != self.key:  # never: the worker keyed the plan on other fields
@@ -195,22 +174,20 @@ class Prepared:
         A prepare not yet started is cancelled (its worker, which never saw the plan, is used plainly); one running is
         waited for; a failed one's worker (dead, erring, hung, or dead since) is killed and the job takes a fresh spare.
         `secret_used` says the job gets this prepare's secret (its worker holds the plan made from it). The wait ends,
-        without `timeout`, 5 s after the prepare's own deadline, which moves on while it sits paused for another
-        grading's timing phase: a fixed limit would fail a prepare that only waited its turn."""
+        without `timeout`, 5 s after the prepare's own deadline (its reader gives up there and kills the worker): one
+        sent long before the claim is not given a fresh minute. One not yet sent is cancelled here, under the lock that
+        `send` runs under, so it never will be; the wait for its `_run` thread to see that (within 0.05 s) is bounded
+        by the full limit from the claim."""
         t0 = time.monotonic()
         with self._lock:
             self.claimed = True
             if self.state == "waiting":
                 self._cancel.set()
-        if timeout is not None:
-            self._done.wait(timeout)
-        else:
-            while not self._done.wait(0.5):
-                if time.monotonic() > self._claim_limit(t0):
-                    break
+            limit = (t0 + PREPARE_LIMIT_S if self.deadline is None else self.deadline) + 5
+        self._done.wait(max(0.0, limit - time.monotonic()) if timeout is None else timeout)
         waited = time.monotonic() - t0
         if not self._done.is_set():
-            self.state, self.error = "failed", f"the prepare did not end within {waited:.0f} s (its limit {PREPARE_LIMIT_S:.0f} s, time paused not counted)"
+            self.state, self.error = "failed", f"the prepare did not end within {waited:.0f} s (its limit {PREPARE_LIMIT_S:.0f} s)"
         elif self.state != "failed" and not self.worker.alive():  # died after its prepare, before its job: as a spare would
             self.state, self.error = "failed", f"the worker died before its job (exit {self.worker.proc.poll()})"
         w = self.worker
@@ -223,19 +200,8 @@ class Prepared:
                "prepare_s": self.reply.get("prepare_s"), "prepare_wall_s": (round(self.done_at - self.sent_at, 6)
                                                                           if self.sent_at and self.done_at else None),
                "plan_bytes": self.reply.get("plan_bytes"), "declined": self.reply.get("declined"),
-               "sealed": self.reply.get("sealed"), "yields": self.yields, "paused_s": self.reply.get("paused_s"),
-               "error": self.error}
+               "sealed": self.reply.get("sealed"), "error": self.error}
         return w, rec
-
-    def _claim_limit(self, t0: float) -> float:
-        """When a claim made at `t0` stops waiting: the prepare's deadline (moved on while paused) plus 5 s, or, before
-        it was sent (it waits for quiet: the `_run` thread sees the cancel within 0.05 s), `t0` plus the full limit."""
-        since = self.paused_since  # read first: `_run` moves the deadline on before it clears this (never counted short)
-        deadline = self.deadline
-        if deadline is None:
-            return t0 + PREPARE_LIMIT_S + 5
-        # a pause moves it on, but not for ever: holds that keep coming (one forged by a candidate, say) end at CLAIM_MAX_S
-        return min(deadline + (time.monotonic() - since if since is not None else 0.0) + 5, t0 + CLAIM_MAX_S)
 
     def drop(self) -> None:
         """Its job will not come (cancelled, the queue closing): the worker, which may hold the plan, is killed."""

@@ -46,7 +46,7 @@ class LineReader:
     """Reads JSON lines from a pipe with a deadline; EOF and timeouts are reported, never raised.
 
     The candidate can write to this pipe, so nothing it writes may hold the reader past the
-    deadline: a passed deadline gets one look at the pipe (a worker's yield point answers at once),
+    deadline: a passed deadline gets one look at the pipe (a reply already written is still read),
     and a line longer than LINE_MAX is dropped as a bad line rather than buffered without end.
     """
 

@@ -32,26 +32,6 @@ def _read_msg(jobs, want: str | None = None) -> dict:
             return msg
 
 
-def _yield_point(jobs, result_fd: int):
-    """A prepare's yield point: if the parent asked it to give the device up (a `yield`: a timing phase waits), sync,
-    answer `yielded` and wait for `resume`; returns the seconds paused (0.0: not asked). Only `yield` is looked for
-    here: while a prepare runs the parent sends nothing else, and a `yield` that comes after the plan is done is one
-    of the stray messages the job loop skips."""
-    from mkb.grader._protocol import write_msg
-
-    def point(sync) -> float:
-        msg = jobs.read(time.monotonic())  # a poll: never waits
-        if not (isinstance(msg, dict) and msg.get("type") == "yield"):
-            return 0.0
-        t0 = time.monotonic()
-        sync()
-        write_msg(result_fd, {"type": "yielded"})
-        _read_msg(jobs, "resume")
-        return time.monotonic() - t0
-
-    return point
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="mkb-grader-worker")
     ap.add_argument("--job-fd", type=int, required=True)
@@ -111,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
             if job.get("type") == "job":
                 break
             if job.get("type") == "prepare":  # no candidate exists here yet: the reply carries no nonce
-                write_msg(a.result_fd, {"type": "prepared", **harness.prepare(job, yield_point=_yield_point(jobs, a.result_fd))})
+                write_msg(a.result_fd, {"type": "prepared", **harness.prepare(job)})
     except EOFError:
         os._exit(3)
     nonce = job.pop("nonce")

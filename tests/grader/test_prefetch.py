@@ -152,6 +152,108 @@ def test_a_prepare_waits_for_a_hold_and_a_hold_waits_for_a_prepare_running():
     q.release(holder)
 
 
+class _ScriptedWorker:
+    """The parent's view of a preparing worker: its `prepared` reply comes when the test says (`answer`); with
+    `deaf`, its reader also ignores the deadline (the claim's own limit is then all that ends the wait)."""
+
+    _forgotten = _urgent = _deferred = False
+    pid = 41
+    imported_at = None
+
+    def __init__(self, quiet: GpuQuiet, *, deaf: bool = False) -> None:
+        self.quiet, self.sent, self.key, self.deaf, self.killed = quiet, [], None, deaf, False
+        self._replies: list[dict] = []
+        self._cv = threading.Condition()
+        self.reader = self
+
+    def _send(self, msg: dict) -> None:
+        with self._cv:
+            self.sent.append(msg["type"])
+
+    def answer(self) -> None:
+        with self._cv:
+            self._replies.append({"type": "prepared", "ok": True, "key": self.key, "prepare_s": 0.1})
+            self._cv.notify_all()
+
+    def read(self, deadline: float):
+        with self._cv:
+            while not self._replies:
+                if self.killed:
+                    return "eof"
+                left = deadline - time.monotonic()
+                if left <= 0 and not self.deaf:
+                    return "timeout"
+                self._cv.wait(0.05 if self.deaf else left)
+            return self._replies.pop(0)
+
+    def alive(self) -> bool:
+        return not self.killed
+
+    def kill(self, wait: bool = True) -> None:
+        with self._cv:
+            self.killed = True
+            self._cv.notify_all()
+
+    def cleanup(self) -> None:
+        pass
+
+
+def _sent_prepare(q: GpuQuiet, cfg: GraderConfig, **kw) -> tuple[_ScriptedWorker, Prepared]:
+    """A prefetch started on a scripted worker of `q`, once its prepare is sent (it is then on the warming set)."""
+    w = _ScriptedWorker(q, **kw)
+    p = Prepared.for_job(w, "job", _fields(cfg))
+    w.key = p.key
+    p.start(send_prepare=lambda: w.sent.append("prepare"))
+    deadline = time.monotonic() + 10
+    while p.state != "sent" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return w, p
+
+
+def test_a_timing_phase_waits_for_the_whole_running_prepare_and_asks_it_nothing(fake_dsl, cpu_config):
+    """Grader 2.16 (2.13's pause removed): a pending hold sends the preparing worker nothing and enters once the
+    prepare has ended; the record shows no prepare beside a timing phase."""
+    from mkb.grader._pool import replay_phases
+
+    q = GpuQuiet("cpu:93")
+    w, p = _sent_prepare(q, cpu_config)
+    assert p.state == "sent" and q.busy()["warming"] == [41]
+    threading.Timer(0.5, w.answer).start()
+    holder = object()
+    waited = q.hold(holder, "timing", pid=7, timeout=30)
+    assert 0.4 <= waited < 10 and w.sent == ["prepare"] and q.busy()["warming"] == []
+    q.release(holder, pid=7)
+    worker, rec = p.claim(timeout=10)
+    assert worker is w and rec["state"] == "ready" and not w.killed, rec
+    assert "yields" not in rec and "paused_s" not in rec
+    assert [e for _, e, pid in q.history if pid in (41, 7)] == ["prepare", "warmed", "hold:timing", "release"]
+    r = replay_phases(list(q.history))
+    assert r.warm_ups_beside_timing == 0 and r.go_beside_timing == () and r.beside_timing == ()
+
+
+def test_a_claim_gives_up_5_s_past_the_prepares_own_deadline(fake_dsl, cpu_config, monkeypatch):
+    """A hung prepare fails its claim and its worker is killed: the claim waits until the prepare's deadline (set when
+    it was sent) plus 5 s, so a claim made well after the send is not given a fresh limit of its own."""
+    from mkb.grader import _prefetch
+
+    monkeypatch.setattr(_prefetch, "PREPARE_LIMIT_S", 1.0)
+    w, p = _sent_prepare(GpuQuiet("cpu:95"), cpu_config, deaf=True)  # never answers, and its reader never gives up
+    assert p.deadline == pytest.approx(p.sent_at + 1.0)
+    time.sleep(2.0)  # the claim comes 2 s after the send: 4 s left of deadline + 5
+    t0 = time.monotonic()
+    worker, rec = p.claim()
+    waited = time.monotonic() - t0
+    assert worker is None and rec["state"] == "failed" and w.killed, rec
+    assert 3.0 < waited < 5.5 and "its limit 1 s" in rec["error"], (waited, rec)
+
+    # a reader that keeps its deadline ends the prepare itself: the claim finds it failed at once
+    w2, p2 = _sent_prepare(GpuQuiet("cpu:97"), cpu_config)
+    time.sleep(1.5)
+    t0 = time.monotonic()
+    worker, rec = p2.claim()
+    assert worker is None and rec["state"] == "failed" and w2.killed and time.monotonic() - t0 < 1.0, rec
+
+
 # ---------------- end to end through a queue ----------------
 
 def test_a_backlog_gets_its_plans_prefetched_and_each_verdict_says_so(tmp_path, fake_dsl, cpu_config, store):
@@ -183,7 +285,7 @@ def test_a_backlog_gets_its_plans_prefetched_and_each_verdict_says_so(tmp_path, 
         assert v.stage("compile").figures["trusted_phases_s"]["draws_and_recheck_sets"] < p["prepare_s"]
         assert details[v.evaluation_id]["prefetch"]["prepare_s"] == pytest.approx(p["prepare_s"])
     # the quiet rule, replayed from this test's part of the record: no timing phase beside another, no prepare or `go`
-    # sent while one was held, and none entered while a prepare ran (it waited for the prepare's end or its yield)
+    # sent while one was held, and none entered while a prepare ran (it waited for the prepare's end)
     hist = list(quiet_for("cpu:62").history)
     assert [e for t, e, _ in hist if t >= since and e == "prepare"], hist
     replay = replay_phases(hist, since=since)
@@ -321,6 +423,21 @@ def test_grader_bench_clock_warm_table_counts_warm_ups_that_found_the_clock_at_m
                  "idle_s_max_first_at_max": 0.4, "by_clock": 2}
 
 
+def test_grader_bench_tables_timing_inputs_by_problem(repo_script):
+    """Each problem's `timing_inputs` with the first pass's new segments where the grader recorded them (2.14)."""
+    bench = repo_script("benchmarks/grader_bench.py")
+
+    def row(problem: int, inputs: float, segs: int | None = None) -> dict:
+        return {"problem": problem, "phases_s": {"worker.run.timing_inputs": inputs}, "first_pass_segments": segs}
+
+    tab = bench.inputs_table([row(28, 0.025), row(1, 1.8, 112), row(1, 0.02, 0), row(1, 0.1)])
+    assert list(tab) == [1, 28]
+    assert tab[1]["n"] == 3 and tab[1]["over_1s"] == 1 and abs(tab[1]["mean_s"] - 0.64) < 1e-9
+    assert tab[1]["first_pass_segments"] == [112, 0] and tab[28]["first_pass_segments"] == []
+    (line,) = bench._inputs_line("FIGURE x", tab)
+    assert line == "FIGURE x: 1: 0.640 s (1 of 3 over 1 s, first-pass segments [0, 112]); 28: 0.025 s (0 of 1 over 1 s)"
+
+
 def test_grader_bench_quiet_table_times_warm_ups_prefetches_and_deferred_gos(repo_script):
     bench = repo_script("benchmarks/grader_bench.py")
     history = [(0.5, "imported", 9), (0.6, "go", 9), (1.0, "warmed", 9),  # before `since`: not counted
@@ -379,8 +496,8 @@ def test_grader_bench_main_runs_the_lead_s_sections(grader_bench, tmp_path, fake
     assert "FIGURE gradings per GPU-hour" in printed and "prefetch {" in printed
     assert "FIGURE throughput quiet rule: spares' GPU warm-ups" in printed and "FIGURE backlog quiet rule" in printed
     assert "FIGURE throughput quiet rule replayed: " in printed and " timing phases, 0 beside another's, 0 spares'" in printed
-    assert "FIGURE throughput timing_inputs by problem (mean; prepare paused / not): 28: " in printed
+    assert "FIGURE throughput timing_inputs by problem (mean): 28: " in printed
     res = json.loads((out / "grader_bench.json").read_text())
-    assert sum(c["n"] for c in res["throughput"]["timing_inputs"]["28"].values()) == res["throughput"]["gradings"]
+    assert res["throughput"]["timing_inputs"]["28"]["n"] == res["throughput"]["gradings"]
     assert res["backlog"][0]["dsls"][fake_dsl]["all_passed"] and res["throughput"]["all_passed"]
     assert "overhead" not in res
