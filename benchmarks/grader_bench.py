@@ -80,7 +80,28 @@ def _row(v) -> dict:
         "hold_build": comp.figures.get("hold_build") if comp else None,
         "phases_s": v.phases_s,
         "first_pass_segments": tim.figures.get("input_sets_first_pass_segments") if tim else None,
+        "device_code": comp.figures.get("device_code") if comp else None,
     }
+
+
+def device_code_table(rows: list[dict]) -> dict:
+    """Per DSL: what the queue made ahead (grader 2.17's states), the worker's reads, and the candidate compile's mean
+    with builds read against without (the phase a precompile takes off)."""
+    out: dict = {}
+    for r in rows:
+        d = r.get("device_code") or {}
+        t = out.setdefault(r["dsl"], {"states": {}, "hits": 0, "misses": 0, "uncacheable": 0, "_hit": [], "_cold": []})
+        st = str(d.get("state")) if d else "none"
+        t["states"][st] = t["states"].get(st, 0) + 1
+        for k in ("hits", "misses", "uncacheable"):
+            t[k] += int(d.get(k) or 0)
+        if r.get("compile_s") is not None:
+            (t["_hit"] if d.get("hits") else t["_cold"]).append(r["compile_s"])
+    for t in out.values():
+        hit, cold = t.pop("_hit"), t.pop("_cold")
+        t.update(n_read=len(hit), compile_s_mean_read=statistics.fmean(hit) if hit else None,
+                 n_not_read=len(cold), compile_s_mean_not_read=statistics.fmean(cold) if cold else None)
+    return out
 
 
 def inputs_table(rows: list[dict]) -> dict[int, dict]:
@@ -398,7 +419,7 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
            "steady_gradings": len(steady),
            "steady_gradings_per_gpu_hour": 3600.0 / statistics.fmean(steady) if steady else None,
            "quiet": quiet_table(quiet_for(device).history, since), "warm_start": warm_start_table(rows),
-           "timing_inputs": inputs_table(rows),
+           "timing_inputs": inputs_table(rows), "device_code": device_code_table(rows),
            "quiet_replayed": dataclasses.asdict(replay_phases(list(quiet_for(device).history), since=since))}
     log("[bench] throughput: overhead by phase (every grading):\n" + format_phases(res["phases"]))
     log(f"[bench] throughput: {len(rows)} gradings of {len(base)} memory-bound baselines in {elapsed:.1f} s: "
@@ -477,6 +498,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--name", default="h200-grader-bench-2-5", help="the dataset folder name inside events.tar.gz")
     ap.add_argument("--floor-hold-us", type=float, default=None, help="GraderConfig.floor_hold_us (an A/B arm: the SM hold "
                     "behind the side-work check's empty calls; recorded as a config override on every verdict)")
+    ap.add_argument("--precompile", choices=("on", "off"), default=None, help="GraderConfig.precompile (an A/B arm: "
+                    "'off' compiles every TIRx kernel in its worker, as before grader 2.17; recorded as a config override)")
     ap.add_argument("--smoke", action="store_true", help="GraderConfig.quick at smoke size (a CPU check of this script; never a figure)")
     a = ap.parse_args(argv)
     from mkb.grader import GraderConfig
@@ -490,6 +513,8 @@ def main(argv: list[str] | None = None) -> None:
         device=a.device.split(":")[0], size="smoke", start_limit_s=120.0, wall_limit_s=60.0, compile_limit_s=30.0)
     if a.floor_hold_us is not None:
         cfg = dataclasses.replace(cfg, floor_hold_us=a.floor_hold_us)
+    if a.precompile is not None:
+        cfg = dataclasses.replace(cfg, precompile=a.precompile)
     dsls = tuple(a.dsl) if a.dsl else None
     res: dict = {"budget_s": a.budget_s, "config_overrides": cfg.overrides()}  # an A/B arm's figures say so
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -589,6 +614,11 @@ def _throughput_lines(t: dict) -> list[str]:
     if top:
         lines.append("FIGURE throughput overhead, largest phases (mean s): "
                      + ", ".join(f"{d['phase']} {d['mean_s']:.3f}" for d in top))
+    for dsl, d in (t.get("device_code") or {}).items():
+        lines.append(f"FIGURE throughput device code made ahead, {dsl}: states {d['states']}; worker reads: {d['hits']} "
+                     f"hits, {d['misses']} misses, {d['uncacheable']} uncacheable; candidate compile mean "
+                     f"{_f(d['compile_s_mean_read'], '.3f')} s over {d['n_read']} gradings that read a build, "
+                     f"{_f(d['compile_s_mean_not_read'], '.3f')} s over {d['n_not_read']} that did not")
     lines += _quiet_line("FIGURE throughput quiet rule", t.get("quiet"))
     lines += _inputs_line("FIGURE throughput timing_inputs by problem (mean)", t.get("timing_inputs"))
     r = t.get("quiet_replayed")

@@ -279,3 +279,23 @@ def test_a_queue_asks_for_each_queued_job_and_hands_each_grading_what_was_made(m
     with GradingQueue(device="cpu", writer=_NullWriter(), dsls=(), precompile_arch="sm_90a",
                       config=GraderConfig(device="cpu", precompile="off")) as queue:
         assert queue.precompiler is None
+
+
+def test_the_bench_tables_what_each_dsl_got_made_ahead_and_the_compile_with_and_without_it() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import grader_bench as gb
+
+    rows = [{"dsl": "tirx", "compile_s": 0.3, "device_code": {"state": "ready", "hits": 1, "misses": 0, "uncacheable": 0}},
+            {"dsl": "tirx", "compile_s": 1.1, "device_code": {"state": "late", "seconds": 2.0}},
+            {"dsl": "tirx", "compile_s": 0.5, "device_code": {"state": "ready", "hits": 2, "misses": 1, "uncacheable": 0}},
+            {"dsl": "cute", "compile_s": 0.9, "device_code": None}]
+    t = gb.device_code_table(rows)
+    assert t["tirx"]["states"] == {"ready": 2, "late": 1} and (t["tirx"]["hits"], t["tirx"]["misses"]) == (3, 1)
+    assert t["tirx"]["n_read"] == 2 and t["tirx"]["compile_s_mean_read"] == pytest.approx(0.4)
+    assert t["tirx"]["n_not_read"] == 1 and t["tirx"]["compile_s_mean_not_read"] == pytest.approx(1.1)
+    assert t["cute"] == {"states": {"none": 1}, "hits": 0, "misses": 0, "uncacheable": 0, "n_read": 0,
+                         "compile_s_mean_read": None, "n_not_read": 1, "compile_s_mean_not_read": 0.9}
+    line = "\n".join(gb._throughput_lines({"problems": [28], "gradings_per_gpu_hour": 1.0, "gradings": 4, "elapsed_s": 1.0,
+                                            "cancelled": 0, "all_passed": True, "overhead_s_median": 0.1,
+                                            "wall_s_median": 1.0, "worker_wait_s_median": 0.0, "device_code": t}))
+    assert "device code made ahead, tirx: states {'ready': 2, 'late': 1}; worker reads: 3 hits" in line
