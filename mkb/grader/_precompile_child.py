@@ -48,7 +48,7 @@ def _emit(payload: dict) -> None:
     print("MKB_PRECOMPILE " + json.dumps(payload), flush=True)
 
 
-def sources(dsl: str, kernel: Path, problem: int, size: str, folder: Path) -> int:
+def sources(dsl: str, kernel: Path, problem: str, size: str, folder: Path) -> int:
     why, guards = _confine([folder])
     if why is not None:
         _emit({"error": why})
@@ -59,7 +59,7 @@ def sources(dsl: str, kernel: Path, problem: int, size: str, folder: Path) -> in
     from mkb.problems import find_problem, load_problem
 
     backend = get_backend(dsl)
-    prob = load_problem(find_problem(problem))
+    prob = load_problem(find_problem(int(problem) if problem.isdigit() else problem))
     inputs = prob.make_inputs(0, device="cpu", size=size)
     backend.compile_only_patches()
     recorded = backend.record_device_code()
@@ -86,7 +86,7 @@ def build(dsl: str, sources_json: Path, out: Path, gpu_arch: str) -> int:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["sources"] and len(argv) == 6:
-        return sources(argv[1], Path(argv[2]), int(argv[3]), argv[4], Path(argv[5]))
+        return sources(argv[1], Path(argv[2]), argv[3], argv[4], Path(argv[5]))
     if argv[:1] == ["build"] and len(argv) == 5:
         return build(argv[1], Path(argv[2]), Path(argv[3]), argv[4])
     print(__doc__, file=sys.stderr)
