@@ -228,7 +228,11 @@ def _compile_only_patches() -> dict:
 # The key names everything the nvcc command line depends on, so a hit is the bytes the worker's own nvcc would make.
 
 _KEY_ENV = ("TVM_CUDA_NVCC_NO_FAST_MATH", "TVM_CUDA_PTXAS_REG_LEVEL", "TVM_CUDA_PTXAS_EXTRA_OPTS", "CUDA_PATH",
-            "MKB_MATH_POLICY")
+            "MKB_MATH_POLICY", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
+# what a source may not use to be built ahead: each makes the build depend on where and when it runs (a quoted or
+# absolute include reads a file beside the build, the clock macros the time), so the builder's bytes could differ
+# from the worker's own nvcc's; such a source is compiled in the worker, as before
+_PLACE_BOUND = re.compile(r'#\s*include\s*(?:"|<\s*/)|__has_include|__TIME__|__DATE__|__TIMESTAMP__|__FILE__|__BASE_FILE__')
 
 
 def _device_code_key(code: str, target_format: str | None, arch, options, path_target, compiler: str) -> str | None:
@@ -260,7 +264,9 @@ def _device_code_key(code: str, target_format: str | None, arch, options, path_t
             resolved = "".join(nvcc.get_target_compute_version(target).split("."))
         except Exception:  # noqa: BLE001 - no device to ask: nothing made ahead can be this call's
             return None
-    ident = [code, target_format, resolved, options, compiler, nvcc.__file__, tvm.__version__,
+    import shutil
+
+    ident = [code, target_format, resolved, options, compiler, nvcc.__file__, tvm.__version__, shutil.which("nvcc"),
              {k: os.environ.get(k) for k in _KEY_ENV}]
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -283,7 +289,7 @@ def _record_device_code() -> list[str]:
 
 def _build_device_code(sources: list[str], folder: Path, *, gpu_arch: str) -> list[str]:
     """Build each source as a worker's TVM would into `folder/<key>.bin`; returns the keys built (a source that does not
-    compile is left out: the worker's own nvcc then says why).
+    compile, or whose build would depend on where or when it runs, is left out: the worker compiles it).
 
     Twice where the arch has a feature suffix: under a `cuda` target of `gpu_arch` (sm_90a, what a kernel that names
     its target gets) and of the plain arch (sm_90: the command nvcc gets where the worker's call has no target in
@@ -296,6 +302,8 @@ def _build_device_code(sources: list[str], folder: Path, *, gpu_arch: str) -> li
     for arch in dict.fromkeys((full, full.rstrip("af") if full[-1:] in ("a", "f") else full)):
         with tvm.target.Target({"kind": "cuda", "arch": arch}):
             for code in sources:
+                if _PLACE_BOUND.search(code):
+                    continue
                 key = _device_code_key(code, "fatbin", None, None, None, "nvcc")
                 if key is None or key in keys:
                     continue

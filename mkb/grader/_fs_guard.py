@@ -44,6 +44,7 @@ _REFER = 1 << 13  # ABI 2: link or rename across folders
 _TRUNCATE = 1 << 14  # ABI 3
 _RESTRICT_SELF_TSYNC = 1 << 3  # ABI 8: landlock_restrict_self applies to every thread of the process
 _IOCTL_DEV = 1 << 15  # ABI 5: ioctl on a device file (every call of the GPU driver is one)
+_MAKE_DEVICES = (1 << 6) | (1 << 11)  # MAKE_CHAR, MAKE_BLOCK: a device node made in a writable folder reaches its driver
 
 
 def _writes(abi: int) -> int:
@@ -127,14 +128,17 @@ def confine_writes(writable: list[Path] | tuple[Path, ...], *, device_ioctls: bo
 
     Each folder in `writable` that exists gets every write right; a missing one is skipped (named in the note).
     `device_ioctls=False` (a process that must not reach the GPU: mkb.grader._precompile's sandbox) also refuses ioctl
-    on any device file outside `writable` where the kernel can (ABI >= 5); the device files' write access is refused
-    at every ABI."""
+    on any device file where the kernel can (ABI >= 5) and making a device node even beneath `writable`; the device
+    files' write access is refused at every ABI."""
     abi = landlock_abi()
     if abi < 1:
         return FsGuard(False, 0, (), "no Landlock here (Linux >= 5.13 with landlock among its LSMs; a container's "
                                      "seccomp profile may block its syscalls)")
     libc = _libc()
     handled = _writes(abi) | (_IOCTL_DEV if not device_ioctls and abi >= 5 else 0)
+    # what the writable folders allow: every handled right, but without device ioctls not a device node made there
+    # (a node of the GPU's major number in the sandbox's own folder would reach the driver) nor ioctl beneath them
+    granted = handled & ~(_MAKE_DEVICES | _IOCTL_DEV) if not device_ioctls else handled
     attr = _RulesetAttr(handled, _NET_TCP if abi >= 4 else 0, (_SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX) if abi >= 6 else 0)
     threads_before = _threads() - 1
     ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(_ruleset_size(abi)),
@@ -151,7 +155,7 @@ def confine_writes(writable: list[Path] | tuple[Path, ...], *, device_ioctls: bo
                 skipped.append(str(folder))
                 continue
             try:
-                rule = _PathBeneathAttr(handled, fd)
+                rule = _PathBeneathAttr(granted, fd)
                 if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
                                 ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
                     return FsGuard(False, abi, (), f"landlock_add_rule({folder}) failed: {os.strerror(ctypes.get_errno())}")

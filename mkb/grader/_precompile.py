@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mkb.grader._precompile_child import GUARDS_FD_ENV
+
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 SANDBOX_LIMIT_S = 90.0  # wall seconds for the sandbox (imports, one traced solve)
 BUILD_LIMIT_S = 180.0  # wall seconds for the builder (nvcc per source)
@@ -95,15 +97,22 @@ class Precompiler:
 
     @staticmethod
     def _key(job: Any) -> tuple:
-        path = Path(job.kernel_path).resolve()
+        path = os.path.realpath(job.kernel_path)  # a symlink loop names itself, never raises
         try:
-            stamp = path.stat().st_mtime_ns
+            stamp = os.stat(path).st_mtime_ns
         except OSError:
             stamp = None
-        return (str(job.problem), job.dsl, str(path), stamp)
+        return (str(job.problem), job.dsl, path, stamp)
 
     def request(self, job: Any) -> bool:
-        """Start making `job`'s device code when a slot frees (False: its DSL makes none ahead, or already asked)."""
+        """Start making `job`'s device code when a slot frees (False: its DSL makes none ahead, already asked, or
+        anything went wrong: a precompile never fails a submission)."""
+        try:
+            return self._request(job)
+        except Exception:  # noqa: BLE001 - the grading compiles in its worker, as without a precompile
+            return False
+
+    def _request(self, job: Any) -> bool:
         from mkb.grader._backends import backend_from_target, backend_target
 
         backend = backend_from_target(backend_target(job.dsl), job.dsl)
@@ -119,7 +128,14 @@ class Precompiler:
         return True
 
     def take(self, job: Any) -> DeviceCode:
-        """What was made for `job`, now: ready, or the task stopped (late) or failed; OFF where none was asked."""
+        """What was made for `job`, now: ready, or the task stopped (late) or failed; OFF where none was asked. Never
+        raises: a precompile never fails a grading."""
+        try:
+            return self._take(job)
+        except Exception as exc:  # noqa: BLE001
+            return DeviceCode("failed", note=f"take: {type(exc).__name__}: {exc}"[:500])
+
+    def _take(self, job: Any) -> DeviceCode:
         with self._lock:
             task = self._tasks.pop(self._key(job), None)
         if task is None:
@@ -168,17 +184,26 @@ class Precompiler:
         else:  # its thread removes the folder once its process is gone
             task.future.add_done_callback(lambda _f, d=task.folder: shutil.rmtree(d, ignore_errors=True))
 
-    def _run(self, task: _Task, args: list[str], env: dict[str, str], limit_s: float) -> tuple[int | None, str, str]:
-        """Run one child in its own session, killed at `limit_s` or when the task is stopped; (rc, stdout, stderr)."""
+    def _run(self, task: _Task, args: list[str], env: dict[str, str], limit_s: float,
+             guards: list[str] | None = None) -> tuple[int | None, str, str]:
+        """Run one child in its own session, killed at `limit_s` or when the task is stopped; (rc, stdout, stderr).
+        `guards` gets the line the child wrote on its own pipe before any candidate code ran (the sandbox's)."""
         if task.cancelled.is_set():
             return None, "", "stopped"
         out_f = tempfile.TemporaryFile()
         err_f = tempfile.TemporaryFile()
-        with task.lock:
-            task.proc = subprocess.Popen([self.python, "-m", "mkb.grader._precompile_child", *args], env=env,
-                                         stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
-                                         start_new_session=True, close_fds=True)
-            proc = task.proc
+        r, w = os.pipe()
+        try:
+            with task.lock:
+                task.proc = subprocess.Popen([self.python, "-m", "mkb.grader._precompile_child", *args],
+                                             env={**env, GUARDS_FD_ENV: str(w)}, stdin=subprocess.DEVNULL,
+                                             stdout=out_f, stderr=err_f, start_new_session=True, close_fds=True,
+                                             pass_fds=(w,))
+                proc = task.proc
+        finally:
+            os.close(w)
+        reader = threading.Thread(target=_read_guards, args=(r, guards if guards is not None else []), daemon=True)
+        reader.start()
         deadline = time.monotonic() + limit_s
         while proc.poll() is None:
             if task.cancelled.is_set() or time.monotonic() > deadline:
@@ -193,6 +218,7 @@ class Precompiler:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        reader.join(5)
         out_f.seek(0)
         err_f.seek(0)
         stdout = out_f.read(MAX_OUTPUT_BYTES + 1).decode(errors="replace")
@@ -227,8 +253,9 @@ class Precompiler:
         copy = sandbox / "kernel.py"  # the sandbox reads its own copy: the file it was asked for may change meanwhile
         copy.write_text(source)
         problem = str(job.problem)
+        reported: list[str] = []
         rc, stdout, stderr = self._run(task, ["sources", job.dsl, str(copy), problem, self.size, str(sandbox)],
-                                       self._env(backend, sandbox), SANDBOX_LIMIT_S)
+                                       self._env(backend, sandbox), SANDBOX_LIMIT_S, guards=reported)
         payload = _payload(stdout)
         if rc != 0 or "sources" not in payload:
             why = payload.get("error") or ("stopped" if rc is None else f"exit {rc}: {stderr.strip()[-300:]}")
@@ -238,7 +265,7 @@ class Precompiler:
             return DeviceCode("failed", sources=len(srcs), note="sandbox: more source than is built ahead")
         if not srcs:
             return DeviceCode("failed", note="sandbox: no device source recorded")
-        guards = str(payload.get("guards") or "")[:1000].replace(str(sandbox), "<sandbox>")
+        guards = (reported[0] if reported else "").replace(str(sandbox), "<sandbox>")
         shutil.rmtree(sandbox, ignore_errors=True)  # nothing of the sandbox's is read from here on
         listing = build_tmp / "sources.json"
         listing.write_text(json.dumps(srcs))
@@ -251,6 +278,22 @@ class Precompiler:
         shutil.rmtree(build_tmp, ignore_errors=True)
         return DeviceCode("ready", folder=out, seconds=round(time.monotonic() - t0, 3), sources=len(srcs),
                           builds=len(payload["keys"]), sandbox=guards)
+
+
+def _read_guards(fd: int, into: list[str]) -> None:
+    """The child's guards line: what it wrote on the pipe before closing it (then the candidate's code may run)."""
+    chunks = []
+    try:
+        while True:
+            b = os.read(fd, 4096)
+            if not b or sum(map(len, chunks)) > 4000:
+                break
+            chunks.append(b)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    into.append(b"".join(chunks).decode(errors="replace")[:2000])
 
 
 def _payload(stdout: str) -> dict:

@@ -217,6 +217,8 @@ class GradingQueue:
             if not fut.set_running_or_notify_cancel():
                 if prepared is not None:  # its job will not be graded: the spare holding its plan goes
                     prepared.drop()
+                if self.precompiler is not None:  # nor its device code: stopped, its folder removed
+                    self.precompiler.release(self.precompiler.take(job))
                 continue  # cancelled by its producer while it waited
             wait = time.monotonic() - entry.submitted
             code = self.precompiler.take(job) if self.precompiler is not None else None
@@ -335,10 +337,12 @@ _OPEN_LOCK = threading.Lock()
 
 
 def _precompiler_for(cfg: GraderConfig, kind: str, arch: str | None) -> Precompiler | None:
-    """The queue's precompiler, or None: turned off, no Landlock to confine its sandbox, or a CPU queue not asked."""
+    """The queue's precompiler, or None: turned off, no Landlock (>= 6) to confine its sandbox, or a CPU queue not asked."""
     from mkb.grader._fs_guard import landlock_abi
 
-    if cfg.precompile == "off" or landlock_abi() < 1:
+    from mkb.grader._precompile_child import MIN_LANDLOCK_ABI
+
+    if cfg.precompile == "off" or landlock_abi() < MIN_LANDLOCK_ABI:
         return None
     if arch is None and kind == "cuda":
         from mkb.measure._device import UnsupportedGpu, detect_arch

@@ -22,7 +22,7 @@ from mkb.problems import baselines
 
 pytestmark = [pytest.mark.dsl]
 
-needs_landlock = pytest.mark.skipif(landlock_abi() < 1, reason="the sandbox refuses to run without Landlock")
+needs_landlock = pytest.mark.skipif(landlock_abi() < 6, reason="the sandbox refuses to run without Landlock ABI >= 6")
 ROOT = Path(__file__).resolve().parents[2]
 TIRX_28 = next(b for b in baselines([28], dsls=["tirx"]))
 
@@ -82,7 +82,7 @@ def test_a_queued_tirx_kernel_is_built_ahead_and_only_a_call_with_its_key_reads_
         assert code.sources == 1 and code.builds == 2 and code.seconds > 0  # sm_90a, and sm_90 for a call without a target
         builds = list(code.folder.glob("*.bin"))
         assert len(builds) == 2 and all(b.stat().st_size > 1000 for b in builds)  # real fatbins from nvcc
-        assert "device ioctls refused" in code.sandbox or landlock_abi() < 5
+        assert "device nodes and ioctls refused; no capabilities" in code.sandbox and "the sandbox's" in code.sandbox
         assert not (code.folder.parent / "sandbox").exists()  # nothing of the sandbox's is kept
         # the source the sandbox recorded, as the worker's TVM passes it: read back, nvcc not run
         sources = _sources_of(TIRX_28.path, tmp_path)
@@ -103,15 +103,20 @@ def test_a_queued_tirx_kernel_is_built_ahead_and_only_a_call_with_its_key_reads_
     assert not pc.root.exists()
 
 
-def _sources_of(kernel: Path, tmp: Path) -> list[str]:
+def _run_sandbox(kernel: Path, folder: Path) -> subprocess.CompletedProcess:
+    """The sandbox process as the precompiler starts it, on problem 28 at smoke size."""
     from mkb.dsl import get_backend
 
-    folder = tmp / "record"
-    folder.mkdir()
     env = {**os.environ, **get_backend("tirx").environment("sm_90a"), "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(folder),
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    out = subprocess.run([sys.executable, "-m", "mkb.grader._precompile_child", "sources", "tirx", str(kernel), "28",
-                          "smoke", str(folder)], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "mkb.grader._precompile_child", "sources", "tirx", str(kernel), "28",
+                           "smoke", str(folder)], env=env, capture_output=True, text=True, timeout=120)
+
+
+def _sources_of(kernel: Path, tmp: Path) -> list[str]:
+    folder = tmp / "record"
+    folder.mkdir()
+    out = _run_sandbox(kernel, folder)
     line = out.stdout.strip().splitlines()[-1]
     assert line.startswith("MKB_PRECOMPILE "), out.stderr[-2000:]
     return json.loads(line[len("MKB_PRECOMPILE "):])["sources"]
@@ -135,26 +140,37 @@ def test_the_sandbox_writes_nowhere_but_its_own_folder(tmp_path) -> None:
         "        print('WROTE', _p)\n"
         "    except OSError as _e:\n"
         "        print('REFUSED', _p, _e.errno)\n"
-        "import fcntl as _fcntl, termios as _termios\n"
+        "import fcntl as _fcntl, termios as _termios, stat as _stat, tempfile as _tf\n"
         "with open('/dev/null', 'rb') as _f:\n"
         "    try:\n"
         "        _fcntl.ioctl(_f, _termios.TIOCGWINSZ, b'\\0' * 8)\n"
         "    except OSError as _e:\n"
-        "        print('IOCTL', _e.errno)\n") % (str(outside / "forged.bin"), str(shm)))
+        "        print('IOCTL', _e.errno)\n"
+        "for _name, _call in (('MKNOD', lambda: _os.mknod(_os.path.join(_tf.gettempdir(), 'n'), 0o600 | _stat.S_IFCHR, _os.makedev(1, 3))),\n"
+        "                     ('NICE', lambda: _os.nice(-5)),\n"
+        "                     ('SCHED', lambda: _os.sched_setscheduler(0, _os.SCHED_FIFO, _os.sched_param(1))),\n"
+        "                     ('CHMOD', lambda: _os.chmod(%r, 0)),\n"
+        "                     ('UTIME', lambda: _os.utime(%r, (0, 0)))):\n"
+        "    try:\n"
+        "        _call()\n"
+        "        print(_name, 'DONE')\n"
+        "    except OSError as _e:\n"
+        "        print(_name, 'REFUSED', _e.errno)\n") % (str(outside / "forged.bin"), str(shm), str(outside), str(outside)))
     folder = tmp_path / "sandbox"
     folder.mkdir()
-    from mkb.dsl import get_backend
-
-    env = {**os.environ, **get_backend("tirx").environment("sm_90a"), "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(folder),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    out = subprocess.run([sys.executable, "-m", "mkb.grader._precompile_child", "sources", "tirx", str(kernel), "28",
-                          "smoke", str(folder)], env=env, capture_output=True, text=True, timeout=120)
+    out = _run_sandbox(kernel, folder)
     try:
-        assert out.stdout.count("REFUSED") == 2 and "WROTE" not in out.stdout, out.stdout + out.stderr[-2000:]
+        assert f"REFUSED {outside / 'forged.bin'}" in out.stdout and f"REFUSED {shm}" in out.stdout, out.stdout
+        assert "WROTE" not in out.stdout and " DONE" not in out.stdout, out.stdout + out.stderr[-2000:]
         assert not (outside / "forged.bin").exists() and not shm.exists()
         assert out.stdout.strip().splitlines()[-1].startswith("MKB_PRECOMPILE {\"sources\"")  # and it still recorded
-        if landlock_abi() >= 5:  # no ioctl on a device file (every GPU driver call is one): EACCES, not /dev/null's ENOTTY
-            assert "IOCTL 13" in out.stdout and "device ioctls refused" in out.stdout
+        # no ioctl on a device file (every GPU driver call is one): EACCES, not /dev/null's ENOTTY
+        assert "IOCTL 13" in out.stdout, out.stdout
+        # no device node of its own, no priority or real-time scheduling, no metadata change outside (the sandbox's
+        # seccomp calls, and no capabilities even where the grader runs as root)
+        for name in ("MKNOD", "NICE", "SCHED", "CHMOD", "UTIME"):
+            assert f"{name} REFUSED" in out.stdout, (name, out.stdout)
+        assert outside.stat().st_mode & 0o777 != 0
     finally:
         shm.unlink(missing_ok=True)
 
@@ -299,3 +315,46 @@ def test_the_bench_tables_what_each_dsl_got_made_ahead_and_the_compile_with_and_
                                             "cancelled": 0, "all_passed": True, "overhead_s_median": 0.1,
                                             "wall_s_median": 1.0, "worker_wait_s_median": 0.0, "device_code": t}))
     assert "device code made ahead, tirx: states {'ready': 2, 'late': 1}; worker reads: 3 hits" in line
+
+
+@needs_landlock
+def test_a_kernel_cannot_forge_the_sandbox_s_guards_and_a_broken_path_never_raises(tmp_path) -> None:
+    pytest.importorskip("tvm")
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(TIRX_28.path.read_text() + (
+        "\n\nimport json as _json\n"
+        "print('MKB_PRECOMPILE ' + _json.dumps({'sources': [], 'guards': 'forged: nothing refused'}))\n"))
+    loop = tmp_path / "loop.py"
+    loop.symlink_to(loop)  # resolves to nothing
+    pc = Precompiler(gpu_arch="sm_90a", size="smoke", root=tmp_path)
+    try:
+        job = _job(kernel)
+        assert pc.request(job)
+        _wait(pc, job)
+        code = pc.take(job)
+        assert code.state == "ready", code
+        assert "forged" not in code.sandbox and "no capabilities" in code.sandbox
+        pc.release(code)
+        bad = _job(loop)
+        pc.request(bad)
+        assert pc.take(bad).state in ("off", "failed", "late")  # never an exception: a precompile never fails a grading
+    finally:
+        pc.close()
+
+
+def test_a_source_whose_build_depends_on_where_or_when_it_runs_is_left_to_the_worker(tmp_path) -> None:
+    nvcc = pytest.importorskip("tvm.support.nvcc")
+    from mkb.dsl import get_backend
+    from mkb.dsl.tirx import _PLACE_BOUND
+
+    plain = "extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }\n"
+    for bound in ('#include "../sources.json"\n', "#include </etc/hostname>\n", "#if __has_include(<x>)\n#endif\n",
+                  "const char* t = __TIME__;\n", "const char* f = __FILE__;\n"):
+        assert _PLACE_BOUND.search(bound + plain), bound
+    assert not _PLACE_BOUND.search("#include <cuda_bf16.h>\n#include <cuda/std/cstdint>\n" + plain)
+    built: list[str] = []
+    import unittest.mock as um
+
+    with um.patch.object(nvcc, "compile_cuda", lambda code, **kw: built.append(code) or bytearray(b"x")):
+        keys = get_backend("tirx").build_device_code(['const char* t = __TIME__;\n' + plain], tmp_path, gpu_arch="sm_90a")
+    assert keys == [] and built == [] and not list(tmp_path.glob("*.bin"))
