@@ -89,6 +89,8 @@ def _confine(writable: list[Path], *, memory: int, sandbox: bool) -> tuple[str |
     except OSError:
         pass
     for lim, value in ((resource.RLIMIT_CPU, SANDBOX_CPU_S), (resource.RLIMIT_AS, memory)):
+        hard = resource.getrlimit(lim)[1]
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)  # never above a limit set from outside
         try:
             resource.setrlimit(lim, (value, value))
         except (ValueError, OSError) as exc:
