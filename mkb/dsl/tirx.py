@@ -240,6 +240,7 @@ def _device_code_key(code: str, target_format: str | None, arch, options, path_t
     an output path, nvshmem, a kernels output folder, another compiler); read where the call is made."""
     import hashlib
     import json
+    import shutil
 
     import tvm
     import tvm_ffi
@@ -264,8 +265,6 @@ def _device_code_key(code: str, target_format: str | None, arch, options, path_t
             resolved = "".join(nvcc.get_target_compute_version(target).split("."))
         except Exception:  # noqa: BLE001 - no device to ask: nothing made ahead can be this call's
             return None
-    import shutil
-
     ident = [code, target_format, resolved, options, compiler, nvcc.__file__, tvm.__version__, shutil.which("nvcc"),
              {k: os.environ.get(k) for k in _KEY_ENV}]
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()

@@ -759,8 +759,7 @@ class _Evaluation:
         before the guard's snapshot; what was made and what the compile then read, for the compile figures."""
         if not isinstance(made, dict):
             return None
-        record = {k: made.get(k) for k in ("state", "seconds", "sources", "builds", "note", "sandbox")
-                  if k in made}
+        record = {k: v for k, v in made.items() if k != "folder"}  # DeviceCode.as_dict(), as the parent sent it
         folder = made.get("folder")
         if made.get("state") == "ready" and isinstance(folder, str):
             try:

@@ -175,10 +175,7 @@ class Precompiler:
         with task.lock:
             proc = task.proc
         if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            _kill_session(proc.pid)
         if task.future is None or task.future.cancelled():
             shutil.rmtree(task.folder, ignore_errors=True)
         else:  # its thread removes the folder once its process is gone
@@ -207,17 +204,11 @@ class Precompiler:
         deadline = time.monotonic() + limit_s
         while proc.poll() is None:
             if task.cancelled.is_set() or time.monotonic() > deadline:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                _kill_session(proc.pid)
                 proc.wait()
                 break
             time.sleep(0.02)
-        try:  # what the child left behind in its session (a candidate's child in the sandbox) goes with it
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_session(proc.pid)  # what the child left behind in its session (a candidate's child in the sandbox) goes too
         reader.join(5)
         out_f.seek(0)
         err_f.seek(0)
@@ -258,8 +249,7 @@ class Precompiler:
                                        self._env(backend, sandbox), SANDBOX_LIMIT_S, guards=reported)
         payload = _payload(stdout)
         if rc != 0 or "sources" not in payload:
-            why = payload.get("error") or ("stopped" if rc is None else f"exit {rc}: {stderr.strip()[-300:]}")
-            return DeviceCode("failed", note=f"sandbox: {why}"[:500])
+            return DeviceCode("failed", note=f"sandbox: {_why(payload, rc, stderr)}"[:500])
         srcs = [s for s in payload["sources"] if isinstance(s, str)][:MAX_SOURCES]
         if sum(len(s) for s in srcs) > MAX_SOURCE_BYTES:
             return DeviceCode("failed", sources=len(srcs), note="sandbox: more source than is built ahead")
@@ -273,11 +263,23 @@ class Precompiler:
         rc, stdout, stderr = self._run(task, ["build", job.dsl, str(listing), str(out), self.gpu_arch], env, BUILD_LIMIT_S)
         payload = _payload(stdout)
         if rc != 0 or "keys" not in payload:
-            why = payload.get("error") or ("stopped" if rc is None else f"exit {rc}: {stderr.strip()[-300:]}")
-            return DeviceCode("failed", sources=len(srcs), note=f"builder: {why}"[:500])
+            return DeviceCode("failed", sources=len(srcs), note=f"builder: {_why(payload, rc, stderr)}"[:500])
         shutil.rmtree(build_tmp, ignore_errors=True)
         return DeviceCode("ready", folder=out, seconds=round(time.monotonic() - t0, 3), sources=len(srcs),
                           builds=len(payload["keys"]), sandbox=guards)
+
+
+def _kill_session(pid: int) -> None:
+    """SIGKILL to the child's whole session (it was started in one of its own; nothing of it may leave it)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _why(payload: dict, rc: int | None, stderr: str) -> str:
+    """Why a child gave no result: what it said, else that it was stopped, else its exit and the end of its stderr."""
+    return payload.get("error") or ("stopped" if rc is None else f"exit {rc}: {stderr.strip()[-300:]}")
 
 
 def _read_guards(fd: int, into: list[str]) -> None:

@@ -339,7 +339,6 @@ _OPEN_LOCK = threading.Lock()
 def _precompiler_for(cfg: GraderConfig, kind: str, arch: str | None) -> Precompiler | None:
     """The queue's precompiler, or None: turned off, no Landlock (>= 6) to confine its sandbox, or a CPU queue not asked."""
     from mkb.grader._fs_guard import landlock_abi
-
     from mkb.grader._precompile_child import MIN_LANDLOCK_ABI
 
     if cfg.precompile == "off" or landlock_abi() < MIN_LANDLOCK_ABI:
