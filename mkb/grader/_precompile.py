@@ -18,6 +18,11 @@ What the sandbox prints can only choose which sources get built, never which byt
 sandbox fails on, or that is not ready when its grading starts, is compiled in the worker as before. Each verdict's
 compile figures record what it got (`CompileFigures.device_code`). The sandbox runs candidate code beside a timing
 phase on the CPU only (as spares' imports do); at most `slots` (a quarter of the host's cores, up to 4) run at once.
+
+Both are forked from one fork server per DSL (`_ForkServer`; `_precompile_child serve`), which has imported torch and
+the DSL once with no GPU visible: a sandbox started afresh spent 10-15 s importing them on the slower H200 hosts, and
+a deep queue outran its slots (`events/h200-grader-2-17-queue`). Waiting jobs are started in the order the queue
+will grade them (`order`), not the order they came.
 """
 
 from __future__ import annotations
@@ -34,13 +39,13 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from mkb.grader._precompile_child import GUARDS_FD_ENV
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
-SANDBOX_LIMIT_S = 90.0  # wall seconds for the sandbox (imports, one traced solve)
+SANDBOX_LIMIT_S = 90.0  # wall seconds for the sandbox (one traced solve)
 BUILD_LIMIT_S = 180.0  # wall seconds for the builder (nvcc per source)
+SERVER_START_S = 180.0  # wall seconds for a fork server's imports
 MAX_SOURCES = 32  # sources one kernel may have built ahead; more are left to the worker
 MAX_SOURCE_BYTES = 4 << 20  # all of a kernel's sources together
 MAX_OUTPUT_BYTES = 8 << 20  # what a sandbox may print
@@ -58,6 +63,9 @@ class DeviceCode:
     builds: int = 0
     note: str = ""
     sandbox: str = ""  # how the sandbox that ran the candidate's code was confined (its guards, one line)
+    waited_s: float | None = None  # request to a slot's start (the queue ahead of it)
+    sandbox_s: float | None = None  # the sandbox's fork to its end (the fork server's start included, where it waited)
+    build_s: float | None = None  # the builder's
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -69,30 +77,164 @@ OFF = DeviceCode("off")
 
 
 class _Task:
-    def __init__(self, key: tuple, folder: Path) -> None:
+    def __init__(self, key: tuple, folder: Path, job: Any, backend: Any) -> None:
         self.key = key
         self.folder = folder
+        self.job, self.backend = job, backend
         self.requested = time.monotonic()
         self.cancelled = threading.Event()
-        self.proc: subprocess.Popen | None = None
+        self.child: _Child | None = None  # the sandbox or builder running now
+        self.phase = "waiting for a slot"  # where a task stopped as late was (its note)
         self.lock = threading.Lock()
-        self.future: concurrent.futures.Future | None = None
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+
+
+class _Child:
+    """One fork of a fork server, as the server reports it: its pid once confined, its exit once ended."""
+
+    def __init__(self, ident: int) -> None:
+        self.id = ident
+        self.pid: int | None = None
+        self.guards = ""
+        self.rc: int | None = None
+        self.error = ""
+        self.started = threading.Event()
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+        self._killed = False
+
+    def kill(self) -> None:
+        """Kill its session now, or as soon as its pid is known (a fork asked for and then stopped never runs on)."""
+        with self._lock:
+            self._killed = True
+            pid = self.pid
+        if pid is not None:
+            _kill_session(pid)
+
+    def _on_pid(self, pid: int, guards: str) -> None:
+        with self._lock:
+            self.pid, self.guards = pid, guards
+            killed = self._killed
+        if killed:
+            _kill_session(pid)
+        self.started.set()
+
+    def _end(self, rc: int | None, error: str = "") -> None:
+        self.rc, self.error = rc, error
+        self.started.set()
+        self.done.set()
+
+
+class _ForkServer:
+    """`python -m mkb.grader._precompile_child serve <dsl>`: torch and the DSL imported once, a confined fork per
+    sandbox or builder; what it says is read by one thread into each `_Child`."""
+
+    def __init__(self, python: str, dsl: str, env: dict[str, str], folder: Path) -> None:
+        self.dsl = dsl
+        self._err = open(folder / f"server-{dsl}.err", "w+b")
+        self.proc = subprocess.Popen([python, "-m", "mkb.grader._precompile_child", "serve", dsl], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+                                     start_new_session=True, close_fds=True, cwd=folder)
+        self.ready = threading.Event()
+        self.info: dict = {}
+        self._children: dict[int, _Child] = {}
+        self._ids = 0
+        self._lock = threading.Lock()
+        self._alive = True
+        threading.Thread(target=self._read, name=f"mkb-precompile-server-{dsl}", daemon=True).start()
+
+    @property
+    def alive(self) -> bool:
+        return self._alive and self.proc.poll() is None
+
+    def why_gone(self) -> str:
+        self._err.flush()
+        self._err.seek(0)
+        tail = self._err.read()[-600:].decode(errors="replace").strip()
+        return f"the fork server of {self.dsl} ended (exit {self.proc.poll()}): {tail or 'no stderr'}"
+
+    def start(self, mode: str, args: list[str], env: dict[str, str], stdout: Path, stderr: Path) -> _Child:
+        with self._lock:
+            self._ids += 1
+            child = _Child(self._ids)
+            if not self._alive:
+                child._end(None, self.why_gone())
+                return child
+            self._children[child.id] = child
+            line = json.dumps({"id": child.id, "mode": mode, "args": args, "env": env, "stdout": str(stdout),
+                               "stderr": str(stderr)}) + "\n"
+            try:
+                self.proc.stdin.write(line.encode())
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                self._children.pop(child.id, None)
+                child._end(None, self.why_gone())
+        return child
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(msg, dict):
+                continue
+            if msg.get("ready"):
+                self.info = msg
+                self.ready.set()
+                continue
+            with self._lock:
+                child = self._children.get(msg.get("id"))
+            if child is None:
+                continue
+            if "pid" in msg:
+                child._on_pid(int(msg["pid"]), str(msg.get("guards", "")))
+            elif "exit" in msg or "error" in msg:
+                with self._lock:
+                    self._children.pop(child.id, None)
+                child._end(msg.get("exit"), str(msg.get("error", "")))
+        with self._lock:  # the server has gone: every fork it had is reported ended
+            self._alive = False
+            left = list(self._children.values())
+            self._children.clear()
+        self.proc.wait()
+        for child in left:
+            child._end(None, self.why_gone())
+        self.ready.set()
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()  # the server kills its forks' sessions and exits
+        except OSError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            _kill_session(self.proc.pid)
+            self.proc.wait()
+        self._err.close()
 
 
 class Precompiler:
     """The precompiles of one queue: `request(job)` when a job is queued, `take(job)` when its grading starts,
-    `release(code)` when it ends, `close()` with the queue."""
+    `release(code)` when it ends, `close()` with the queue. `order()`, where given, lists the queued jobs in the order
+    they will be graded: a free slot starts the first of them that waits."""
 
     def __init__(self, *, gpu_arch: str, size: str, slots: int | None = None, root: Path | None = None,
-                 python: str | None = None) -> None:
+                 python: str | None = None, order: Callable[[], list] | None = None) -> None:
         self.gpu_arch, self.size = gpu_arch, size
         self.python = python or sys.executable
         self.root = Path(tempfile.mkdtemp(prefix="mkb-precompile-", dir=root))
-        # a quarter of the host's cores (at most 4): the sandboxes' imports and nvcc run beside the gradings' own CPU work
-        slots = slots or max(1, min(4, (os.cpu_count() or 1) // 4))
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=slots, thread_name_prefix="mkb-precompile")
+        # a quarter of the host's cores (at most 4): the sandboxes and nvcc run beside the gradings' own CPU work
+        self.slots = slots or max(1, min(4, (os.cpu_count() or 1) // 4))
+        self._order = order
         self._tasks: dict[tuple, _Task] = {}
+        self._waiting: list[_Task] = []
+        self._servers: dict[str, _ForkServer] = {}
+        self._broken: dict[str, str] = {}  # a DSL whose server died before it was ready is not started again
         self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._threads: list[threading.Thread] = []
         self._closed = False
 
     @staticmethod
@@ -119,12 +261,17 @@ class Precompiler:
         if not getattr(backend, "precompiles", False):
             return False
         key = self._key(job)
-        with self._lock:
+        with self._cv:
             if self._closed or key in self._tasks:
                 return False
-            task = _Task(key, Path(tempfile.mkdtemp(prefix="job-", dir=self.root)))
+            task = _Task(key, Path(tempfile.mkdtemp(prefix="job-", dir=self.root)), job, backend)
             self._tasks[key] = task
-        task.future = self._pool.submit(self._make, task, job, backend)
+            self._waiting.append(task)
+            if len(self._threads) < self.slots:  # the slots start with the first requests
+                t = threading.Thread(target=self._slot, name=f"mkb-precompile-{len(self._threads)}", daemon=True)
+                self._threads.append(t)
+                t.start()
+            self._cv.notify()
         return True
 
     def take(self, job: Any) -> DeviceCode:
@@ -141,94 +288,159 @@ class Precompiler:
         if task is None:
             return OFF
         fut = task.future
-        if fut is not None and fut.done() and not fut.cancelled():
-            try:
-                code = fut.result()
-            except Exception as exc:  # noqa: BLE001 - a precompile never fails a grading
-                code = DeviceCode("failed", note=f"{type(exc).__name__}: {exc}"[:500])
+        if fut.done() and not fut.cancelled():
+            code = fut.result()
             if code.state != "ready":
                 shutil.rmtree(task.folder, ignore_errors=True)
             return code
         self._stop(task)
-        return DeviceCode("late", seconds=round(time.monotonic() - task.requested, 3))
+        return DeviceCode("late", seconds=round(time.monotonic() - task.requested, 3), note=f"stopped {task.phase}")
 
     def release(self, code: DeviceCode) -> None:
         if code.folder is not None:  # the task's folder, which holds `out`
             shutil.rmtree(code.folder.parent, ignore_errors=True)
 
     def close(self) -> None:
-        with self._lock:
+        with self._cv:
             self._closed = True
             tasks = list(self._tasks.values())
             self._tasks.clear()
+            self._cv.notify_all()
         for t in tasks:
             self._stop(t)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        for t in self._threads:
+            t.join()
+        for server in self._servers.values():
+            server.close()
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def servers(self) -> dict[str, dict]:
+        """What each fork server said when ready (its import seconds, threads, pid), for logs and tests."""
+        return {dsl: dict(s.info) for dsl, s in self._servers.items()}
+
+    # ---------------- the slots ----------------
+
+    def _slot(self) -> None:
+        while True:
+            with self._cv:
+                while not self._waiting and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+            upcoming = self._upcoming()  # outside our lock: the queue's order takes the queue's
+            with self._cv:
+                task = self._pick(upcoming)
+            if task is None or not task.future.set_running_or_notify_cancel():
+                continue  # another slot took it, or it was stopped while it waited
+            try:
+                code = self._make(task)
+            except Exception as exc:  # noqa: BLE001 - a precompile never fails a grading
+                code = DeviceCode("failed", note=f"{type(exc).__name__}: {exc}"[:500])
+            task.future.set_result(code)
+
+    def _upcoming(self) -> dict[tuple, int]:
+        if self._order is None:
+            return {}
+        try:
+            jobs = self._order()
+        except Exception:  # noqa: BLE001 - order unknown: the order they came
+            return {}
+        rank: dict[tuple, int] = {}
+        for i, job in enumerate(jobs):
+            rank.setdefault(self._key(job), i)
+        return rank
+
+    def _pick(self, upcoming: dict[tuple, int]) -> _Task | None:
+        """The waiting task graded soonest (by `upcoming`; one not in it after those that are, in the order asked)."""
+        if not self._waiting:
+            return None
+        best = min(range(len(self._waiting)), key=lambda i: (upcoming.get(self._waiting[i].key, len(upcoming)), i))
+        return self._waiting.pop(best)
 
     # ---------------- one job ----------------
 
     def _stop(self, task: _Task) -> None:
         task.cancelled.set()
-        if task.future is not None:
-            task.future.cancel()
+        task.future.cancel()  # succeeds only while it waits for a slot
+        with self._cv:
+            if task in self._waiting:
+                self._waiting.remove(task)
         with task.lock:
-            proc = task.proc
-        if proc is not None and proc.poll() is None:
-            _kill_session(proc.pid)
-        if task.future is None or task.future.cancelled():
+            child = task.child
+        if child is not None:
+            child.kill()
+        if task.future.cancelled():
             shutil.rmtree(task.folder, ignore_errors=True)
-        else:  # its thread removes the folder once its process is gone
+        else:  # its slot removes the folder once its fork is gone
             task.future.add_done_callback(lambda _f, d=task.folder: shutil.rmtree(d, ignore_errors=True))
 
-    def _run(self, task: _Task, args: list[str], env: dict[str, str], limit_s: float,
-             guards: list[str] | None = None) -> tuple[int | None, str, str]:
-        """Run one child in its own session, killed at `limit_s` or when the task is stopped; (rc, stdout, stderr).
-        `guards` gets the line the child wrote on its own pipe before any candidate code ran (the sandbox's)."""
+    def _server(self, backend: Any, task: _Task) -> _ForkServer:
+        """The DSL's fork server, started (again, if it has ended since) and ready; raises with why it is not."""
+        dsl = backend.name
+        with self._lock:
+            if dsl in self._broken:
+                raise RuntimeError(self._broken[dsl])
+            server = self._servers.get(dsl)
+            if server is None or (server.ready.is_set() and not server.alive):
+                if server is not None:
+                    server.close()
+                folder = self.root / f"server-{dsl}"
+                folder.mkdir(exist_ok=True)
+                server = _ForkServer(self.python, dsl, self._env(backend, folder), self.root)
+                self._servers[dsl] = server
+        deadline = time.monotonic() + SERVER_START_S
+        while not server.ready.wait(0.1):
+            if task.cancelled.is_set():
+                raise RuntimeError("stopped while the fork server started")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the fork server of {dsl} was not ready in {SERVER_START_S:.0f} s")
+        if not server.info:  # ended before it was ready: its imports fail, and would each time
+            with self._lock:
+                self._broken[dsl] = server.why_gone()
+            raise RuntimeError(self._broken[dsl])
+        return server
+
+    def _run(self, task: _Task, mode: str, args: list[str], folder: Path, limit_s: float) -> tuple[int | None, str, str, str]:
+        """One fork of the DSL's server, killed with its session at `limit_s` or when the task is stopped;
+        (rc, stdout, stderr, the guards line it reported before any candidate code ran)."""
         if task.cancelled.is_set():
-            return None, "", "stopped"
-        out_f = tempfile.TemporaryFile()
-        err_f = tempfile.TemporaryFile()
-        r, w = os.pipe()
-        try:
-            with task.lock:
-                task.proc = subprocess.Popen([self.python, "-m", "mkb.grader._precompile_child", *args],
-                                             env={**env, GUARDS_FD_ENV: str(w)}, stdin=subprocess.DEVNULL,
-                                             stdout=out_f, stderr=err_f, start_new_session=True, close_fds=True,
-                                             pass_fds=(w,))
-                proc = task.proc
-        finally:
-            os.close(w)
-        reader = threading.Thread(target=_read_guards, args=(r, guards if guards is not None else []), daemon=True)
-        reader.start()
+            return None, "", "stopped", ""
+        server = self._server(task.backend, task)
+        out_p, err_p = task.folder / f"{mode}.out", task.folder / f"{mode}.err"
+        child = server.start(mode, args, self._job_env(task.backend, folder), out_p, err_p)
+        with task.lock:
+            task.child = child
+        if task.cancelled.is_set():
+            child.kill()
         deadline = time.monotonic() + limit_s
-        while proc.poll() is None:
+        while not child.done.wait(0.02):
             if task.cancelled.is_set() or time.monotonic() > deadline:
-                _kill_session(proc.pid)
-                proc.wait()
+                child.kill()
+                child.done.wait(10)
                 break
-            time.sleep(0.02)
-        _kill_session(proc.pid)  # what the child left behind in its session (a candidate's child in the sandbox) goes too
-        reader.join(5)
-        out_f.seek(0)
-        err_f.seek(0)
-        stdout = out_f.read(MAX_OUTPUT_BYTES + 1).decode(errors="replace")
-        stderr = err_f.read(64 << 10).decode(errors="replace")
-        out_f.close()
-        err_f.close()
-        timed_out = time.monotonic() > deadline
-        return (None if timed_out or task.cancelled.is_set() else proc.returncode), stdout, stderr[-2000:]
+        if child.pid is not None:
+            _kill_session(child.pid)  # what the fork left behind in its session (a candidate's child) goes too
+        stdout, stderr = _read(out_p, MAX_OUTPUT_BYTES + 1), _read(err_p, 64 << 10)
+        stopped = time.monotonic() > deadline or task.cancelled.is_set() or not child.done.is_set()
+        stderr = (child.error + "\n" + stderr) if child.error else stderr
+        return (None if stopped else child.rc), stdout, stderr[-2000:], child.guards
+
+    @staticmethod
+    def _job_env(backend: Any, folder: Path) -> dict[str, str]:
+        """What a fork sets for its job: its temporary files and the DSL's own in its folder."""
+        return {"TMPDIR": str(folder), "HOME": str(folder), **backend.private_environment(folder)}
 
     def _env(self, backend: Any, folder: Path) -> dict[str, str]:
+        """A fork server's environment: the DSL's, no GPU visible, and the job environment of its own folder."""
         env = dict(os.environ)
         env.update(backend.environment(self.gpu_arch))
-        env.update({"CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(folder), "HOME": str(folder), "PYTHONUNBUFFERED": "1",
-                    **backend.private_environment(folder)})
+        env.update({"CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", **self._job_env(backend, folder)})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
         return env
 
-    def _make(self, task: _Task, job: Any, backend: Any) -> DeviceCode:
-        t0 = task.requested
+    def _make(self, task: _Task) -> DeviceCode:
+        t0, job, backend = task.requested, task.job, task.backend
+        waited = round(time.monotonic() - t0, 3)
         kernel = Path(job.kernel_path).resolve()
         try:
             source = kernel.read_text()
@@ -243,30 +455,40 @@ class Precompiler:
             d.mkdir()
         copy = sandbox / "kernel.py"  # the sandbox reads its own copy: the file it was asked for may change meanwhile
         copy.write_text(source)
-        problem = str(job.problem)
-        reported: list[str] = []
-        rc, stdout, stderr = self._run(task, ["sources", job.dsl, str(copy), problem, self.size, str(sandbox)],
-                                       self._env(backend, sandbox), SANDBOX_LIMIT_S, guards=reported)
+        task.phase, t1 = "in the sandbox", time.monotonic()
+        rc, stdout, stderr, reported = self._run(task, "sources", [job.dsl, str(copy), str(job.problem), self.size,
+                                                                   str(sandbox)], sandbox, SANDBOX_LIMIT_S)
         payload = _payload(stdout)
+        times = {"waited_s": waited, "sandbox_s": round(time.monotonic() - t1, 3)}
         if rc != 0 or "sources" not in payload:
-            return DeviceCode("failed", note=f"sandbox: {_why(payload, rc, stderr)}"[:500])
+            return DeviceCode("failed", note=f"sandbox: {_why(payload, rc, stderr)}"[:500], **times)
         srcs = [s for s in payload["sources"] if isinstance(s, str)][:MAX_SOURCES]
         if sum(len(s) for s in srcs) > MAX_SOURCE_BYTES:
-            return DeviceCode("failed", sources=len(srcs), note="sandbox: more source than is built ahead")
+            return DeviceCode("failed", sources=len(srcs), note="sandbox: more source than is built ahead", **times)
         if not srcs:
-            return DeviceCode("failed", note="sandbox: no device source recorded")
-        guards = (reported[0] if reported else "").replace(str(sandbox), "<sandbox>")
+            return DeviceCode("failed", note="sandbox: no device source recorded", **times)
+        guards = reported.replace(str(sandbox), "<sandbox>")
         shutil.rmtree(sandbox, ignore_errors=True)  # nothing of the sandbox's is read from here on
         listing = build_tmp / "sources.json"
         listing.write_text(json.dumps(srcs))
-        env = self._env(backend, build_tmp)
-        rc, stdout, stderr = self._run(task, ["build", job.dsl, str(listing), str(out), self.gpu_arch], env, BUILD_LIMIT_S)
+        task.phase, t2 = "in the builder", time.monotonic()
+        rc, stdout, stderr, _ = self._run(task, "build", [job.dsl, str(listing), str(out), self.gpu_arch], build_tmp,
+                                          BUILD_LIMIT_S)
         payload = _payload(stdout)
+        times["build_s"] = round(time.monotonic() - t2, 3)
         if rc != 0 or "keys" not in payload:
-            return DeviceCode("failed", sources=len(srcs), note=f"builder: {_why(payload, rc, stderr)}"[:500])
+            return DeviceCode("failed", sources=len(srcs), note=f"builder: {_why(payload, rc, stderr)}"[:500], **times)
         shutil.rmtree(build_tmp, ignore_errors=True)
         return DeviceCode("ready", folder=out, seconds=round(time.monotonic() - t0, 3), sources=len(srcs),
-                          builds=len(payload["keys"]), sandbox=guards)
+                          builds=len(payload["keys"]), sandbox=guards, **times)
+
+
+def _read(path: Path, limit: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _kill_session(pid: int) -> None:
@@ -280,22 +502,6 @@ def _kill_session(pid: int) -> None:
 def _why(payload: dict, rc: int | None, stderr: str) -> str:
     """Why a child gave no result: what it said, else that it was stopped, else its exit and the end of its stderr."""
     return payload.get("error") or ("stopped" if rc is None else f"exit {rc}: {stderr.strip()[-300:]}")
-
-
-def _read_guards(fd: int, into: list[str]) -> None:
-    """The child's guards line: what it wrote on the pipe before closing it (then the candidate's code may run)."""
-    chunks = []
-    try:
-        while True:
-            b = os.read(fd, 4096)
-            if not b or sum(map(len, chunks)) > 4000:
-                break
-            chunks.append(b)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    into.append(b"".join(chunks).decode(errors="replace")[:2000])
 
 
 def _payload(stdout: str) -> dict:

@@ -1,8 +1,15 @@
-"""The two processes of a precompile (mkb.grader._precompile): the sandbox that records a kernel's device sources, and
-the trusted builder that compiles them.
+"""The processes of a precompile (mkb.grader._precompile): the sandbox that records a kernel's device sources, the
+trusted builder that compiles them, and the fork server both are forked from.
 
+    python -m mkb.grader._precompile_child serve <dsl>
     python -m mkb.grader._precompile_child sources <dsl> <kernel.py> <problem> <size> <folder>
     python -m mkb.grader._precompile_child build <dsl> <sources.json> <out folder> <gpu arch>
+
+A precompiler runs one fork server per DSL (`serve`): it imports torch, the DSL and the problems once, with no GPU
+visible, runs no candidate code, and forks a sandbox or builder per request. Each fork starts its own session and is
+confined exactly as the one-shot `sources` and `build` (kept for running one by hand) confine themselves, before any
+candidate code runs; since a fork has one thread, the confinement reaches every thread it will have. Importing first
+is what the server saves: 10-15 s of torch and TVM per sandbox on the slower H200 hosts.
 
 The sandbox runs the candidate's code beside another grading's timing, so before any of it runs it confines itself:
 the lowest priority and first in line for the OOM killer, CPU-time and address-space limits, no capabilities (a
@@ -14,16 +21,27 @@ closes it before the candidate's import; it prints `MKB_PRECOMPILE {"sources": [
 runs no candidate code but compiles the sources the sandbox printed, so it is confined the same way to its own
 folders (with the worker's seccomp filter: nvcc's toolchain may set a file's mode); it prints
 `MKB_PRECOMPILE {"keys": [...]}`.
+
+The server's protocol, one JSON object per line: it prints `{"ready": ...}` once imported; it reads
+`{"id", "mode", "args", "env", "stdout", "stderr"}` requests; for each it answers `{"id", "pid", "guards"}` once the
+fork has confined itself (or failed to) and `{"id", "exit"}` when it has ended. At the end of its input it kills every
+fork's session and exits.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import platform
 import resource
+import select
+import signal
 import sys
+import tempfile
+import time
+import traceback
 from pathlib import Path
 
 SANDBOX_CPU_S = 120  # CPU seconds: a sandbox imports torch and the DSL and traces one solve
@@ -107,12 +125,15 @@ def _confine(writable: list[Path], *, memory: int, sandbox: bool) -> tuple[str |
     return None, f"{fs.describe()}; device nodes and ioctls refused; no capabilities | {sc.describe()}"
 
 
-def _report_guards(guards: str) -> None:
-    """The guards line on the parent's own pipe, closed before the candidate's code runs (stdout it could forge)."""
+def _guards_fd() -> int:
     try:
-        fd = int(os.environ.pop(GUARDS_FD_ENV, "-1"))
+        return int(os.environ.pop(GUARDS_FD_ENV, "-1"))
     except ValueError:
-        return
+        return -1
+
+
+def _report_guards(guards: str, fd: int) -> None:
+    """The guards line on the parent's own pipe, closed before the candidate's code runs (stdout it could forge)."""
     if fd < 0:
         return
     try:
@@ -131,9 +152,9 @@ def _emit(payload: dict) -> None:
     print("MKB_PRECOMPILE " + json.dumps(payload), flush=True)
 
 
-def sources(dsl: str, kernel: Path, problem: str, size: str, folder: Path) -> int:
+def sources(dsl: str, kernel: Path, problem: str, size: str, folder: Path, *, guards_fd: int) -> int:
     why, guards = _confine([folder], memory=SANDBOX_MEMORY, sandbox=True)
-    _report_guards(guards)
+    _report_guards(guards, guards_fd)
     if why is not None:
         _emit({"error": why})
         return NOT_CONFINED
@@ -154,9 +175,10 @@ def sources(dsl: str, kernel: Path, problem: str, size: str, folder: Path) -> in
     return 0
 
 
-def build(dsl: str, sources_json: Path, out: Path, gpu_arch: str) -> int:
+def build(dsl: str, sources_json: Path, out: Path, gpu_arch: str, *, guards_fd: int) -> int:
     tmp = Path(os.environ.get("TMPDIR") or out)
-    why, _ = _confine([out, tmp] if tmp != out else [out], memory=BUILDER_MEMORY, sandbox=False)
+    why, guards = _confine([out, tmp] if tmp != out else [out], memory=BUILDER_MEMORY, sandbox=False)
+    _report_guards(guards, guards_fd)
     if why is not None:
         _emit({"error": why})
         return NOT_CONFINED
@@ -168,11 +190,138 @@ def build(dsl: str, sources_json: Path, out: Path, gpu_arch: str) -> int:
     return 0
 
 
+# ---------------- the fork server ----------------
+
+GUARDS_WAIT_S = 30.0  # a fork that has not confined itself (nor failed to) by then is killed
+
+
+def _run_mode(mode: str, args: list[str], guards_fd: int) -> int:
+    if mode == "sources" and len(args) == 5:
+        return sources(args[0], Path(args[1]), args[2], args[3], Path(args[4]), guards_fd=guards_fd)
+    if mode == "build" and len(args) == 4:
+        return build(args[0], Path(args[1]), Path(args[2]), args[3], guards_fd=guards_fd)
+    print(f"no such request: {mode} {args}", file=sys.stderr)
+    return 2
+
+
+def _send(message: dict) -> None:
+    """One line to the precompiler (fd 1; one write below PIPE_BUF for a line this short, so never torn)."""
+    data = (json.dumps(message) + "\n").encode()
+    while data:
+        data = data[os.write(1, data):]
+
+
+def _fork(req: dict) -> tuple[int, str]:
+    """Fork one sandbox or builder for `req`: (its pid, the guards line it reported once confined)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the fork: never returns
+        rc = 1
+        try:
+            os.close(r)
+            os.setsid()  # its own session, which the precompiler kills whole (and a new autogroup for _confine)
+            _PR_SET_PDEATHSIG = 1
+            from mkb.grader._fs_guard import _libc
+
+            _libc().prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+                          ctypes.c_ulong(0), ctypes.c_ulong(0))  # gone with the server
+            null = os.open(os.devnull, os.O_RDONLY)
+            out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            for fd, target in ((null, 0), (out, 1), (err, 2)):  # the server's own pipes are 0 and 1: none left here
+                os.dup2(fd, target)
+                os.close(fd)
+            for k, v in dict(req.get("env") or {}).items():
+                os.environ[str(k)] = str(v)
+            tempfile.tempdir = None  # TMPDIR is the job's folder now
+            rc = _run_mode(str(req["mode"]), [str(a) for a in req["args"]], w)
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # noqa: BLE001 - the candidate's error, on the fork's own stderr
+            traceback.print_exc()
+            rc = 1
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(rc)
+    os.close(w)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + GUARDS_WAIT_S
+    closed = False  # the fork closed its end: confined (or failed to be, and runs nothing)
+    try:
+        while not closed and sum(map(len, chunks)) <= 4000:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                break
+            b = os.read(r, 4096)
+            closed = not b
+            chunks.append(b)
+    finally:
+        os.close(r)
+    if not closed:
+        _kill(pid)
+    return pid, b"".join(chunks).decode(errors="replace")[:2000]
+
+
+def _kill(pid: int) -> None:
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def serve(dsl: str) -> int:
+    """Import once, then fork a confined sandbox or builder per request (module docstring: the protocol)."""
+    t0 = time.monotonic()
+    from mkb.dsl import get_backend
+    import mkb.problems  # noqa: F401 - each sandbox loads its problem from here
+
+    backend = get_backend(dsl)
+    for name in backend.import_modules:
+        importlib.import_module(name)
+    threads = len(os.listdir("/proc/self/task"))
+    _send({"ready": True, "seconds": round(time.monotonic() - t0, 3), "threads": threads, "pid": os.getpid()})
+    children: dict[int, object] = {}
+    buf = b""
+    while True:
+        while children:  # reap what has ended
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            _send({"id": children.pop(pid, None), "exit": os.waitstatus_to_exitcode(status)})
+        ready, _, _ = select.select([0], [], [], 0.02 if children else 1.0)
+        if not ready:
+            continue
+        data = os.read(0, 65536)
+        if not data:  # the precompiler has gone: nothing of ours outlives it
+            for pid in children:
+                _kill(pid)
+            return 0
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            req = None
+            try:
+                req = json.loads(line)
+                pid, guards = _fork(req)
+            except Exception as exc:  # noqa: BLE001 - a bad request fails that request, never the server
+                _send({"id": req.get("id") if isinstance(req, dict) else None, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            children[pid] = req.get("id")
+            _send({"id": req.get("id"), "pid": pid, "guards": guards})
+
+
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["sources"] and len(argv) == 6:
-        return sources(argv[1], Path(argv[2]), argv[3], argv[4], Path(argv[5]))
-    if argv[:1] == ["build"] and len(argv) == 5:
-        return build(argv[1], Path(argv[2]), Path(argv[3]), argv[4])
+    if argv[:1] == ["serve"] and len(argv) == 2:
+        return serve(argv[1])
+    if argv[:1] in (["sources"], ["build"]):
+        return _run_mode(argv[0], argv[1:], _guards_fd())
     print(__doc__, file=sys.stderr)
     return 2
 

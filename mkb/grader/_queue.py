@@ -106,7 +106,7 @@ class GradingQueue:
         self._footprints: dict[tuple[str, str], PlanFootprint] = {}  # (problem hash, size) -> the last plan's bytes
         # each queued job's device code made ahead, outside the GPU, for a DSL whose compile is mostly nvcc
         # (mkb.grader._precompile); on a GPU for the device's own arch, on a CPU queue only where `precompile_arch` asks
-        self.precompiler = _precompiler_for(self.config, kind, precompile_arch)
+        self.precompiler = _precompiler_for(self.config, kind, precompile_arch, self._upcoming)
         self._cv = threading.Condition()
         self._pending: collections.OrderedDict[str, collections.deque[_Entry]] = collections.OrderedDict()
         self._closed = False
@@ -154,6 +154,18 @@ class GradingQueue:
         if self.precompiler is not None:
             for job in entry.jobs:
                 self.precompiler.request(job)
+
+    def _upcoming(self) -> list[GradeJob]:
+        """The queued jobs in the order `_next` will hand them out (round-robin over experiments, FIFO within one), so
+        that the precompiler starts first what is graded first."""
+        with self._cv:
+            queues = [list(q) for q in self._pending.values()]
+        out: list[GradeJob] = []
+        for r in range(max((len(q) for q in queues), default=0)):
+            for q in queues:
+                if r < len(q):
+                    out.extend(q[r].jobs)
+        return out
 
     def pending(self) -> int:
         """Jobs submitted and not yet started (for tests and load reports)."""
@@ -336,7 +348,8 @@ _OPEN: dict[str, GradingQueue] = {}
 _OPEN_LOCK = threading.Lock()
 
 
-def _precompiler_for(cfg: GraderConfig, kind: str, arch: str | None) -> Precompiler | None:
+def _precompiler_for(cfg: GraderConfig, kind: str, arch: str | None,
+                     order: Callable[[], list[GradeJob]]) -> Precompiler | None:
     """The queue's precompiler, or None: turned off, no Landlock (>= 6) to confine its sandbox, or a CPU queue not asked."""
     from mkb.grader._fs_guard import landlock_abi
     from mkb.grader._precompile_child import MIN_LANDLOCK_ABI
@@ -350,7 +363,7 @@ def _precompiler_for(cfg: GraderConfig, kind: str, arch: str | None) -> Precompi
             arch = detect_arch()
         except UnsupportedGpu:
             return None
-    return Precompiler(gpu_arch=arch, size=cfg.size) if arch else None
+    return Precompiler(gpu_arch=arch, size=cfg.size, order=order) if arch else None
 
 
 def _guarded(device: str) -> bool:

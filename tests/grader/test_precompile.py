@@ -80,6 +80,9 @@ def test_a_queued_tirx_kernel_is_built_ahead_and_only_a_call_with_its_key_reads_
         code = pc.take(job)
         assert code.state == "ready", code
         assert code.sources == 1 and code.builds == 2 and code.seconds > 0  # sm_90a, and sm_90 for a call without a target
+        assert code.seconds >= code.waited_s + code.sandbox_s + code.build_s - 0.01 and code.sandbox_s > 0
+        # a fork of the server, which has one thread: the confinement reaches every thread the candidate will have
+        assert "0 threads started before not confined" in code.sandbox, code.sandbox
         builds = list(code.folder.glob("*.bin"))
         assert len(builds) == 2 and all(b.stat().st_size > 1000 for b in builds)  # real fatbins from nvcc
         assert "device nodes and ioctls refused; no capabilities" in code.sandbox and "the sandbox's" in code.sandbox
@@ -184,14 +187,16 @@ def test_a_kernel_that_is_not_done_when_its_grading_starts_is_stopped_and_left_t
         job = _job(kernel)
         assert pc.request(job)
         task = pc._tasks[pc._key(job)]
-        deadline = time.monotonic() + 60
-        while task.proc is None:  # the sandbox has started
+        deadline = time.monotonic() + 120
+        while task.child is None or task.child.pid is None:  # the sandbox has been forked and confined itself
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        proc = task.proc
+        child = task.child
+        time.sleep(1.0)  # into the candidate's sleep
         code = pc.take(job)
-        assert code.state == "late" and code.folder is None
-        proc.wait(timeout=10)  # killed, with its session
+        assert code.state == "late" and code.folder is None and code.note == "stopped in the sandbox"
+        assert child.done.wait(10) and child.rc == -9  # killed, with its session; its server reaped it
+        assert not Path(f"/proc/{child.pid}").exists()
         task.future.result(timeout=30)
         deadline = time.monotonic() + 10
         while task.folder.exists():
@@ -227,8 +232,9 @@ def test_the_compile_figures_record_what_was_made_and_what_the_compile_read() ->
                                          "hits": 2, "misses": 0, "uncacheable": 0}
     assert _device_code_figures({"state": "late", "seconds": 0.4}) == {"state": "late", "seconds": 0.4}
     assert _device_code_figures(None) is None
-    assert DeviceCode("ready", folder=Path("/x/out"), builds=1).as_dict() == {
-        "state": "ready", "seconds": None, "sources": 0, "builds": 1, "note": "", "sandbox": ""}
+    assert DeviceCode("ready", folder=Path("/x/out"), builds=1, sandbox_s=0.5).as_dict() == {
+        "state": "ready", "seconds": None, "sources": 0, "builds": 1, "note": "", "sandbox": "", "waited_s": None,
+        "sandbox_s": 0.5, "build_s": None}
 
 
 class _NullWriter:
@@ -358,3 +364,111 @@ def test_a_source_whose_build_depends_on_where_or_when_it_runs_is_left_to_the_wo
     with um.patch.object(nvcc, "compile_cuda", lambda code, **kw: built.append(code) or bytearray(b"x")):
         keys = get_backend("tirx").build_device_code(['const char* t = __TIME__;\n' + plain], tmp_path, gpu_arch="sm_90a")
     assert keys == [] and built == [] and not list(tmp_path.glob("*.bin"))
+
+
+@needs_landlock
+def test_one_fork_server_per_dsl_imports_once_and_a_dead_one_is_started_again(tmp_path) -> None:
+    pytest.importorskip("tvm")
+    pc = Precompiler(gpu_arch="sm_90a", size="smoke", root=tmp_path, slots=2)
+    try:
+        jobs = [_job(b.path, problem=b.problem) for b in baselines([23, 28], dsls=["tirx"])]
+        for job in jobs:
+            assert pc.request(job)
+        for job in jobs:
+            _wait(pc, job)
+            code = pc.take(job)
+            assert code.state == "ready", code
+            pc.release(code)
+        first = pc.servers()["tirx"]
+        assert first["ready"] and first["seconds"] > 0 and list(pc.servers()) == ["tirx"]  # one server, two jobs
+        os.kill(first["pid"], 9)  # the server dies between jobs
+        deadline = time.monotonic() + 10
+        while pc._servers["tirx"].alive:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        job = jobs[0]
+        assert pc.request(job)
+        _wait(pc, job)
+        code = pc.take(job)
+        assert code.state == "ready", code
+        assert pc.servers()["tirx"]["pid"] != first["pid"]  # started again
+        pc.release(code)
+    finally:
+        pc.close()
+
+
+def test_a_fork_server_that_cannot_start_fails_its_jobs_with_why_and_is_not_started_again(tmp_path) -> None:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'ImportError: no tvm here' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    pc = Precompiler(gpu_arch="sm_90a", size="smoke", root=tmp_path, python=str(fake), slots=1)
+    try:
+        a, b = (_job(x.path, problem=x.problem) for x in baselines([23, 28], dsls=["tirx"]))
+        for job in (a, b):
+            assert pc.request(job)
+            _wait(pc, job)
+            code = pc.take(job)
+            assert code.state == "failed" and "the fork server of tirx ended (exit 1)" in code.note, code
+            assert "no tvm here" in code.note
+        assert len([p for p in tmp_path.glob("mkb-precompile-*/server-tirx.err")]) == 1  # started once
+    finally:
+        pc.close()
+
+
+def test_a_free_slot_starts_the_waiting_job_the_queue_grades_first(monkeypatch, tmp_path) -> None:
+    made: list[str] = []
+    gate = threading.Event()
+
+    def fake_make(self, task):
+        made.append(Path(task.job.kernel_path).stem)
+        gate.wait(10)
+        return DeviceCode("failed", note="fake")
+
+    monkeypatch.setattr(Precompiler, "_make", fake_make)
+    jobs = {n: _job(tmp_path / f"{n}.py") for n in ("k0", "k1", "k2", "k3", "k4")}
+    for j in jobs.values():
+        j.kernel_path.write_text("")
+    order = [jobs["k0"], jobs["k3"], jobs["k1"]]  # the queue grades k3 before k1; k2 and k4 it does not list
+    pc = Precompiler(gpu_arch="sm_90a", size="smoke", root=tmp_path, slots=1, order=lambda: list(order))
+    try:
+        assert pc.request(jobs["k0"])
+        deadline = time.monotonic() + 10
+        while made != ["k0"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for n in ("k1", "k2", "k3", "k4"):
+            assert pc.request(jobs[n])
+        gate.set()
+        for n in jobs:
+            _wait(pc, jobs[n])
+        assert made == ["k0", "k3", "k1", "k2", "k4"]  # those listed in the queue's order, then the others as asked
+    finally:
+        gate.set()
+        pc.close()
+
+
+def test_the_queue_lists_its_jobs_in_the_order_it_grades_them(monkeypatch) -> None:
+    graded: list[str] = []
+    gate = threading.Event()
+
+    def fake_grade_with(problem, dsl, kernel_path, **kw):
+        graded.append(Path(kernel_path).stem)
+        gate.wait(10)
+        return Verdict(evaluation_id=str(kernel_path), problem=problem, dsl=dsl, kernel_sha256="0" * 64, passed=True,
+                       reason=None, speedup=1.0, eager_median_us=1.0, candidate_median_us=1.0, gpu="cpu"), {}
+
+    monkeypatch.setattr(_grade, "grade_with", fake_grade_with)
+    with GradingQueue(device="cpu", writer=_NullWriter(), dsls=()) as queue:
+        first = queue.submit(GradeJob(problem=28, dsl="tirx", kernel_path=Path("/s/a0.py"), experiment="a"))
+        deadline = time.monotonic() + 10
+        while graded != ["a0"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        futs = [queue.submit(GradeJob(problem=28, dsl="tirx", kernel_path=Path(f"/s/{n}.py"), experiment=n[0]))
+                for n in ("a1", "a2", "a3", "b1", "c1", "b2")]
+        listed = [Path(j.kernel_path).stem for j in queue._upcoming()]
+        gate.set()
+        for f in [first, *futs]:
+            f.result(timeout=30)
+    assert listed == graded[1:], (listed, graded)
+    assert listed[:3] == ["a1", "b1", "c1"]  # round-robin over experiments
