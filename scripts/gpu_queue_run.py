@@ -251,6 +251,17 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
         log("RESULT " + json.dumps(summary["result"]))
 
 
+def made_text(v) -> str:
+    """What the queue made ahead for one grading, for its log line: state, where the time went, the worker's reads."""
+    st = v.stage("compile")
+    d = st.figures.get("device_code") if st else None
+    if not isinstance(d, dict):
+        return ""
+    times = " ".join(f"{k[:-2]} {d[k]:.1f}s" for k in ("waited_s", "sandbox_s", "build_s") if d.get(k) is not None)
+    return (f" code={d.get('state')}" + (f" ({times})" if times else "") +
+            (f" hits {d['hits']}" if d.get("hits") is not None else "") + (f" [{d['note'][:80]}]" if d.get("note") else ""))
+
+
 def queue_effect(summary: dict) -> dict | None:
     """The queue's effect on the median over every job that only works on the device: per job its queue gradings' mean
     against its serial gradings' mean (signed), then the mean of those over jobs with its standard error, judged within
@@ -563,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # noqa: BLE001 - recorded below, with its traceback
                     log(f"QDONE  {key:58s} -> error {type(exc).__name__}")
                     return
-                log(f"QDONE  {key:58s} -> {v.reason or 'passed'} median={v.candidate_median_us} wait={v.queue_wait_s:.1f}s")
+                log(f"QDONE  {key:58s} -> {v.reason or 'passed'} median={v.candidate_median_us} wait={v.queue_wait_s:.1f}s"
+                    f"{made_text(v)}")
 
             def producing(run) -> None:  # a producer that fails is recorded, never an unhandled thread exception
                 try:
@@ -611,6 +623,9 @@ def main(argv: list[str] | None = None) -> int:
                     summary["pair"].append(row(c, v) | {"eager_cached": v.stage("timing").figures.get("eager_cached")
                                                         if v.stage("timing") else None})
                     log(f"PAIR   {c.key:55s} -> {v.reason or 'passed'} median={v.candidate_median_us} eager={v.eager_median_us}")
+            if q.precompiler is not None:  # each fork server's import seconds and threads, once per DSL
+                summary["precompile_servers"] = q.precompiler.servers()
+                log("SERVERS " + json.dumps(summary["precompile_servers"]))
         # the device's coordinator replayed over the section: every timing phase had the device to itself
         replayed = replay_phases(list(quiet_for(a.device).history), since=t)
         summary["queue_quiet_replayed"] = dataclasses.asdict(replayed)

@@ -39,7 +39,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -374,12 +374,27 @@ class Precompiler:
         else:  # its slot removes the folder once its fork is gone
             task.future.add_done_callback(lambda _f, d=task.folder: shutil.rmtree(d, ignore_errors=True))
 
-    def _server(self, backend: Any, task: _Task) -> _ForkServer:
-        """The DSL's fork server, started (again, if it has ended since) and ready; raises with why it is not."""
+    def prestart(self, dsls: Sequence[str]) -> None:
+        """Start the fork server of each of `dsls` that makes device code ahead now, so that the first jobs do not wait
+        for its imports; never raises (a server that fails to start fails its jobs, which compile in their workers)."""
+        from mkb.grader._backends import backend_from_target, backend_target
+
+        for dsl in dsls:
+            try:
+                backend = backend_from_target(backend_target(dsl), dsl)
+                if getattr(backend, "precompiles", False):
+                    self._started(backend)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _started(self, backend: Any) -> _ForkServer:
+        """The DSL's fork server, started now where there is none or it has ended (raises where it never could)."""
         dsl = backend.name
         with self._lock:
             if dsl in self._broken:
                 raise RuntimeError(self._broken[dsl])
+            if self._closed:
+                raise RuntimeError("the precompiler is closed")
             server = self._servers.get(dsl)
             if server is None or (server.ready.is_set() and not server.alive):
                 if server is not None:
@@ -388,6 +403,12 @@ class Precompiler:
                 folder.mkdir(exist_ok=True)
                 server = _ForkServer(self.python, dsl, self._env(backend, folder), self.root)
                 self._servers[dsl] = server
+            return server
+
+    def _server(self, backend: Any, task: _Task) -> _ForkServer:
+        """The DSL's fork server, started (again, if it has ended since) and ready; raises with why it is not."""
+        dsl = backend.name
+        server = self._started(backend)
         deadline = time.monotonic() + SERVER_START_S
         while not server.ready.wait(0.1):
             if task.cancelled.is_set():

@@ -88,6 +88,21 @@ def _drop_capabilities() -> str:
     return "" if eff.strip("0") == "" else f"capabilities left: CapEff {eff}"
 
 
+def _lowest_priority() -> None:
+    """Its own session's scheduling group the least share, itself the lowest priority and the first the OOM killer
+    takes: what runs here waits for a grading's own CPU work (before Landlock, which would refuse the writes)."""
+    for path, value in (("/proc/self/autogroup", "19"), ("/proc/self/oom_score_adj", "1000")):
+        try:
+            with open(path, "w") as f:
+                f.write(value)
+        except OSError:
+            pass
+    try:
+        os.nice(19 - os.nice(0))
+    except OSError:
+        pass
+
+
 def _confine(writable: list[Path], *, memory: int, sandbox: bool) -> tuple[str | None, str]:
     """Confine this process before anything of the candidate's runs: (the reason it could not, else None; the guards)."""
     from mkb.grader._fs_guard import confine_writes, landlock_abi
@@ -96,16 +111,7 @@ def _confine(writable: list[Path], *, memory: int, sandbox: bool) -> tuple[str |
     abi = landlock_abi()
     if abi < MIN_LANDLOCK_ABI:
         return f"Landlock ABI {abi} here, {MIN_LANDLOCK_ABI} needed (truncate, device ioctls, signals outside)", ""
-    for path, value in (("/proc/self/autogroup", "19"), ("/proc/self/oom_score_adj", "1000")):
-        try:  # its own session's scheduling group the least share, and the first the OOM killer takes (before Landlock)
-            with open(path, "w") as f:
-                f.write(value)
-        except OSError:
-            pass
-    try:
-        os.nice(19)
-    except OSError:
-        pass
+    _lowest_priority()
     for lim, value in ((resource.RLIMIT_CPU, SANDBOX_CPU_S), (resource.RLIMIT_AS, memory)):
         hard = resource.getrlimit(lim)[1]
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)  # never above a limit set from outside
@@ -276,6 +282,7 @@ def _kill(pid: int) -> None:
 def serve(dsl: str) -> int:
     """Import once, then fork a confined sandbox or builder per request (module docstring: the protocol)."""
     t0 = time.monotonic()
+    _lowest_priority()  # its imports are background work too
     from mkb.dsl import get_backend
     import mkb.problems  # noqa: F401 - each sandbox loads its problem from here
 

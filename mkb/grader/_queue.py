@@ -107,6 +107,8 @@ class GradingQueue:
         # each queued job's device code made ahead, outside the GPU, for a DSL whose compile is mostly nvcc
         # (mkb.grader._precompile); on a GPU for the device's own arch, on a CPU queue only where `precompile_arch` asks
         self.precompiler = _precompiler_for(self.config, kind, precompile_arch, self._upcoming)
+        if self.precompiler is not None and prestart:  # its fork servers import while the workers warm up
+            self.precompiler.prestart(self.pool.dsls)
         self._cv = threading.Condition()
         self._pending: collections.OrderedDict[str, collections.deque[_Entry]] = collections.OrderedDict()
         self._closed = False

@@ -266,6 +266,9 @@ def test_a_queue_asks_for_each_queued_job_and_hands_each_grading_what_was_made(m
         def release(self, code):
             released.append(code.folder.parent.name)
 
+        def prestart(self, dsls):
+            asked.append("prestart")
+
         def close(self):
             asked.append("closed")
 
@@ -290,7 +293,8 @@ def test_a_queue_asks_for_each_queued_job_and_hands_each_grading_what_was_made(m
         gate.set()
         for f in futs:
             f.result(timeout=30)
-    assert asked == ["k0.py", "k1.py", "k2.py", "closed"]  # every job asked for when queued, closed with the queue
+    # its servers started with the queue, every job asked for when queued, closed with the queue
+    assert asked == ["prestart", "k0.py", "k1.py", "k2.py", "closed"]
     assert taken == ["k0.py", "k1.py", "k2.py"] and released == ["k0", "k1", "k2"]
     assert [g["code"].state for g in got] == ["ready"] * 3
     # a CPU queue not asked, and a config that turns it off, make nothing ahead
