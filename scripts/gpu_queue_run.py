@@ -623,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
                     summary["pair"].append(row(c, v) | {"eager_cached": v.stage("timing").figures.get("eager_cached")
                                                         if v.stage("timing") else None})
                     log(f"PAIR   {c.key:55s} -> {v.reason or 'passed'} median={v.candidate_median_us} eager={v.eager_median_us}")
-            if q.precompiler is not None:  # each fork server's import seconds and threads, once per DSL
+            if getattr(q, "precompiler", None) is not None:  # each fork server's import seconds and threads, once per DSL
                 summary["precompile_servers"] = q.precompiler.servers()
                 log("SERVERS " + json.dumps(summary["precompile_servers"]))
         # the device's coordinator replayed over the section: every timing phase had the device to itself
