@@ -16,8 +16,8 @@ the lowest priority and first in line for the OOM killer, CPU-time and address-s
 grader run as root would hand it CAP_SYS_NICE, CAP_MKNOD, CAP_BPF), writes only beneath its own folder with no device
 node made there and no device ioctl anywhere (Landlock >= 6; so it cannot reach the GPU, nor write the builder's
 output), the grader's seccomp filter with the sandbox's extra calls (device nodes, bpf, perf, scheduling, file
-metadata). Where it cannot, it runs nothing (exit 3). It reports its guards on the parent's pipe (`MKB_GUARDS_FD`) and
-closes it before the candidate's import; it prints `MKB_PRECOMPILE {"sources": [...]}` as its last stdout line. The builder
+metadata). Where it cannot, it runs nothing (exit 3). It reports its guards on the fork server's pipe and closes it
+before the candidate's import (run by hand, it reports them nowhere); it prints `MKB_PRECOMPILE {"sources": [...]}` as its last stdout line. The builder
 runs no candidate code but compiles the sources the sandbox printed, so it is confined the same way to its own
 folders (with the worker's seccomp filter: nvcc's toolchain may set a file's mode); it prints
 `MKB_PRECOMPILE {"keys": [...]}`.
@@ -49,7 +49,6 @@ SANDBOX_MEMORY = 32 << 30  # address space: torch and the DSL imported, one solv
 BUILDER_MEMORY = 16 << 30  # address space of the builder and the nvcc it runs (a hostile source cannot grow it past)
 NOT_CONFINED = 3  # exit status: no Landlock here (or too old a one), nothing run
 MIN_LANDLOCK_ABI = 6  # truncate (3), device ioctls (5), signals and abstract sockets outside the domain (6)
-GUARDS_FD_ENV = "MKB_GUARDS_FD"  # the parent's pipe for the guards line, closed before any code of the candidate's runs
 
 _PR_SET_SECUREBITS, _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 28, 24, 47, 4
 _CAPSET_NR = {"x86_64": 126, "aarch64": 91}
@@ -129,13 +128,6 @@ def _confine(writable: list[Path], *, memory: int, sandbox: bool) -> tuple[str |
     if not sc.kept:
         return f"system calls not filtered: {sc.note}", ""
     return None, f"{fs.describe()}; device nodes and ioctls refused; no capabilities | {sc.describe()}"
-
-
-def _guards_fd() -> int:
-    try:
-        return int(os.environ.pop(GUARDS_FD_ENV, "-1"))
-    except ValueError:
-        return -1
 
 
 def _report_guards(guards: str, fd: int) -> None:
@@ -271,12 +263,21 @@ def _fork(req: dict) -> tuple[int, str]:
     return pid, b"".join(chunks).decode(errors="replace")[:2000]
 
 
+def signal_session(pid: int, sig: int) -> None:
+    """`sig` to the session `pid` leads (each fork starts its own; nothing of it may leave it); gone is fine."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _kill(pid: int) -> None:
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    """A fork's session, and the fork itself where it has not started its session yet."""
+    signal_session(pid, signal.SIGKILL)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def serve(dsl: str) -> int:
@@ -328,7 +329,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["serve"] and len(argv) == 2:
         return serve(argv[1])
     if argv[:1] in (["sources"], ["build"]):
-        return _run_mode(argv[0], argv[1:], _guards_fd())
+        return _run_mode(argv[0], argv[1:], -1)
     print(__doc__, file=sys.stderr)
     return 2
 

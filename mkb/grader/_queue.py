@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from mkb.grader._config import GraderConfig
 from mkb.grader._pool import WorkerPool, device_kind, normalize_device, quiet_for
