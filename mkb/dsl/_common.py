@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from mkb._ast import parse
 from mkb.dsl._backend import CompileResult
 
 _COUNTER = itertools.count()
@@ -49,7 +50,7 @@ def decorated_functions(source: str, decorator_names: frozenset[str]) -> tuple[s
     `@cute.kernel`, `@cute.kernel(...)`, `@Tx.prim_func`, `@Tx.prim_func(private=True)` all count.
     """
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except SyntaxError:
         return ()
     names: list[str] = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from mkb._ast import parse
 from mkb.dsl._backend import StaticFinding
 
 # rule id -> one-line meaning (the prompt and docs list these; tests cover each one).
@@ -500,7 +501,7 @@ class _Visitor(ast.NodeVisitor):
 def check_source(source: str, *, rules: RuleSet = RuleSet()) -> tuple[StaticFinding, ...]:
     """All findings for one kernel.py source, in line order; an empty tuple means clean."""
     try:
-        tree = ast.parse(source)
+        tree = parse(source, "kernel.py")
     except SyntaxError as e:
         return (StaticFinding(rule="syntax_error", message=f"kernel.py:{e.lineno}: {e.msg}", line=e.lineno),)
     v = _Visitor(rules)

@@ -94,10 +94,12 @@ def shared_helpers(problem_file: Path) -> list[Path]:
     """
     import ast
 
+    from mkb._ast import parse
+
     pkg = Path(__file__).resolve().parent
     names: set[str] = set()
     try:
-        tree = ast.parse(problem_file.read_text())
+        tree = parse(problem_file.read_text(), str(problem_file))
     except (OSError, SyntaxError):
         return []  # the loader reports an unreadable problem.py itself
     for node in ast.walk(tree):
