@@ -65,7 +65,7 @@ def _list(store: Store, kind: str) -> list[str]:
             with os.scandir(d) as it:
                 return sorted(f"{d}/{e.name}" for e in it if e.name.endswith(_SUFFIX))
         store.fs.invalidate_cache(d)
-        return sorted(str(p) for p in store.fs.ls(d, detail=False) if str(p).endswith(_SUFFIX))
+        return sorted(str(p) for p in store.ls(d) if str(p).endswith(_SUFFIX))
     except (FileNotFoundError, NotADirectoryError):
         return []
 

@@ -121,7 +121,7 @@ def _list(store: Store, folder: str) -> _State:
 
             names = os.listdir(folder)
         else:
-            names = [str(p).rstrip("/").rsplit("/", 1)[-1] for p in store.fs.ls(folder, detail=False, refresh=True)]
+            names = [str(p).rstrip("/").rsplit("/", 1)[-1] for p in store.ls(folder, refresh=True)]
     except FileNotFoundError:
         names = []
     tokens: dict[int, _Token] = {}

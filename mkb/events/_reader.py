@@ -102,7 +102,7 @@ def list_files(store: Store, kind: str) -> list[tuple[str, int]]:
         return sorted(found)
     for attempt in range(3):  # an object store's "no such prefix" is asked again: a missed listing would drop every row
         try:
-            entries = store.fs.ls(d, detail=True, refresh=True)
+            entries = store.ls(d, detail=True, refresh=True)
             break
         except FileNotFoundError:
             store.fs.invalidate_cache()

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 DEFAULT_STORE = "events/local"
 ENV_VAR = "MKB_STORE"
 READ_ONLY_PROTOCOLS = ("hf",)
+LS_ATTEMPTS = 20  # memory:// listings raced by removals (Store.ls)
 
 
 class StoreError(ValueError):
@@ -46,10 +47,23 @@ class Store:
     def kind_dir(self, kind: str) -> str:
         return f"{self.root}/kind={kind}"
 
+    def ls(self, path: str, *, detail: bool = False, refresh: bool = False) -> list:
+        """fsspec's `ls(path)`, listed again when memory:// raced a removal: its listing copies the key names, then
+        looks each one up, so a file another thread removes in between raises KeyError (a lease claim, a compacted
+        segment) where a real filesystem would simply not list it."""
+        kw = {"refresh": True} if refresh else {}
+        for attempt in range(LS_ATTEMPTS):
+            try:
+                return self.fs.ls(path, detail=detail, **kw)
+            except KeyError:
+                if attempt == LS_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def kinds(self) -> list[str]:
         """The kinds that have a folder in this store."""
         try:
-            entries = self.fs.ls(self.root, detail=False)
+            entries = self.ls(self.root)
         except FileNotFoundError:
             return []
         names = (str(p).rstrip("/").rsplit("/", 1)[-1] for p in entries)

@@ -108,3 +108,36 @@ def test_reading_a_local_store_imports_no_fsspec(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.stdout.strip() == "False"
+
+
+def test_a_memory_listing_raced_by_removals_lists_again_instead_of_raising(monkeypatch):
+    """memory:// copies its key names and then looks each up; a file removed in between raised KeyError in a compactor
+    claiming a lease (CI). Here a removal lands inside every first listing: `Store.ls` lists again and sees the rest."""
+    import uuid
+
+    store = resolve_store(f"memory://mkb-{uuid.uuid4().hex}", for_writing=True)
+    folder = f"{store.root}/_leases/x"
+    for i in range(4):
+        store.fs.pipe_file(f"{folder}/{i:012d}.claim", b"{}")
+    real_ls, calls = type(store.fs).ls, []
+
+    def ls_raced(self, path, detail=True, **kw):
+        calls.append(path)
+        if len(calls) == 1:  # the removal happens after the key names were copied, before they are looked up
+            victim = f"{folder}/000000000000.claim"
+            keys = [k for k in self.store if k.startswith(folder)]
+            self.rm_file(victim)
+            return [{"name": k, "size": self.store[k].size} for k in keys]  # the KeyError fsspec raises here
+        return real_ls(self, path, detail=detail, **kw)
+
+    monkeypatch.setattr(type(store.fs), "ls", ls_raced)
+    names = sorted(p.rsplit("/", 1)[-1] for p in store.ls(folder))
+    assert names == [f"{i:012d}.claim" for i in (1, 2, 3)]
+    assert len(calls) == 2
+
+    def always(self, path, detail=True, **kw):
+        raise KeyError(path)
+
+    monkeypatch.setattr(type(store.fs), "ls", always)
+    with pytest.raises(KeyError):  # a filesystem that keeps raising is not hidden
+        store.ls(folder)
