@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import socket
 import socketserver
 import subprocess
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mkb._procs import kill_group
 from mkb.agent._attempt import Counters, SafeWriter, emit_skill, file_sha256, finished_payload, freeze_kernel, grader_version, read_skill, started_payload
 from mkb.agent._tools import KERNEL, cap_text, resolve_in, snapshot
 from mkb.agent._types import AttemptResult, AttemptSpec, EventSink, GradeJob, Grader
@@ -149,7 +149,7 @@ class ExternalAgent:
                 elif "infra" in c.extra:
                     stop, error = "infra_error", c.extra["infra"]
                 if stop != "finished":
-                    _kill(proc)
+                    kill_group(proc)
                     break
                 time.sleep(self.poll_s)
             if stop == "finished" and "infra" in c.extra:
@@ -159,7 +159,7 @@ class ExternalAgent:
             if stop == "finished" and proc.returncode not in (0, None):
                 error = f"harness exited with {proc.returncode} (see {prep.state / 'harness.log'})"
         finally:
-            _kill(proc)
+            kill_group(proc)
             server.shutdown()
             server.server_close()
             import shutil
@@ -178,18 +178,6 @@ class ExternalAgent:
         return AttemptResult(attempt_id=attempt_id, stop_reason=stop, final_kernel_sha256=file_sha256(final), final_kernel_path=final,
                              skill_text=chk.text, skill_sha256=chk.sha256, submissions=c.submissions, turns=0, output_tokens=0, cost_usd=None,
                              skill_flags=chk.flags, best_verdict={"passed": c.best_passed, "speedup": c.best_speedup}, error=error)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _read_tokens(workspace: Path) -> dict[str, Any] | None:

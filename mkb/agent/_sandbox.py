@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mkb._procs import kill_group
+
 WORKSPACE = "/workspace"
 HOME = "/home/agent"
 RUNTIME = "/opt/mkb-runtime"
@@ -333,15 +335,7 @@ class Sandbox:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    kill_group(proc)
     if proc.stdout:
         proc.stdout.close()
 

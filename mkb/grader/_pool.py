@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from mkb._procs import signal_group
 from mkb.grader._backends import backend_from_target, backend_target
 from mkb.grader._fs_guard import SCRATCH_ENV
 from mkb.grader._protocol import LineReader, write_msg
@@ -461,10 +462,7 @@ class Worker:
             self._finish_start(msg, None)
             return
         if msg == "timeout" and self.proc.poll() is None:
-            try:  # a GPU warm-up that hangs: kill it (reaped by whoever owns it) so it blocks nobody
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            signal_group(self.proc.pid, signal.SIGKILL)  # a GPU warm-up that hangs: killed (reaped by its owner), it blocks nobody
         err = (f"{msg['what']}\n{msg.get('log', '')}" if msg.get("what") else msg.get("log", "")) \
             if isinstance(msg, dict) else f"worker start: {msg}"
         self._finish_start(None, err + "\n" + self.log_text())
@@ -520,10 +518,7 @@ class Worker:
         self.quiet.forget(self)
         if self.go_at is not None and not self._reaped:  # it has a CUDA context: its teardown is in the record until reaped
             self.quiet.note("teardown", self.pid)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_group(self.proc.pid, signal.SIGKILL)
         if not wait:
             threading.Thread(target=self._reap, name=f"mkb-reap-{self.proc.pid}", daemon=True).start()
             return None

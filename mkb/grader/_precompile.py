@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from mkb.grader._precompile_child import signal_session
+from mkb._procs import signal_group
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 SANDBOX_LIMIT_S = 90.0  # wall seconds for the sandbox (one traced solve)
@@ -347,13 +347,13 @@ class Precompiler:
                 self._paused_at = None
             for server in self._servers.values():
                 for pid in server.pids():
-                    signal_session(pid, signal.SIGSTOP if held else signal.SIGCONT)
+                    signal_group(pid, signal.SIGSTOP if held else signal.SIGCONT)
 
     def _on_pid(self, child: _Child, pid: int, guards: str) -> None:
         with self._lock:  # against a pause's list of pids: a fork is either in it or stopped here
             child._on_pid(pid, guards)
             if self._paused_at is not None:
-                signal_session(pid, signal.SIGSTOP)
+                signal_group(pid, signal.SIGSTOP)
 
     def servers(self) -> dict[str, dict]:
         """What each fork server said when ready (its import seconds, threads, pid), for logs and tests."""
@@ -444,7 +444,7 @@ class Precompiler:
                 folder.mkdir(exist_ok=True)
                 server = _ForkServer(self.python, dsl, self._env(backend, folder), self.root, self._on_pid)
                 if self._paused_at is not None:
-                    signal_session(server.proc.pid, signal.SIGSTOP)
+                    signal_group(server.proc.pid, signal.SIGSTOP)
                 self._servers[dsl] = server
             return server
 
@@ -557,7 +557,7 @@ def _read(path: Path, limit: int) -> str:
 
 def _kill_session(pid: int) -> None:
     """SIGKILL to the child's whole session (it was started in one of its own; nothing of it may leave it)."""
-    signal_session(pid, signal.SIGKILL)
+    signal_group(pid, signal.SIGKILL)
 
 
 def _why(payload: dict, rc: int | None, stderr: str) -> str:

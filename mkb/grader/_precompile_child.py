@@ -44,6 +44,8 @@ import time
 import traceback
 from pathlib import Path
 
+from mkb._procs import signal_group
+
 SANDBOX_CPU_S = 120  # CPU seconds: a sandbox imports torch and the DSL and traces one solve
 SANDBOX_MEMORY = 32 << 30  # address space: torch and the DSL imported, one solve traced on CPU inputs
 BUILDER_MEMORY = 16 << 30  # address space of the builder and the nvcc it runs (a hostile source cannot grow it past)
@@ -263,21 +265,9 @@ def _fork(req: dict) -> tuple[int, str]:
     return pid, b"".join(chunks).decode(errors="replace")[:2000]
 
 
-def signal_session(pid: int, sig: int) -> None:
-    """`sig` to the session `pid` leads (each fork starts its own; nothing of it may leave it); gone is fine."""
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _kill(pid: int) -> None:
-    """A fork's session, and the fork itself where it has not started its session yet."""
-    signal_session(pid, signal.SIGKILL)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """A fork's session, or the fork itself where it has not started its session yet."""
+    signal_group(pid, signal.SIGKILL, or_process=True)
 
 
 def serve(dsl: str) -> int:

@@ -40,6 +40,8 @@ from multiprocessing.connection import wait as wait_conns
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from mkb._procs import signal_group
+
 MODES: tuple[str, ...] = ("default", "max-autotune-no-cudagraphs")
 DEFAULT_CAP_S: dict[str, float] = {"default": 240.0, "max-autotune-no-cudagraphs": 150.0}
 STATUSES: tuple[str, ...] = ("ok", "compile_error", "runtime_error", "mismatch", "timeout", "oom_alone")
@@ -497,16 +499,6 @@ def _warm_worker(conn: Any, cfg: Config) -> None:
 # --------------------------------------------------------------------------------------------- the parent
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, sig)  # before the worker's setsid its group does not exist yet
-        except ProcessLookupError:
-            pass
-
-
 @dataclass
 class _Slot:
     task: Task
@@ -611,10 +603,10 @@ def _run(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callable[[di
 
     def close(s: _Slot, kill: bool) -> None:
         if kill:
-            _signal_group(s.proc.pid, signal.SIGKILL)
+            signal_group(s.proc.pid, signal.SIGKILL, or_process=True)
         s.proc.join(timeout=10)
         if s.proc.is_alive():
-            _signal_group(s.proc.pid, signal.SIGKILL)
+            signal_group(s.proc.pid, signal.SIGKILL, or_process=True)
             s.proc.join(timeout=5)
         try:
             s.conn.close()
@@ -642,18 +634,18 @@ def _run(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callable[[di
     def pause_others(keep: _Slot, now: float) -> None:
         for o in slots:
             if o is not keep and not o.paused and o.proc.is_alive():
-                _signal_group(o.proc.pid, signal.SIGSTOP)
+                signal_group(o.proc.pid, signal.SIGSTOP, or_process=True)
                 o.pauses.append([now, None])
 
     def resume_all(now: float) -> None:
         for o in slots:
             if o.paused:
-                _signal_group(o.proc.pid, signal.SIGCONT)
+                signal_group(o.proc.pid, signal.SIGCONT, or_process=True)
                 o.pauses[-1][1] = now
 
     def end_warm(res: dict[str, Any] | None) -> None:
         nonlocal warm_proc, warm_conn
-        _signal_group(warm_proc.pid, signal.SIGKILL)
+        signal_group(warm_proc.pid, signal.SIGKILL, or_process=True)
         warm_proc.join(timeout=10)
         warm_conn.close()
         warm_proc = warm_conn = None
@@ -751,7 +743,7 @@ def _run(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callable[[di
                 if over is not None:
                     if s is holder:
                         holder = None
-                    _signal_group(s.proc.pid, signal.SIGKILL)
+                    signal_group(s.proc.pid, signal.SIGKILL, or_process=True)
                     if over[0] == "timeout":
                         s.t1 = now
                     record(s, {"status": over[0], "error_class": over[1], "error": over[2]})
@@ -762,7 +754,7 @@ def _run(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callable[[di
                 if nxt is not None and deadline - now > 10.0:
                     pause_others(nxt, now)
                     if nxt.paused:  # it was paused by an earlier window: it is ready and idle, wake it
-                        _signal_group(nxt.proc.pid, signal.SIGCONT)
+                        signal_group(nxt.proc.pid, signal.SIGCONT, or_process=True)
                         nxt.pauses[-1][1] = now
                     holder, nxt.state, nxt.timing_since = nxt, "timing", now
                     nxt.conn.send("time")
@@ -770,7 +762,7 @@ def _run(tasks: Sequence[Task], cfg: Config, ctx: Context, *, emit: Callable[[di
                     resume_all(now)
     finally:
         if warm_proc is not None:
-            _signal_group(warm_proc.pid, signal.SIGKILL)
+            signal_group(warm_proc.pid, signal.SIGKILL, or_process=True)
             warm_proc.join(timeout=10)
         for s in list(slots):  # the budget ran out (or the run failed): their tasks are left for the next run
             rep.unfinished.append(s.task)
