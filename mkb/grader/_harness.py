@@ -1009,7 +1009,7 @@ class _Evaluation:
         ph.mark("floor_tails")
         quiet.release()
         cap, new_segments, first_pass_segments = c_stream.capacity, c_stream.new_segments, c_stream.first_pass_new_segments
-        set_bytes = c_stream.set_bytes
+        set_bytes, made = c_stream.set_bytes, c_stream.made.as_dict()
         del c_stream
         ph.mark("timing_loop")
         bad = guard.check()
@@ -1063,7 +1063,7 @@ class _Evaluation:
             clocks={"before": self.gpu_before, "after": gpu_after},
             rechecked=state["rechecked"] + 1, timed_s=state["t_timed"], times_us=[round(t, 3) for t in times],
             input_sets_alive=cap, input_sets_new_segments=new_segments, input_sets_first_pass_segments=first_pass_segments,
-            input_set_bytes=set_bytes, input_budget_bytes=self.budget,
+            input_set_bytes=set_bytes, input_budget_bytes=self.budget, input_sets_made=made,
             eager_input_sets_new_segments=eager.get("input_sets_new_segments"), run_phases_s=dict(ph.s),
             tail_us_median=float(sorted(tails)[len(tails) // 2]) if tails else None,
             floor_tail_us_median=float(sorted(floor_tails)[len(floor_tails) // 2]) if floor_tails else None,

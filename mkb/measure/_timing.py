@@ -379,6 +379,28 @@ def tensor_bytes(values: Sequence[Any]) -> int:
     return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
+@dataclass(frozen=True)
+class InputsMade:
+    """Where the seconds of an `InputStream`'s construction went (the grader's `timing_inputs` phase).
+
+    Why: problem 1's `timing_inputs` took either ~0.2 s or ~1.9 s with the same sets, the same count and the same first
+    pass (events/h200-grader-bench-2-15 .. 2-18-pause), and the phase alone cannot tell which of these it was: the
+    host's CPU (wall well above `cpu_s`: starved by neighbours), the allocator (device frees or retries: it ran out
+    and released its cache, each cudaFree a device sync), or the device (neither).
+    """
+
+    first_pass_s: float  # the first set and the first pass
+    make_s: float  # the sets made up front after it (premade: all; otherwise none)
+    sets_made: int  # calls of `make` (the first set is made twice where the first pass recycles)
+    cpu_s: float  # this process's CPU seconds (all threads) over the whole construction
+    device_mallocs: int | None  # the caching allocator's cudaMalloc calls meanwhile (None off the GPU)
+    device_frees: int | None  # its cudaFree calls (it frees only when a malloc failed, or when told to)
+    alloc_retries: int | None  # mallocs that failed and were retried after freeing cached blocks
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
 class InputStream:
     """Input sets for call i = 0, 1, ...: fresh values (seed `base_seed + i`) and fresh addresses.
 
@@ -404,9 +426,16 @@ class InputStream:
         if first_pass not in FIRST_PASSES:
             raise ValueError(f"InputStream first_pass must be one of {FIRST_PASSES}, not {first_pass!r}")
         self._make = make
+        made_sets = [0]
+
+        def make_set(seed: int) -> Sequence[Any]:
+            made_sets[0] += 1
+            return make(seed)
+
         self.base_seed = base_seed
+        t_start, cpu_start, alloc_pre = time.perf_counter(), time.process_time(), _allocator_counts()
         seg_pre = _segments_allocated()
-        first = tuple(make(base_seed))
+        first = tuple(make_set(base_seed))
         per_set = max(1, tensor_bytes(first))
         cap = n_calls if max_bytes is None else max(min_capacity, min(n_calls, max_bytes // per_set))
         self.capacity = max(1, min(cap, n_calls))
@@ -415,7 +444,7 @@ class InputStream:
         self.recycled = first_pass is not None and cuda
         if self.recycled:  # a first pass dropped to the caching allocator; the sets are made (again) below
             if first_pass == "make":
-                once = [first] + [tuple(make(base_seed + i)) for i in range(1, self.capacity)]
+                once = [first] + [tuple(make_set(base_seed + i)) for i in range(1, self.capacity)]
             else:  # "allocate": the blocks only, one set more than "make" holds at once (the first set's own)
                 once = [first] + [tuple(torch.empty_like(t) if isinstance(t, torch.Tensor) else t for t in first)
                                   for _ in range(self.capacity)]
@@ -423,18 +452,25 @@ class InputStream:
             once.clear()
         seg0 = _segments_allocated() if cuda else None
         if self.recycled:
-            first = tuple(make(base_seed))
+            first = tuple(make_set(base_seed))
+        t_made = time.perf_counter()
         self._ring: deque[tuple[int, tuple]] = deque([(0, first)])
         self.premade = self.capacity >= n_calls
         if self.premade:
             for i in range(1, n_calls):
-                self._ring.append((i, tuple(make(base_seed + i))))
+                self._ring.append((i, tuple(make_set(base_seed + i))))
         seg1 = _segments_allocated() if cuda else None
+        t_end, alloc_post = time.perf_counter(), _allocator_counts()
+        self.made = InputsMade(
+            first_pass_s=t_made - t_start, make_s=t_end - t_made, sets_made=made_sets[0],
+            cpu_s=time.process_time() - cpu_start,
+            **{k: (alloc_post[k] - alloc_pre[k] if cuda and alloc_pre and alloc_post else None)
+               for k in ("device_mallocs", "device_frees", "alloc_retries")})
         # the device segments the allocator had to create for the sets made here (besides the first one when not
         # recycled): 0 means every timed set lies in blocks it already had (policy v5's aim); None off the GPU
         self.new_segments: int | None = seg1 - seg0 if seg0 is not None and seg1 is not None else None
         # the segments the first set and the first pass created: 0 means the process already had every block cached
-        # (a worker that timed the eager, say); cudaMalloc of a whole loop's sets is what makes `timing_inputs` slow
+        # (a worker that timed the eager, say); problem 1's slow and fast `timing_inputs` both created ~250 (`made` tells them apart)
         self.first_pass_new_segments: int | None = (seg0 - seg_pre if cuda and seg_pre is not None and seg0 is not None
                                                     else None)
 
@@ -451,6 +487,16 @@ class InputStream:
 
 def _on_cuda(inputs: Sequence[Any]) -> bool:
     return any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+
+
+def _allocator_counts() -> dict[str, int] | None:
+    """The caching allocator's cudaMalloc and cudaFree calls and failed-then-retried mallocs in this process so far."""
+    try:
+        st = torch.cuda.memory_stats()
+        return {"device_mallocs": int(st["num_device_alloc"]), "device_frees": int(st["num_device_free"]),
+                "alloc_retries": int(st["num_alloc_retries"])}
+    except Exception:  # noqa: BLE001 - a figure for the record (no CUDA, or a torch without these counters)
+        return None
 
 
 def _segments_allocated() -> int | None:

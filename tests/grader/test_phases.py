@@ -105,6 +105,9 @@ def test_queue_verdicts_attribute_every_second(tmp_path, fake_dsl, cpu_config, s
         t = v.stage("timing").typed  # what sets the timed sets' cost (grader 2.14): one set's bytes, the budget, the segments
         assert t.input_set_bytes and t.input_set_bytes > 0 and t.input_sets_alive
         assert t.input_budget_bytes is None and t.input_sets_first_pass_segments is None  # off the GPU: no budget, no allocator
+        made = t.input_sets_made  # grader 2.19: the phase split (first pass, sets, CPU) beside the allocator's counters
+        assert made["sets_made"] == t.input_sets_alive and made["device_frees"] is None
+        assert made["first_pass_s"] + made["make_s"] <= ph["worker.run.timing_inputs"] + 1e-3
     # the eager timing is measured once per session: the first grading has it, the second not
     assert "worker.trusted.eager_timing" in first.phases_s and "worker.trusted.eager_timing" not in second.phases_s
     details = _verdict_details(store)

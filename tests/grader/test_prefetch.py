@@ -436,6 +436,11 @@ def test_grader_bench_tables_timing_inputs_by_problem(repo_script):
     assert tab[1]["first_pass_segments"] == [112, 0] and tab[28]["first_pass_segments"] == []
     (line,) = bench._inputs_line("FIGURE x", tab)
     assert line == "FIGURE x: 1: 0.640 s (1 of 3 over 1 s, first-pass segments [0, 112]); 28: 0.025 s (0 of 1 over 1 s)"
+    made = {"first_pass_s": 1.6, "make_s": 0.25, "sets_made": 113, "cpu_s": 0.31, "device_mallocs": 260, "device_frees": 0,
+            "alloc_retries": 0}  # grader 2.19: where the phase went, printed per grading beside its seconds
+    tab = bench.inputs_table([{**row(1, 1.86, 250), "inputs_made": made}])
+    (line,) = bench._inputs_line("FIGURE x", tab)
+    assert line.endswith("made [1.86 s: first pass 1.60 + sets 0.25, cpu 0.31, mallocs 260 frees 0 retries 0])")
 
 
 def test_grader_bench_quiet_table_times_warm_ups_prefetches_and_deferred_gos(repo_script):

@@ -123,6 +123,42 @@ def test_cpu_sets_are_made_once():
     assert not InputStream(_make, n_calls=3, first_pass=None).recycled
 
 
+
+def test_inputs_made_splits_the_phase_and_reads_the_allocators_counters(monkeypatch):
+    """What tells problem 1's slow `timing_inputs` from its fast ones: the seconds of the first pass and of the sets,
+    the CPU seconds, and the allocator's mallocs, frees and retries over the construction (None off the GPU)."""
+    import time as _time
+
+    import mkb.measure._timing as timing
+
+    s = InputStream(_make, n_calls=6, base_seed=1)
+    m = s.made
+    assert m.sets_made == 6 and m.device_mallocs is None and m.device_frees is None and m.alloc_retries is None
+    assert m.first_pass_s >= 0 and m.make_s >= 0 and m.cpu_s >= 0
+
+    counters = {"device_mallocs": 10, "device_frees": 2, "alloc_retries": 0}
+
+    def make(seed):  # a stand-in allocator: each set takes one malloc; the fourth set ran out and freed the cache
+        counters["device_mallocs"] += 1
+        if seed == 4:
+            counters["device_frees"] += 7
+            counters["alloc_retries"] += 1
+        _time.sleep(0.03)  # off the CPU: wall time the CPU seconds do not see
+        return _make(seed)
+
+    monkeypatch.setattr(timing, "_on_cuda", lambda inputs: True)
+    monkeypatch.setattr(timing, "_allocator_counts", lambda: dict(counters))
+    s = InputStream(make, n_calls=5, base_seed=1)  # "allocate": the first set, blanks, then sets 1..5 made again
+    m = s.made
+    assert m.sets_made == 6 and m.device_mallocs == 6 and m.device_frees == 7 and m.alloc_retries == 1
+    assert m.first_pass_s >= 0.06 and m.make_s >= 0.12  # two sets before the timed ones are made, four after
+    assert m.cpu_s < m.first_pass_s + m.make_s - 0.1
+    d = m.as_dict()
+    assert set(d) == {"first_pass_s", "make_s", "sets_made", "cpu_s", "device_mallocs", "device_frees", "alloc_retries"}
+
+    monkeypatch.setattr(timing, "_allocator_counts", lambda: None)  # a torch without the counters: none, no failure
+    assert InputStream(make, n_calls=2).made.device_frees is None
+
 @pytest.mark.gpu
 def test_gpu_recycled_sets_lie_in_blocks_the_allocator_already_had():
     if not torch.cuda.is_available():
@@ -141,6 +177,7 @@ def test_gpu_recycled_sets_lie_in_blocks_the_allocator_already_had():
     assert s.recycled and s.premade
     assert torch.cuda.memory_reserved() == seen["reserved_before_second"]  # no new segment for the timed sets
     assert s.new_segments == 0
+    assert s.made.device_mallocs is not None and s.made.alloc_retries == 0 and s.made.sets_made == 31
     del s
     torch.cuda.empty_cache()
     fresh = InputStream(make, n_calls=30, base_seed=100, first_pass=None)
