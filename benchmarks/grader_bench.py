@@ -407,6 +407,8 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
             verdicts.append(f.result())
             t_last = time.monotonic()
         elapsed = t_last - t0
+        precompiler = getattr(q, "precompiler", None)
+        made_ahead = precompiler.figures().as_dict() if precompiler is not None else None
     if cancelled:
         log(f"[bench] throughput: budget spent, {cancelled} gradings cancelled before they started")
     rows = [{**_row(v), "prefetch": v.prefetch} for v in verdicts]
@@ -427,7 +429,7 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
            "steady_gradings": len(steady),
            "steady_gradings_per_gpu_hour": 3600.0 / statistics.fmean(steady) if steady else None,
            "quiet": quiet_table(quiet_for(device).history, since), "warm_start": warm_start_table(rows),
-           "timing_inputs": inputs_table(rows), "device_code": device_code_table(rows),
+           "timing_inputs": inputs_table(rows), "device_code": device_code_table(rows), "precompiler": made_ahead,
            "quiet_replayed": dataclasses.asdict(replay_phases(list(quiet_for(device).history), since=since))}
     log("[bench] throughput: overhead by phase (every grading):\n" + format_phases(res["phases"]))
     log(f"[bench] throughput: {len(rows)} gradings of {len(base)} memory-bound baselines in {elapsed:.1f} s: "
@@ -627,6 +629,10 @@ def _throughput_lines(t: dict) -> list[str]:
                      f"hits, {d['misses']} misses, {d['uncacheable']} uncacheable; candidate compile mean "
                      f"{_f(d['compile_s_mean_read'], '.3f')} s over {d['n_read']} gradings that read a build, "
                      f"{_f(d['compile_s_mean_not_read'], '.3f')} s over {d['n_not_read']} that did not")
+    pc = t.get("precompiler")
+    if pc:
+        lines.append(f"FIGURE throughput precompiler: stopped for {pc['pauses']} timing phases, {pc['paused_s']:.1f} s in all; "
+                     f"servers " + ", ".join(f"{dsl} ready in {i.get('seconds')} s" for dsl, i in sorted(pc["servers"].items())))
     lines += _quiet_line("FIGURE throughput quiet rule", t.get("quiet"))
     lines += _inputs_line("FIGURE throughput timing_inputs by problem (mean)", t.get("timing_inputs"))
     r = t.get("quiet_replayed")

@@ -623,9 +623,10 @@ def main(argv: list[str] | None = None) -> int:
                     summary["pair"].append(row(c, v) | {"eager_cached": v.stage("timing").figures.get("eager_cached")
                                                         if v.stage("timing") else None})
                     log(f"PAIR   {c.key:55s} -> {v.reason or 'passed'} median={v.candidate_median_us} eager={v.eager_median_us}")
-            if getattr(q, "precompiler", None) is not None:  # each fork server's import seconds and threads, once per DSL
-                summary["precompile_servers"] = q.precompiler.servers()
-                log("SERVERS " + json.dumps(summary["precompile_servers"]))
+            if getattr(q, "precompiler", None) is not None:  # each fork server's import seconds and threads, and the pauses
+                figs = q.precompiler.figures()
+                summary["precompile_servers"], summary["precompile_pauses"] = figs.servers, figs.as_dict()
+                log("SERVERS " + json.dumps(figs.as_dict()))
         # the device's coordinator replayed over the section: every timing phase had the device to itself
         replayed = replay_phases(list(quiet_for(a.device).history), since=t)
         summary["queue_quiet_replayed"] = dataclasses.asdict(replayed)

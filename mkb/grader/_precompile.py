@@ -53,6 +53,18 @@ MAX_OUTPUT_BYTES = 8 << 20  # what a sandbox may print
 
 
 @dataclass(frozen=True)
+class PrecompilerFigures:
+    """One precompiler's servers (what each said when ready) and its pauses for timing phases (count, seconds)."""
+
+    servers: dict[str, dict]
+    pauses: int
+    paused_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"servers": self.servers, "pauses": self.pauses, "paused_s": self.paused_s}
+
+
+@dataclass(frozen=True)
 class DeviceCode:
     """What a grading got made ahead: `state` ready (its builds are in `folder`), late (not finished when the grading
     started: stopped), failed (the sandbox or the builder did not finish; `note` says why), or off."""
@@ -358,6 +370,13 @@ class Precompiler:
     def servers(self) -> dict[str, dict]:
         """What each fork server said when ready (its import seconds, threads, pid), for logs and tests."""
         return {dsl: dict(s.info) for dsl, s in self._servers.items()}
+
+    def figures(self) -> PrecompilerFigures:
+        """The servers and how often and how long every fork was stopped for a timing phase, so far (the A/B's record
+        of what the pause cost the precompiles)."""
+        with self._lock:
+            paused_s = self.paused_s + (time.monotonic() - self._paused_at if self._paused_at is not None else 0.0)
+            return PrecompilerFigures(servers=self.servers(), pauses=self.pauses, paused_s=paused_s)
 
     # ---------------- the slots ----------------
 

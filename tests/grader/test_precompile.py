@@ -334,8 +334,11 @@ def test_the_bench_tables_what_each_dsl_got_made_ahead_and_the_compile_with_and_
                          "compile_s_mean_read": None, "n_not_read": 1, "compile_s_mean_not_read": 0.9}
     line = "\n".join(gb._throughput_lines({"problems": [28], "gradings_per_gpu_hour": 1.0, "gradings": 4, "elapsed_s": 1.0,
                                             "cancelled": 0, "all_passed": True, "overhead_s_median": 0.1,
-                                            "wall_s_median": 1.0, "worker_wait_s_median": 0.0, "device_code": t}))
+                                            "wall_s_median": 1.0, "worker_wait_s_median": 0.0, "device_code": t,
+                                            "precompiler": {"servers": {"tirx": {"seconds": 8.3}}, "pauses": 21,
+                                                            "paused_s": 17.04}}))
     assert "device code made ahead, tirx: states {'ready': 2, 'late': 1}; worker reads: 3 hits" in line
+    assert "precompiler: stopped for 21 timing phases, 17.0 s in all; servers tirx ready in 8.3 s" in line
 
 
 @needs_landlock
@@ -527,11 +530,15 @@ def test_the_forks_stop_while_the_device_times_a_grading_and_a_late_one_is_still
         quiet.release("grading-1")
         assert _settles(child.pid, "SR") and _settles(server, "SR")
         quiet.hold("grading-2", "timing")
+        during = pc.figures()  # a pause still running counts up to now
         code = pc.take(job)  # its grading starts while it is stopped: killed all the same
         assert code.state == "late"
         quiet.release("grading-2")
         assert child.done.wait(20) and child.rc == -9
         assert pc.pauses == 2 and pc.paused_s > 0
+        figs = pc.figures()
+        assert during.pauses == 2 and 0 < during.paused_s <= figs.paused_s == pc.paused_s
+        assert figs.as_dict() == {"servers": pc.servers(), "pauses": 2, "paused_s": figs.paused_s}
     finally:
         quiet.unlisten(pc.pause)
         pc.close()
