@@ -88,21 +88,10 @@ def _row(v) -> dict:
 def device_code_table(rows: list[dict]) -> dict:
     """Per DSL: what the queue made ahead (grader 2.17's states), the worker's reads, and the candidate compile's mean
     with builds read against without (the phase a precompile takes off)."""
-    out: dict = {}
-    for r in rows:
-        d = r.get("device_code") or {}
-        t = out.setdefault(r["dsl"], {"states": {}, "hits": 0, "misses": 0, "uncacheable": 0, "_hit": [], "_cold": []})
-        st = str(d.get("state")) if d else "none"
-        t["states"][st] = t["states"].get(st, 0) + 1
-        for k in ("hits", "misses", "uncacheable"):
-            t[k] += int(d.get(k) or 0)
-        if r.get("compile_s") is not None:
-            (t["_hit"] if d.get("hits") else t["_cold"]).append(r["compile_s"])
-    for t in out.values():
-        hit, cold = t.pop("_hit"), t.pop("_cold")
-        t.update(n_read=len(hit), compile_s_mean_read=statistics.fmean(hit) if hit else None,
-                 n_not_read=len(cold), compile_s_mean_not_read=statistics.fmean(cold) if cold else None)
-    return out
+    from mkb.grader._precompile import tally_device_code
+
+    tally = tally_device_code((r["dsl"], r.get("device_code"), r.get("compile_s")) for r in rows)
+    return {dsl: t.as_dict() for dsl, t in tally.items()}
 
 
 def inputs_table(rows: list[dict]) -> dict[int, dict]:

@@ -102,7 +102,8 @@ def row(c: Case, v) -> dict:
             "queue_wait_s": v.queue_wait_s, "evaluation_id": v.evaluation_id, "message": (v.message or "")[:800],
             "host_syncs": host_syncs(v.stage("integrity").figures if v.stage("integrity") else None),
             "guards": guards_of(v.stage("compile").figures if v.stage("compile") else None),
-            "device_code": (v.stage("compile").figures.get("device_code") if v.stage("compile") else None)}
+            "device_code": (v.stage("compile").figures.get("device_code") if v.stage("compile") else None),
+            "compile_s": v.stage("compile").figures.get("compile_s") if v.stage("compile") else None}
 
 
 def guards_of(compile_figures: dict | None) -> str | None:
@@ -208,15 +209,10 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
     summary["result"]["guards"] = dict(Counter(r.get("guards") or "not recorded"
                                                for r in [*summary["serial"].values(), *summary["queue"].values()]))
     # what the queue made ahead for its gradings (grader 2.17): per DSL, each state's count and the worker's reads
-    made: dict = {}
-    for r in summary["queue"].values():
-        d = r.get("device_code")
-        if isinstance(d, dict):
-            m = made.setdefault(r["dsl"], {"states": Counter(), "hits": 0, "misses": 0, "uncacheable": 0})
-            m["states"][str(d.get("state"))] += 1
-            for k in ("hits", "misses", "uncacheable"):
-                m[k] += int(d.get(k) or 0)
-    summary["result"]["device_code"] = {dsl: {**m, "states": dict(m["states"])} for dsl, m in made.items()}
+    from mkb.grader._precompile import tally_device_code
+
+    made = tally_device_code((r["dsl"], r.get("device_code"), r.get("compile_s")) for r in summary["queue"].values() if r.get("dsl"))
+    summary["result"]["device_code"] = {dsl: t.as_dict() for dsl, t in made.items()}
     summary["pooled"] = pooled(summary, must_pass)
     summary["result"]["medians_pooled_compared"] = sum(r["a_vs_b"] is not None for r in summary["pooled"])
     summary["result"]["medians_pooled_within_0_5pct"] = sum(r["within_tol"] for r in summary["pooled"])

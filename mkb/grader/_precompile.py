@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +40,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from mkb._procs import signal_group
 
@@ -87,6 +88,44 @@ class DeviceCode:
 
 
 OFF = DeviceCode("off")
+
+
+@dataclass(frozen=True)
+class DeviceCodeTally:
+    """One DSL's device code over a run's gradings: each state's count (`none`: the grading recorded none), the
+    worker's reads, and the candidate compile's mean with builds read against without (the phase a precompile takes
+    off). The one tally the bench and the queue run both print."""
+
+    states: dict[str, int]
+    hits: int
+    misses: int
+    uncacheable: int
+    n_read: int
+    compile_s_mean_read: float | None
+    n_not_read: int
+    compile_s_mean_not_read: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def tally_device_code(gradings: Iterable[tuple[str, dict | None, float | None]]) -> dict[str, DeviceCodeTally]:
+    """Per DSL, the tally of `(dsl, the compile stage's device_code record, its compile_s)` for each grading."""
+    acc: dict[str, dict] = {}
+    for dsl, rec, compile_s in gradings:
+        rec = rec if isinstance(rec, dict) else {}
+        t = acc.setdefault(dsl, {"states": {}, "hits": 0, "misses": 0, "uncacheable": 0, "read": [], "not_read": []})
+        state = str(rec.get("state")) if rec else "none"
+        t["states"][state] = t["states"].get(state, 0) + 1
+        for k in ("hits", "misses", "uncacheable"):
+            t[k] += int(rec.get(k) or 0)
+        if compile_s is not None:
+            (t["read"] if rec.get("hits") else t["not_read"]).append(compile_s)
+    return {dsl: DeviceCodeTally(states=t["states"], hits=t["hits"], misses=t["misses"], uncacheable=t["uncacheable"],
+                                 n_read=len(t["read"]), compile_s_mean_read=statistics.fmean(t["read"]) if t["read"] else None,
+                                 n_not_read=len(t["not_read"]),
+                                 compile_s_mean_not_read=statistics.fmean(t["not_read"]) if t["not_read"] else None)
+            for dsl, t in acc.items()}
 
 
 class _Task:
