@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mkb.agent._sandbox import secret_values
+from mkb._secrets import secret_values
 from mkb.agent._types import Agent, AttemptResult, AttemptSpec, EventSink, Grader, status_of
 
 

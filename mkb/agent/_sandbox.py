@@ -13,7 +13,6 @@ the repository checkout or GPU device nodes; it has its own HOME, TMPDIR and cac
 from __future__ import annotations
 
 import os
-import re
 import resource
 import shutil
 import signal
@@ -377,12 +376,3 @@ def _processes_of_uid(uid: int) -> int:
             except OSError:
                 pass
     return n
-
-
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
-
-
-def secret_values(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Values of environment variables whose names look like credentials (>= 8 chars), name by value."""
-    env = os.environ if environ is None else environ
-    return {v: k for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 8}

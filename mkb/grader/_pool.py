@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Callable
 
 from mkb._procs import signal_group
+from mkb._secrets import without_secrets
 from mkb.grader._backends import backend_from_target, backend_target
 from mkb.grader._fs_guard import SCRATCH_ENV
 from mkb.grader._protocol import LineReader, write_msg
@@ -389,7 +390,7 @@ class Worker:
         job_r, self._job_w = os.pipe()
         self._res_r, res_w = os.pipe()
         self.log = tempfile.NamedTemporaryFile(prefix=f"mkb-worker-{dsl}-", suffix=".log", delete=False)
-        full_env = dict(os.environ if env is None else env)
+        full_env = without_secrets(os.environ if env is None else env)  # no credential for a candidate to print (mkb._secrets)
         backend = backend_from_target(backend_target(dsl), dsl)
         if device == "cuda" and gpu_arch:  # the DSL's environment (arch, CUDA path, math policy) before it is first imported
             full_env.update(backend.environment(gpu_arch))

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from mkb._procs import signal_group
+from mkb._secrets import without_secrets
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 SANDBOX_LIMIT_S = 90.0  # wall seconds for the sandbox (one traced solve)
@@ -554,7 +555,7 @@ class Precompiler:
 
     def _env(self, backend: Any, folder: Path) -> dict[str, str]:
         """A fork server's environment: the DSL's, no GPU visible, and the job environment of its own folder."""
-        env = dict(os.environ)
+        env = without_secrets(os.environ)  # the sandbox runs the candidate's code: no credential for it to print
         env.update(backend.environment(self.gpu_arch))
         env.update({"CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", **self._job_env(backend, folder)})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
