@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mkb._secrets import secret_values
+from mkb._secrets import redact, secret_values
 from mkb.agent._types import Agent, AttemptResult, AttemptSpec, EventSink, Grader, status_of
 
 
@@ -25,18 +25,13 @@ class SafeWriter:
         self.writer = writer
         self.secrets = {**secret_values(), **(extra_secrets or {})}
 
-    def _clean(self, value: Any) -> Any:
-        if isinstance(value, str):
-            for secret, name in self.secrets.items():
-                if secret in value:
-                    value = value.replace(secret, f"[redacted:{name}]")
-            return value
-        if isinstance(value, (list, tuple)):
-            return [self._clean(v) for v in value]
-        return value
+    def redact(self, value: Any) -> Any:
+        """`value` with every secret replaced: also what goes back to the model (a graded kernel can read the parent's
+        environment through /proc and print it into its verdict's message)."""
+        return redact(value, self.secrets)
 
     def emit(self, kind: str, *, attempt_id: str | None = None, **payload: Any) -> str:
-        return self.writer.emit(kind, attempt_id=attempt_id, **{k: self._clean(v) for k, v in payload.items()})
+        return self.writer.emit(kind, attempt_id=attempt_id, **{k: self.redact(v) for k, v in payload.items()})
 
     def flush(self) -> list[str]:
         return self.writer.flush()

@@ -277,7 +277,7 @@ class _Run:
             t = self.a.clock()
             outcome = self.tools.call(call["name"], call["arguments"], allowed=allowed)
             duration = self.a.clock() - t
-            text, full, elided = cap_text(outcome.result)
+            text, full, elided = cap_text(self.w.redact(outcome.result))  # the model never reads a credential either
             self.c.tool_calls += 1
             self.messages.append({"role": "tool", "tool_call_id": call["id"], "content": text})
             self.w.emit("tool_call", attempt_id=self.attempt_id, turn=self.turn_index, phase=phase, call_id=call["id"] or "", name=call["name"],

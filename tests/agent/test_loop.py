@@ -208,7 +208,8 @@ def test_huge_tool_output_is_capped_head_and_tail(runner):
 def test_no_secret_reaches_an_event(runner, monkeypatch):
     secret = "sk-test-0123456789abcdef-SECRET"
     monkeypatch.setenv("MKB_TEST_PROVIDER_API_KEY", secret)
-    steps = [{"tool_calls": [write("notes.txt", f"key={secret}"), {"name": "bash", "arguments": {"command": "env; echo [$MKB_TEST_PROVIDER_API_KEY]"}}],
+    steps = [{"tool_calls": [write("notes.txt", f"key={secret}"), {"name": "bash", "arguments": {"command": "env; echo [$MKB_TEST_PROVIDER_API_KEY]"}},
+                             {"name": "bash", "arguments": {"command": "cat notes.txt"}}],
               "content": f"I found {secret}"},
              {"tool_calls": [FINISH]}, {"tool_calls": [write("SKILL.md", f"the key is {secret}")]}]
     runner.run(steps, model_kw={"api_key_env": "MKB_TEST_PROVIDER_API_KEY"})
@@ -219,6 +220,10 @@ def test_no_secret_reaches_an_event(runner, monkeypatch):
     bash = runner.events("tool_call").to_dicts()[1]
     assert "[]" in bash["result"] and "MKB_TEST_PROVIDER_API_KEY" not in bash["result"]
     assert "[redacted:MKB_TEST_PROVIDER_API_KEY]" in runner.events("skill")["text"].to_list()[0]
+    # nor does a tool result carry it back to the model (a graded kernel can print what it read of the parent's /proc)
+    tool_msgs = [m for r in runner.server.requests for m in r["body"]["messages"] if m.get("role") == "tool"]
+    assert any("key=[redacted:MKB_TEST_PROVIDER_API_KEY]" in str(m["content"]) for m in tool_msgs)
+    assert not any(secret in str(m["content"]) for m in tool_msgs)
 
 
 def test_turn_events_rebuild_the_conversation(runner):
