@@ -28,8 +28,10 @@ def signal_group(pid: int, sig: int, *, or_process: bool = False) -> None:
 
 
 def kill_group(proc: subprocess.Popen, *, wait_s: float = 10.0) -> None:
-    """SIGKILL to the group `proc` leads, then reap `proc` (within `wait_s`; a process stuck in the kernel is left)."""
-    signal_group(proc.pid, signal.SIGKILL)
+    """SIGKILL to the group `proc` leads, then reap `proc` (within `wait_s`; a process stuck in the kernel is left).
+    Once `proc` has been reaped its pid may lead someone else's new group (a fresh worker's): it is not signalled."""
+    if proc.returncode is None:
+        signal_group(proc.pid, signal.SIGKILL)
     try:
         proc.wait(timeout=wait_s)
     except subprocess.TimeoutExpired:

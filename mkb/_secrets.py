@@ -15,13 +15,20 @@ import re
 from typing import Any, Mapping
 
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
+# names that match but hold no secret: redacting their values (a word, a socket path) would rewrite ordinary text,
+# what the model reads included, differently on every host (`UV_KEYRING_PROVIDER=subprocess`)
+NOT_SECRET_NAME = re.compile(r"^(XDG_|DBUS_|GIT_AUTHOR_|GIT_COMMITTER_|TIKTOKEN_)|KEYRING|^SSH_AUTH_SOCK$|^XAUTHORITY$|"
+                             r"^SESSION_MANAGER$|^KRB5CCNAME$", re.I)
+_PLAIN = re.compile(r"[a-z]+|/[^\s]*")  # a plain lowercase word or an absolute path: not a credential's value
 MIN_SECRET_CHARS = 8  # shorter values ("1", "true") would redact ordinary text
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Values of environment variables whose names look like credentials (>= MIN_SECRET_CHARS), name by value."""
+    """Values to redact, name by value: those of variables whose names look like credentials, at least
+    MIN_SECRET_CHARS long and neither a plain word nor a path (the variables are withheld from workers all the same)."""
     env = os.environ if environ is None else environ
-    return {v: k for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= MIN_SECRET_CHARS}
+    return {v: k for k, v in env.items() if SECRET_NAME.search(k) and not NOT_SECRET_NAME.search(k)
+            and len(v) >= MIN_SECRET_CHARS and not _PLAIN.fullmatch(v)}
 
 
 def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
@@ -46,6 +53,9 @@ def _redact(value: Any, secrets: list[tuple[str, str]]) -> Any:
         return value
     if isinstance(value, dict):
         return {_redact(k, secrets): _redact(v, secrets) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_redact(v, secrets) for v in value)
+    if isinstance(value, list):
+        return [_redact(v, secrets) for v in value]
+    if isinstance(value, tuple):
+        items = [_redact(v, secrets) for v in value]
+        return value._make(items) if hasattr(value, "_make") else tuple(items)  # a namedtuple keeps its type
     return value

@@ -95,11 +95,13 @@ def cases(tmp: Path) -> list[Case]:
 
 
 def row(c: Case, v) -> dict:
+    from mkb._secrets import redact
+
     t = v.stage("timing")
     return {"key": c.key, "problem": v.problem, "dsl": v.dsl, "passed": v.passed, "reason": v.reason,
             "candidate_median_us": v.candidate_median_us, "eager_median_us": v.eager_median_us, "speedup": v.speedup,
             "cv": t.figures.get("cv") if t else None, "wall_s": v.wall_s, "overhead_s": v.overhead_s,
-            "queue_wait_s": v.queue_wait_s, "evaluation_id": v.evaluation_id, "message": (v.message or "")[:800],
+            "queue_wait_s": v.queue_wait_s, "evaluation_id": v.evaluation_id, "message": redact(v.message or "")[:800],
             "host_syncs": host_syncs(v.stage("integrity").figures if v.stage("integrity") else None),
             "guards": guards_of(v.stage("compile").figures if v.stage("compile") else None),
             "device_code": (v.stage("compile").figures.get("device_code") if v.stage("compile") else None),
@@ -621,7 +623,8 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"PAIR   {c.key:55s} -> {v.reason or 'passed'} median={v.candidate_median_us} eager={v.eager_median_us}")
             if getattr(q, "precompiler", None) is not None:  # each fork server's import seconds and threads, and the pauses
                 figs = q.precompiler.figures()
-                summary["precompile_servers"], summary["precompile_pauses"] = figs.servers, figs.as_dict()
+                summary["precompile_servers"] = figs.servers
+                summary["precompile_pauses"] = {"pauses": figs.pauses, "paused_s": figs.paused_s}
                 log("SERVERS " + json.dumps(figs.as_dict()))
         # the device's coordinator replayed over the section: every timing phase had the device to itself
         replayed = replay_phases(list(quiet_for(a.device).history), since=t)

@@ -116,6 +116,7 @@ class ExternalAgent:
                 c.saw_verdict(v.passed, v.speedup, v.reason)
                 text = (f"passed: {str(v.passed).lower()}\nreason: {v.reason or 'none'}\nspeedup: {v.speedup}\n"
                         f"message: {cap_text(v.message or '', 4096)[0]}\nsubmissions left: {spec.budget.submissions - index}")
+                text = w.redact(text)  # what a kernel printed of the runner's environment goes back to no harness
                 w.emit("submission", attempt_id=attempt_id, submission_index=index, kernel_source=snap.read_text(errors="replace"),
                        kernel_sha256=hashlib.sha256(snap.read_bytes()).hexdigest(), kernel_bytes=snap.stat().st_size, evaluation_id=v.evaluation_id)
                 w.emit("tool_call", attempt_id=attempt_id, turn=0, phase="main", call_id=f"external-{index}", name="submit", arguments="{}",

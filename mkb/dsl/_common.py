@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 from mkb._ast import parse
+from mkb._secrets import without_secrets
 from mkb.dsl._backend import CompileResult
 
 _COUNTER = itertools.count()
@@ -84,7 +85,7 @@ def run_empty_kernel_check(dsl: str, env: dict[str, str], *, timeout: float = CH
 
 
 def _run_check_process(args: list[str], label: str, env: dict[str, str], *, timeout: float) -> CompileResult:
-    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
+    full_env = {**without_secrets(os.environ), **env, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}  # it imports a kernel
     repo_root = str(Path(__file__).resolve().parents[2])
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, full_env.get("PYTHONPATH", "")) if p)
     t0 = time.perf_counter()

@@ -375,26 +375,27 @@ def _emit(writer: Any, v: Verdict, *, attempt_id: str | None, scope: str, failur
         if not s.ok and failure_log and failure_log not in (s.log or ""):
             log = ((s.log or "") + "\n--- worker output ---\n" + failure_log)
         log = redact(log, secrets)
+        reason = redact(s.reason, secrets)  # a worker's reason is its own text until the parent checks it
         if s.stage == "compile":
-            writer.emit("compile", attempt_id=attempt_id, **common, ok=s.ok, reason=s.reason,
+            writer.emit("compile", attempt_id=attempt_id, **common, ok=s.ok, reason=reason,
                         compile_s=f.pop("compile_s", None), log=log, details=_jsonable(f or None))
         elif s.stage == "verification":
-            writer.emit("verification", attempt_id=attempt_id, **common, ok=s.ok, reason=s.reason,
+            writer.emit("verification", attempt_id=attempt_id, **common, ok=s.ok, reason=reason,
                         draws=f.get("draws"), max_abs_err=f.get("max_abs_err"), tolerance=f.get("tolerance"),
                         details=_jsonable(f.get("details")), log=log)
         elif s.stage == "timing":
             cols = {k: f.pop(k, None) for k in ("median_us", "iqr_us", "cv", "eager_median_us", "n_warmup", "n_timed",
                                                 "launch_floor_us", "gpu", "timing_policy")}
             clocks = f.pop("clocks", None)
-            writer.emit("timing", attempt_id=attempt_id, **common, ok=s.ok, reason=s.reason, **cols,
+            writer.emit("timing", attempt_id=attempt_id, **common, ok=s.ok, reason=reason, **cols,
                         clocks=_jsonable(clocks), log=log, details=_jsonable(f or None))
         elif s.stage == "integrity":
-            writer.emit("integrity", attempt_id=attempt_id, **common, ok=s.ok, reason=s.reason,
+            writer.emit("integrity", attempt_id=attempt_id, **common, ok=s.ok, reason=reason,
                         kernels_seen=f.pop("kernels_seen", None), log=log, details=_jsonable(f or None))
     r = v.r_at
     writer.emit(
         "verdict", attempt_id=attempt_id, evaluation_id=v.evaluation_id, scope=scope, problem=v.problem, dsl=v.dsl,
-        kernel_sha256=v.kernel_sha256, passed=v.passed, reason=v.reason, speedup=v.speedup,
+        kernel_sha256=v.kernel_sha256, passed=v.passed, reason=redact(v.reason, secrets), speedup=v.speedup,
         eager_median_us=v.eager_median_us, candidate_median_us=v.candidate_median_us,
         r_at_0=r[THRESHOLDS[0]], r_at_0_5=r[THRESHOLDS[1]], r_at_1=r[THRESHOLDS[2]], r_at_2=r[THRESHOLDS[3]],
         r_at_4=r[THRESHOLDS[4]], s=v.s, gpu=v.gpu, gpu_model=v.gpu_model, gpu_arch=v.gpu_arch, timed_calls=v.timed_calls,

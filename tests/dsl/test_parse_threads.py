@@ -92,3 +92,13 @@ def test_a_lasting_collision_other_system_errors_and_syntax_errors_are_raised(mo
     with pytest.raises(SystemError, match="mismatch"):
         mkb_ast.parse("x = 1")
     assert len(n) == mkb_ast.ATTEMPTS
+
+
+@pytest.mark.parametrize("depth", [3_000, 200_000])  # the AST constructor's RecursionError; the parser's MemoryError
+def test_a_kernel_nested_too_deeply_is_a_syntax_finding_not_a_failed_check(depth) -> None:
+    """A source that cannot be built (a real RecursionError, not a collision, or the parser's stack) is the kernel's fault."""
+    deep = "def solve(x):\n    return " + "-" * depth + "1\n"
+    findings = get_backend("tirx").static_rules(deep)
+    assert [f.rule for f in findings] == ["syntax_error"], findings
+    with pytest.raises(SyntaxError, match="nests too deeply|too many|recursion"):
+        mkb_ast.parse(deep)

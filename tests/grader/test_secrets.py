@@ -16,15 +16,21 @@ SECRET = "sk-live-0123456789abcdef-do-not-publish"
 
 def test_credential_names_values_and_redaction_inside_nested_values() -> None:
     env = {"OPENAI_API_KEY": SECRET, "SSH_AUTH_SOCK": "/tmp/ssh-agent.sock", "GH_TOKEN": "short", "PATH": "/usr/bin",
-           "CUDA_VISIBLE_DEVICES": "0"}
-    assert secret_values(env) == {SECRET: "OPENAI_API_KEY", "/tmp/ssh-agent.sock": "SSH_AUTH_SOCK"}  # "short" too short to redact
-    assert without_secrets(env) == {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0"}  # but the variable is still withheld
+           "CUDA_VISIBLE_DEVICES": "0", "UV_KEYRING_PROVIDER": "subprocess", "DB_PASSWORD": "/run/secrets/db",
+           "HF_TOKEN": "hf_AbCdEf0123456789", "XDG_SESSION_ID": "c2-long-session-id"}
+    # too short, a plain word, a path, or a name known to hold no secret: not redacted (it would rewrite ordinary text)
+    assert secret_values(env) == {SECRET: "OPENAI_API_KEY", "hf_AbCdEf0123456789": "HF_TOKEN"}
+    assert without_secrets(env) == {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0"}  # but every such variable is withheld
     secrets = {SECRET: "OPENAI_API_KEY", SECRET[:20]: "PREFIX_TOKEN"}  # the longer value first, whatever the order given
     value = {"log": f"boom {SECRET}", SECRET: [f"a{SECRET}", (SECRET, 3)], "n": 1.5, "none": None}
     out = redact(value, secrets)
     assert out == {"log": "boom [redacted:OPENAI_API_KEY]", "[redacted:OPENAI_API_KEY]":
                    ["a[redacted:OPENAI_API_KEY]", ("[redacted:OPENAI_API_KEY]", 3)], "n": 1.5, "none": None}
     assert redact("nothing to hide", {}) == "nothing to hide"
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", "a b")
+    assert redact(Pair(SECRET, 1), secrets) == Pair("[redacted:OPENAI_API_KEY]", 1)
 
 
 def test_a_kernel_neither_inherits_a_credential_nor_gets_one_it_learned_into_the_events(tmp_path, fake_dsl, cpu_config,

@@ -123,7 +123,6 @@ def test_cpu_sets_are_made_once():
     assert not InputStream(_make, n_calls=3, first_pass=None).recycled
 
 
-
 def test_inputs_made_splits_the_phase_and_reads_the_allocators_counters(monkeypatch):
     """What tells problem 1's slow `timing_inputs` from its fast ones: the seconds of the first pass and of the sets,
     the CPU seconds, and the allocator's mallocs, frees and retries over the construction (None off the GPU)."""
@@ -158,6 +157,7 @@ def test_inputs_made_splits_the_phase_and_reads_the_allocators_counters(monkeypa
 
     monkeypatch.setattr(timing, "_allocator_counts", lambda: None)  # a torch without the counters: none, no failure
     assert InputStream(make, n_calls=2).made.device_frees is None
+
 
 @pytest.mark.gpu
 def test_gpu_recycled_sets_lie_in_blocks_the_allocator_already_had():
