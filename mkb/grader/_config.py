@@ -74,6 +74,11 @@ class GraderConfig:
     # that needs none (TIRx's nvcc; mkb.grader._precompile): "on" (where Landlock can confine the sandbox that runs the
     # candidate's code for it) or "off"; the verdict's compile figures record what each grading got
     precompile: str = "on"
+    # the most of the free device memory a plan made ahead may take beside the grading in flight (mkb.grader._prefetch):
+    # None = PREFETCH_FREE_FRACTION (1/16), as shipped; a number in (0, 1/4] is an A/B arm (issue #10: problem 28's
+    # plan, 13.4 GB of 139 GB free, never passes 1/16 and its gradings make it inside their own time; whether a larger
+    # plan beside the grading in flight moves that grading's figures is untested)
+    prefetch_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.draws < 1 or self.n_timed < 1 or self.n_warmup < 0:
@@ -92,6 +97,9 @@ class GraderConfig:
             raise ValueError(f"GraderConfig.syscall_guard must be one of {SYSCALL_GUARDS}, not {self.syscall_guard!r}")
         if self.precompile not in PRECOMPILES:
             raise ValueError(f"GraderConfig.precompile must be one of {PRECOMPILES}, not {self.precompile!r}")
+        if self.prefetch_fraction is not None and not 0 < self.prefetch_fraction <= 0.25:
+            raise ValueError(f"GraderConfig.prefetch_fraction must be in (0, 0.25] (or None: 1/16), not {self.prefetch_fraction!r}"
+                             "\nhint: the grading in flight keeps a quarter of the free memory for its input sets")
         if self.sample_positions < 1:
             raise ValueError(f"GraderConfig.sample_positions must be >= 1, not {self.sample_positions}")
 

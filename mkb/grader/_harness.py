@@ -456,9 +456,10 @@ class _Plan:
         del first
         if prefetch:
             kept = self.draws[0][1].nbytes() * cfg.n_expectations + self.input_bytes
-            if not prefetch_fits(plan_bytes=kept, working_bytes=working, free_bytes=free):
+            fraction = PREFETCH_FREE_FRACTION if cfg.prefetch_fraction is None else cfg.prefetch_fraction
+            if not prefetch_fits(plan_bytes=kept, working_bytes=working, free_bytes=free, fraction=fraction):
                 raise PrefetchDeclined(f"the plan ({kept} B kept, {working} B working) exceeds "
-                                       f"{PREFETCH_FREE_FRACTION:.4f} of the free device memory ({free} B)")
+                                       f"{fraction:.4f} of the free device memory ({free} B)")
         for _ in range(cfg.draws - 1):
             seed = fresh_seed()
             self.draws.append((seed, keep(expect(mod, make(seed)))))

@@ -53,15 +53,17 @@ def plan_fields(job: dict) -> dict:
     return {k: job.get(k) for k in _PLAN_FIELDS}
 
 
-def prefetch_fits(*, plan_bytes: int | None, working_bytes: int | None, free_bytes: int | None) -> bool:
+def prefetch_fits(*, plan_bytes: int | None, working_bytes: int | None, free_bytes: int | None,
+                  fraction: float | None = None) -> bool:
     """Whether a plan of `plan_bytes` kept (+ its first expectation's transient `working_bytes`) may be prepared beside
-    a grading in flight, on a device with `free_bytes` free. Off the GPU (free_bytes None) there is no device memory
-    to share: always. On it, with a figure missing: never (prepare lazily, as before)."""
+    a grading in flight, on a device with `free_bytes` free, at most `fraction` of it (None: PREFETCH_FREE_FRACTION,
+    as shipped; GraderConfig.prefetch_fraction). Off the GPU (free_bytes None) there is no device memory to share:
+    always. On it, with a figure missing: never (prepare lazily, as before)."""
     if free_bytes is None:
         return True
     if plan_bytes is None or working_bytes is None:
         return False
-    return plan_bytes + working_bytes <= free_bytes * PREFETCH_FREE_FRACTION
+    return plan_bytes + working_bytes <= free_bytes * (PREFETCH_FREE_FRACTION if fraction is None else fraction)
 
 
 @dataclass(frozen=True)
@@ -86,12 +88,13 @@ class PlanFootprint:
         return cls(kept_bytes=num("kept_bytes"), input_bytes=num("input_bytes"), working_bytes=num("working_bytes"),
                    free_bytes=num("free_bytes"), expectations=mode if mode in ("whole", "sampled") else None)
 
-    def fits(self, cfg_expectations: str) -> bool:
+    def fits(self, cfg_expectations: str, fraction: float | None = None) -> bool:
         """Prefetch this problem's next plan? Only one kept whole (or sampled by the config, not by the free memory)."""
         if cfg_expectations == "auto" and self.expectations != "whole" and self.free_bytes is not None:
             return False
         plan = None if self.kept_bytes is None else self.kept_bytes + (self.input_bytes or 0)
-        return prefetch_fits(plan_bytes=plan, working_bytes=self.working_bytes, free_bytes=self.free_bytes)
+        return prefetch_fits(plan_bytes=plan, working_bytes=self.working_bytes, free_bytes=self.free_bytes,
+                             fraction=fraction)
 
 
 @dataclass

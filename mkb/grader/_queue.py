@@ -307,7 +307,7 @@ class GradingQueue:
         if device_kind(self.device) == "cuda":
             with self._cv:
                 foot = self._footprints.get((phash, self.config.size))
-            if foot is None or not foot.fits(self.config.expectations):
+            if foot is None or not foot.fits(self.config.expectations, self.config.prefetch_fraction):
                 return
         w = self.pool.take_ready(nxt.dsl)
         if w is None:

@@ -68,6 +68,22 @@ def test_prefetch_fits_only_a_small_plan_beside_the_free_memory():
     assert PlanFootprint.from_msg({"kept_bytes": -1, "expectations": "bogus"}) == PlanFootprint(None, None, None, None, None)
 
 
+def test_the_prefetch_fraction_arm_moves_the_gate_and_is_recorded_and_checked():
+    """GraderConfig.prefetch_fraction (an A/B arm): problem 28's plan on the H200 (10.1 GB kept + 3.3 GB working of
+    139 GB free; events/h200-grader-bench-2-18-pause-*) passes 1/8 but not the shipped 1/16."""
+    from mkb.grader import GraderConfig
+
+    p28 = PlanFootprint(kept_bytes=10_102_906_880, input_bytes=0, working_bytes=3_271_766_016,
+                        free_bytes=139_139_743_744, expectations="whole")
+    assert not p28.fits("auto") and not p28.fits("auto", None)
+    assert p28.fits("auto", 1 / 8)
+    assert GraderConfig(prefetch_fraction=0.125).overrides() == {"prefetch_fraction": 0.125}
+    assert GraderConfig().overrides() == {}
+    for bad in (0.0, -0.1, 0.3):
+        with pytest.raises(ValueError, match="prefetch_fraction"):
+            GraderConfig(prefetch_fraction=bad)
+
+
 # ---------------- the worker's side: the same plan as the lazy path, only under its key ----------------
 
 def test_a_prepared_plan_is_the_lazy_plan_of_the_same_secret_and_only_its_job_takes_it(fake_dsl, cpu_config):
