@@ -11,6 +11,7 @@ from typing import Any
 SET_FIRST_PASSES = ("allocate", "make", "none")
 FS_GUARDS = ("landlock", "required", "off")  # GraderConfig.fs_guard (mkb.grader._fs_guard)
 SYSCALL_GUARDS = ("seccomp", "required", "off")  # GraderConfig.syscall_guard (mkb.grader._syscall_guard)
+READ_GUARDS = ("off", "landlock")  # GraderConfig.read_guard (mkb.grader._fs_guard.default_readable)
 PRECOMPILES = ("on", "off")  # GraderConfig.precompile (mkb.grader._precompile)
 
 
@@ -79,6 +80,10 @@ class GraderConfig:
     # plan, 13.4 GB of 139 GB free, never passes 1/16 and its gradings make it inside their own time; whether a larger
     # plan beside the grading in flight moves that grading's figures is untested)
     prefetch_fraction: float | None = None
+    # whether the worker may also read only beneath the system's folders, its Python's, mkb's and its own once its
+    # candidate can run (mkb.grader._fs_guard.default_readable: no user's home, no /tmp, no /root): "landlock" or
+    # "off" (as shipped until a GPU run shows every baseline passes with it: the DSLs' lazy reads are not all known)
+    read_guard: str = "off"
 
     def __post_init__(self) -> None:
         if self.draws < 1 or self.n_timed < 1 or self.n_warmup < 0:
@@ -95,6 +100,8 @@ class GraderConfig:
             raise ValueError(f"GraderConfig.fs_guard must be one of {FS_GUARDS}, not {self.fs_guard!r}")
         if self.syscall_guard not in SYSCALL_GUARDS:
             raise ValueError(f"GraderConfig.syscall_guard must be one of {SYSCALL_GUARDS}, not {self.syscall_guard!r}")
+        if self.read_guard not in READ_GUARDS:
+            raise ValueError(f"GraderConfig.read_guard must be one of {READ_GUARDS}, not {self.read_guard!r}")
         if self.precompile not in PRECOMPILES:
             raise ValueError(f"GraderConfig.precompile must be one of {PRECOMPILES}, not {self.precompile!r}")
         if self.prefetch_fraction is not None and not 0 < self.prefetch_fraction <= 0.25:

@@ -28,6 +28,7 @@ import os
 import resource
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 # the Landlock syscalls have one number on every architecture (they came after the table was unified)
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
@@ -44,6 +45,12 @@ _REFER = 1 << 13  # ABI 2: link or rename across folders
 _TRUNCATE = 1 << 14  # ABI 3
 _RESTRICT_SELF_TSYNC = 1 << 3  # ABI 8: landlock_restrict_self applies to every thread of the process
 _IOCTL_DEV = 1 << 15  # ABI 5: ioctl on a device file (every call of the GPU driver is one)
+_READ_FILE = 1 << 2
+_READS = _READ_FILE | (1 << 3)  # READ_FILE, READ_DIR (ABI 1): handled only where reads are confined too (`readable`)
+# what a grading process reads besides its Python and its own folders: the system's programs, libraries, configuration
+# and devices (GraderConfig.read_guard); left out are the users' homes, /root, /tmp (other workers' scratch), /mnt,
+# /srv, /var and whatever else a host keeps its people's files in
+SYSTEM_READABLE = ("/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/opt", "/proc", "/sys", "/dev", "/run")
 _MAKE_DEVICES = (1 << 6) | (1 << 11)  # MAKE_CHAR, MAKE_BLOCK: a device node made in a writable folder reaches its driver
 
 
@@ -84,6 +91,7 @@ class FsGuard:
     note: str = ""  # why it is not confined, or what of it is missing
     threads_before: int = 0  # the process's other threads when it was confined
     all_threads: bool = False  # whether those were confined too (ABI >= 8, TSYNC); below, Landlock does not reach them
+    readable: tuple[str, ...] | None = None  # where reads were confined too: the folders beneath which they stay allowed
 
     @property
     def signals_scoped(self) -> bool:
@@ -96,6 +104,8 @@ class FsGuard:
                     f"{', '.join(self.writable)}" + ("; no TCP" if self.abi >= 4 else "")
                     + ("; no signals or abstract sockets outside" if self.signals_scoped else "")
                     + ("; truncate not controlled (abi < 3)" if self.abi < 3 else "")
+                    + (f"; reads only beneath {len(self.readable)} system, Python and own folders"
+                       if self.readable is not None else "")
                     + (f"; the {self.threads_before} threads started before too" if self.all_threads
                        else f"; {self.threads_before} threads started before not confined")
                     + (f"; {self.note}" if self.note else ""))
@@ -123,19 +133,42 @@ def restrict_flags(abi: int) -> int:
     return _RESTRICT_SELF_TSYNC if abi >= 8 else 0
 
 
-def confine_writes(writable: list[Path] | tuple[Path, ...], *, device_ioctls: bool = True) -> FsGuard:
+def default_readable(own: Sequence[Path] = ()) -> list[Path]:
+    """What a grading process may read when reads are confined: SYSTEM_READABLE, this Python (its prefixes, its
+    executable's folder, every folder on sys.path: the DSLs and torch, wherever installed), mkb's own checkout or
+    install, the CUDA toolkit the environment names, and `own` (folders, or single files: the kernel); each that
+    exists, with its real path where a link."""
+    import sys
+
+    names: list[str] = [*SYSTEM_READABLE, sys.prefix, sys.base_prefix, sys.exec_prefix,
+                        os.path.dirname(os.path.realpath(sys.executable)), str(Path(__file__).resolve().parents[2]),
+                        *(p for p in sys.path if p), *(os.environ.get(k, "") for k in ("CUDA_PATH", "CUDA_HOME")),
+                        *(str(p) for p in own)]
+    own_names = {str(p) for p in own}
+    out: list[Path] = []
+    for n in names:
+        for p in (n, os.path.realpath(n)) if n else ():
+            if (os.path.isdir(p) or (n in own_names and os.path.isfile(p))) and Path(p) not in out:
+                out.append(Path(p))
+    return out
+
+
+def confine_writes(writable: list[Path] | tuple[Path, ...], *, device_ioctls: bool = True,
+                   readable: Sequence[Path] | None = None) -> FsGuard:
     """Restrict this process (and what it starts) to writing beneath `writable` from now on; never raises.
 
     Each folder in `writable` that exists gets every write right; a missing one is skipped (named in the note).
     `device_ioctls=False` (a process that must not reach the GPU: mkb.grader._precompile's sandbox) also refuses ioctl
     on any device file where the kernel can (ABI >= 5) and making a device node even beneath `writable`; the device
-    files' write access is refused at every ABI."""
+    files' write access is refused at every ABI. `readable` (GraderConfig.read_guard): reads too are confined, to
+    beneath those folders and `writable` (`default_readable`): a kernel cannot read a user's credentials
+    (~/.aws, ~/.ssh, ~/.netrc) to print them into the events of its grading."""
     abi = landlock_abi()
     if abi < 1:
         return FsGuard(False, 0, (), "no Landlock here (Linux >= 5.13 with landlock among its LSMs; a container's "
                                      "seccomp profile may block its syscalls)")
     libc = _libc()
-    handled = _writes(abi) | (_IOCTL_DEV if not device_ioctls and abi >= 5 else 0)
+    handled = _writes(abi) | (_IOCTL_DEV if not device_ioctls and abi >= 5 else 0) | (_READS if readable is not None else 0)
     # what the writable folders allow: every handled right, but without device ioctls not a device node made there
     # (a node of the GPU's major number in the sandbox's own folder would reach the driver) nor ioctl beneath them
     granted = handled & ~(_MAKE_DEVICES | _IOCTL_DEV) if not device_ioctls else handled
@@ -162,6 +195,21 @@ def confine_writes(writable: list[Path] | tuple[Path, ...], *, device_ioctls: bo
                 kept.append(str(folder))
             finally:
                 os.close(fd)
+        read_kept: list[str] = []
+        for folder in readable or ():
+            is_dir = os.path.isdir(folder)  # a single file (the kernel) gets the file's read right only
+            try:
+                fd = os.open(str(folder), os.O_PATH | os.O_CLOEXEC | (os.O_DIRECTORY if is_dir else 0))
+            except OSError:
+                continue  # default_readable lists only what exists; one gone since is simply not readable
+            try:
+                rule = _PathBeneathAttr(_READS if is_dir else _READ_FILE, fd)
+                if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
+                                ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
+                    return FsGuard(False, abi, (), f"landlock_add_rule({folder}, read) failed: {os.strerror(ctypes.get_errno())}")
+                read_kept.append(str(folder))
+            finally:
+                os.close(fd)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             return FsGuard(False, abi, (), f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(ctypes.get_errno())}")
         flags = restrict_flags(abi)
@@ -180,7 +228,8 @@ def confine_writes(writable: list[Path] | tuple[Path, ...], *, device_ioctls: bo
         resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_MAX, FSIZE_MAX))
     except (ValueError, OSError) as exc:
         note = "; ".join(x for x in (note, f"RLIMIT_FSIZE not set: {exc}") if x)
-    return FsGuard(True, abi, tuple(kept), note, threads_before, all_threads=bool(flags))
+    return FsGuard(True, abi, tuple(kept), note, threads_before, all_threads=bool(flags),
+                   readable=tuple(read_kept) if readable is not None else None)
 
 
 def _threads() -> int:

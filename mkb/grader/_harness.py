@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mkb.grader._config import GraderConfig
-from mkb.grader._fs_guard import SCRATCH_ENV, FsGuard, confine_writes
+from mkb.grader._fs_guard import SCRATCH_ENV, FsGuard, confine_writes, default_readable
 from mkb.grader._syscall_guard import SyscallGuard, refuse_escapes
 from mkb.grader._guards import Guard, native_threads, python_threads, refuse_audit_hooks, watch_descendants
 from mkb.grader._prefetch import PREFETCH_FREE_FRACTION, plan_key, prefetch_fits
@@ -502,13 +502,15 @@ def _device_code_figures(record: dict | None) -> dict | None:
     return {**out, **dict(counts)} if isinstance(counts, dict) else out
 
 
-def confine_candidate(cfg: GraderConfig) -> tuple[FsGuard, SyscallGuard]:
+def confine_candidate(cfg: GraderConfig, *, reads: Sequence[Path] = ()) -> tuple[FsGuard, SyscallGuard]:
     """Before a candidate is first imported in this process: from then on it (and what it starts) writes only beneath
     the worker's scratch folder and /dev (mkb.grader._fs_guard) and is refused the calls that would let it outlive,
     leave or reach past the worker (mkb.grader._syscall_guard); once per process, idempotent. Only in a grading worker
     (`Worker` names its scratch folder in the environment): a harness run in some other process (a test's own) must
     not confine that process for the rest of its life. Raises `Fail(infra_error)` where `cfg.fs_guard` is "required"
-    and Landlock did not confine: called at the end of the trusted phase, so that is never the candidate's fault."""
+    and Landlock did not confine: called at the end of the trusted phase, so that is never the candidate's fault.
+    `reads`: what the grading reads after it besides the system's and its Python's folders, where `cfg.read_guard`
+    confines reads too (the kernel file, the folder of its device code made ahead)."""
     if not _FS_GUARD:
         import os
 
@@ -518,8 +520,9 @@ def confine_candidate(cfg: GraderConfig) -> tuple[FsGuard, SyscallGuard]:
             _SYSCALL_GUARD.append(SyscallGuard(False, "not in a grading worker (no scratch folder named)"))
         else:
             try:
+                readable = default_readable([Path(scratch), *reads]) if cfg.read_guard == "landlock" else None
                 fs = (FsGuard(False, 0, (), "GraderConfig.fs_guard is off") if cfg.fs_guard == "off"
-                      else confine_writes([Path(scratch), Path("/dev")]))
+                      else confine_writes([Path(scratch), Path("/dev")], readable=readable))
             except Exception as exc:  # noqa: BLE001 - both "never raise"; were one to, it is recorded, not fatal
                 fs = FsGuard(False, 0, (), f"confine_writes raised {type(exc).__name__}: {exc}")
             try:
@@ -745,7 +748,10 @@ class _Evaluation:
         self.gpu_before = gpu_box.get("state") or ({"name": "cpu"} if dev.kind != "cuda" else {"name": torch.cuda.get_device_name()})
         ph.mark("gpu_state")
         self.device_code = self._use_device_code(job.get("device_code"))
-        confine_candidate(cfg)  # from here on the candidate may run: nothing of the grader's is written after it
+        made = job.get("device_code")
+        reads = [Path(job["kernel_path"]).resolve(),
+                 *([Path(made["folder"])] if isinstance(made, dict) and isinstance(made.get("folder"), str) else [])]
+        confine_candidate(cfg, reads=reads)  # from here on the candidate may run: nothing of the grader's is written after it
         ph.mark("confine")
         self.trusted_s = _perf() - t_trusted
         self.guard = Guard.take(dev.kind)

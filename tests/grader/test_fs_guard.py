@@ -200,7 +200,7 @@ def test_a_required_guard_that_could_not_confine_fails_the_grading_as_infra(monk
     monkeypatch.setattr(_harness, "refuse_escapes", lambda: SyscallGuard(True))
     monkeypatch.setattr(_harness, "watch_descendants", lambda: True)  # the real ones would change pytest for good
     monkeypatch.setattr(_harness, "refuse_audit_hooks", lambda: None)
-    monkeypatch.setattr(_harness, "confine_writes", lambda folders: FsGuard(False, 0, (), "no Landlock here (test)"))
+    monkeypatch.setattr(_harness, "confine_writes", lambda folders, readable=None: FsGuard(False, 0, (), "no Landlock here (test)"))
     with pytest.raises(_harness.Fail) as info:
         _harness.confine_candidate(GraderConfig(fs_guard="required"))
     assert (info.value.stage, info.value.reason) == ("compile", "infra_error")
@@ -210,7 +210,7 @@ def test_a_required_guard_that_could_not_confine_fails_the_grading_as_infra(monk
     assert _harness.guard_figures() == {"fs_guard": "not confined: no Landlock here (test)",
                                         "syscall_guard": SyscallGuard(True).describe()}
     monkeypatch.setattr(_harness, "_FS_GUARD", [])
-    monkeypatch.setattr(_harness, "confine_writes", lambda folders: FsGuard(True, 7, tuple(map(str, folders))))
+    monkeypatch.setattr(_harness, "confine_writes", lambda folders, readable=None: FsGuard(True, 7, tuple(map(str, folders))))
     fs, _ = _harness.confine_candidate(GraderConfig(fs_guard="required"))  # confined: required is met
     assert fs.confined and fs.writable == (str(tmp_path), "/dev")
     monkeypatch.setattr(_harness, "_SYSCALL_GUARD", [])
@@ -242,3 +242,53 @@ def test_fs_guard_takes_landlock_required_or_off():
     assert GraderConfig(fs_guard="required").fs_guard == "required"
     with pytest.raises(ValueError, match="fs_guard"):
         GraderConfig(fs_guard="bwrap")
+
+
+_READER = '''import torch
+
+
+def solve(x, residual, weight):
+    try:
+        learned = open({secret!r}).read()
+    except PermissionError:
+        learned = "refused"
+    import wave  # noqa: F401 - a standard module not imported before: its Python stays readable
+    if learned != "refused":
+        raise RuntimeError("learned " + learned)
+    s = x.float() + residual.float()
+    return (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(x.dtype)
+'''
+
+
+@needs_landlock
+@pytest.mark.parametrize("read_guard", ["landlock", "off"])
+def test_with_reads_confined_a_kernel_cannot_read_a_user_s_files_and_still_grades(tmp_path, fake_dsl, cpu_config, store,
+                                                                                 read_guard):
+    """GraderConfig.read_guard (an arm until a GPU run): a kernel reads nothing outside the system's, its Python's,
+    mkb's and its own folders (no ~/.aws to print into its events); with it off the read lands, as before."""
+    home = tmp_path / "home" / ".aws"
+    home.mkdir(parents=True)
+    (home / "credentials").write_text("aws_secret_access_key = plainly-not-in-the-environment")
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(_READER.format(secret=str(home / "credentials")))
+    cfg = GraderConfig.from_dict({**cpu_config.as_dict(), "read_guard": read_guard})
+    v = grade(28, fake_dsl, kernel, store=store, config=cfg)
+    fig = v.stage("compile").typed.fs_guard
+    if read_guard == "landlock":
+        assert v.passed, v.message  # the read was refused, and everything the grading needs was read
+        assert "reads only beneath" in fig, fig
+    else:
+        assert v.reason == "runtime_error" and "plainly-not-in-the-environment" in v.message  # what the guard stops
+
+
+def test_the_readable_folders_hold_this_python_and_mkb_and_no_home_or_tmp(tmp_path):
+    from mkb.grader._fs_guard import default_readable
+
+    own = tmp_path / "scratch"
+    own.mkdir()
+    got = {str(p) for p in default_readable([own])}
+    assert str(own) in got and "/usr" in got and os.path.realpath(sys.prefix) in got
+    assert str(Path(__file__).resolve().parents[2]) in got  # mkb's checkout
+    assert "/tmp" not in got and "/home" not in got and "/root" not in got
+    with pytest.raises(ValueError, match="read_guard"):
+        GraderConfig(read_guard="yes")
