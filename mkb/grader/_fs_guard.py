@@ -37,6 +37,7 @@ _RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
 
 SCRATCH_ENV = "MKB_WORKER_SCRATCH"  # the worker's own folder (made by the parent, removed when the worker is reaped)
+READ_GUARD_ENV = "MKB_READ_GUARD"  # "landlock": a precompile fork confines its reads too (GraderConfig.read_guard)
 
 # LANDLOCK_ACCESS_FS_* that create, change or remove a file, by the ABI version that introduced them
 _WRITE_FILE = 1 << 1

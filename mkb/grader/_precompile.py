@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from mkb._procs import signal_group
 from mkb._secrets import without_secrets
+from mkb.grader._fs_guard import READ_GUARD_ENV
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 SANDBOX_LIMIT_S = 90.0  # wall seconds for the sandbox (one traced solve)
@@ -281,8 +282,9 @@ class Precompiler:
     they will be graded: a free slot starts the first of them that waits."""
 
     def __init__(self, *, gpu_arch: str, size: str, slots: int | None = None, root: Path | None = None,
-                 python: str | None = None, order: Callable[[], list] | None = None) -> None:
+                 python: str | None = None, order: Callable[[], list] | None = None, read_guard: str = "off") -> None:
         self.gpu_arch, self.size = gpu_arch, size
+        self.read_guard = read_guard  # GraderConfig.read_guard: "landlock" confines each fork's reads too
         self.python = python or sys.executable
         self.root = Path(tempfile.mkdtemp(prefix="mkb-precompile-", dir=root))
         # a quarter of the host's cores (at most 4): the sandboxes and nvcc run beside the gradings' own CPU work
@@ -557,7 +559,8 @@ class Precompiler:
         """A fork server's environment: the DSL's, no GPU visible, and the job environment of its own folder."""
         env = without_secrets(os.environ)  # the sandbox runs the candidate's code: no credential for it to print
         env.update(backend.environment(self.gpu_arch))
-        env.update({"CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", **self._job_env(backend, folder)})
+        env.update({"CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", READ_GUARD_ENV: self.read_guard,
+                    **self._job_env(backend, folder)})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
         return env
 

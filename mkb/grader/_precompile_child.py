@@ -104,9 +104,9 @@ def _lowest_priority() -> None:
         pass
 
 
-def _confine(writable: list[Path], *, memory: int, sandbox: bool) -> tuple[str | None, str]:
+def _confine(writable: list[Path], *, memory: int, sandbox: bool, reads: tuple[Path, ...] = ()) -> tuple[str | None, str]:
     """Confine this process before anything of the candidate's runs: (the reason it could not, else None; the guards)."""
-    from mkb.grader._fs_guard import confine_writes, landlock_abi
+    from mkb.grader._fs_guard import READ_GUARD_ENV, confine_writes, default_readable, landlock_abi
     from mkb.grader._syscall_guard import refuse_escapes
 
     abi = landlock_abi()
@@ -123,7 +123,8 @@ def _confine(writable: list[Path], *, memory: int, sandbox: bool) -> tuple[str |
     left = _drop_capabilities()
     if left:
         return f"capabilities not dropped: {left}", ""
-    fs = confine_writes(writable, device_ioctls=False)
+    readable = default_readable([*writable, *reads]) if os.environ.get(READ_GUARD_ENV) == "landlock" else None
+    fs = confine_writes(writable, device_ioctls=False, readable=readable)
     if not fs.confined:
         return f"writes not confined: {fs.note}", ""
     sc = refuse_escapes(sandbox=sandbox)
@@ -153,7 +154,7 @@ def _emit(payload: dict) -> None:
 
 
 def sources(dsl: str, kernel: Path, problem: str, size: str, folder: Path, *, guards_fd: int) -> int:
-    why, guards = _confine([folder], memory=SANDBOX_MEMORY, sandbox=True)
+    why, guards = _confine([folder], memory=SANDBOX_MEMORY, sandbox=True, reads=(kernel.resolve(),))
     _report_guards(guards, guards_fd)
     if why is not None:
         _emit({"error": why})
@@ -177,7 +178,8 @@ def sources(dsl: str, kernel: Path, problem: str, size: str, folder: Path, *, gu
 
 def build(dsl: str, sources_json: Path, out: Path, gpu_arch: str, *, guards_fd: int) -> int:
     tmp = Path(os.environ.get("TMPDIR") or out)
-    why, guards = _confine([out, tmp] if tmp != out else [out], memory=BUILDER_MEMORY, sandbox=False)
+    why, guards = _confine([out, tmp] if tmp != out else [out], memory=BUILDER_MEMORY, sandbox=False,
+                           reads=(sources_json.resolve(),))
     _report_guards(guards, guards_fd)
     if why is not None:
         _emit({"error": why})

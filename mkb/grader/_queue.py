@@ -369,7 +369,7 @@ def _precompiler_for(cfg: GraderConfig, kind: str, arch: str | None,
             arch = detect_arch()
         except UnsupportedGpu:
             return None
-    return Precompiler(gpu_arch=arch, size=cfg.size, order=order) if arch else None
+    return Precompiler(gpu_arch=arch, size=cfg.size, order=order, read_guard=cfg.read_guard) if arch else None
 
 
 def _guarded(device: str) -> bool:

@@ -110,12 +110,13 @@ def test_a_queued_tirx_kernel_is_built_ahead_and_only_a_call_with_its_key_reads_
     assert not pc.root.exists()
 
 
-def _run_sandbox(kernel: Path, folder: Path) -> subprocess.CompletedProcess:
+def _run_sandbox(kernel: Path, folder: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """The sandbox process as the precompiler starts it, on problem 28 at smoke size."""
     from mkb.dsl import get_backend
 
     env = {**os.environ, **get_backend("tirx").environment("sm_90a"), "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(folder),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+           **(extra_env or {})}
     return subprocess.run([sys.executable, "-m", "mkb.grader._precompile_child", "sources", "tirx", str(kernel), "28",
                            "smoke", str(folder)], env=env, capture_output=True, text=True, timeout=120)
 
@@ -180,6 +181,47 @@ def test_the_sandbox_writes_nowhere_but_its_own_folder(tmp_path) -> None:
         assert outside.stat().st_mode & 0o777 != 0
     finally:
         shm.unlink(missing_ok=True)
+
+
+@needs_landlock
+@pytest.mark.parametrize("read_guard", ["landlock", "off"])
+def test_with_reads_confined_the_sandbox_reads_no_user_file_and_still_records(tmp_path, read_guard) -> None:
+    """GraderConfig.read_guard reaches the precompile's forks (READ_GUARD_ENV): the candidate's code runs there too,
+    and what it prints reaches the device-code note; with it off the read lands, as before."""
+    pytest.importorskip("tvm")
+    from mkb.grader._fs_guard import READ_GUARD_ENV
+
+    secret = tmp_path / "home" / ".netrc"
+    secret.parent.mkdir()
+    secret.write_text("machine example.org password not-for-kernels")
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(TIRX_28.path.read_text() + (
+        "\n\ntry:\n    print('READ', open(%r).read())\nexcept PermissionError:\n    print('READ REFUSED')\n") % str(secret))
+    folder = tmp_path / "sandbox"
+    folder.mkdir()
+    out = _run_sandbox(kernel, folder, {READ_GUARD_ENV: read_guard})
+    assert out.stdout.strip().splitlines()[-1].startswith("MKB_PRECOMPILE {\"sources\""), out.stdout + out.stderr[-2000:]
+    if read_guard == "landlock":
+        assert "READ REFUSED" in out.stdout and "not-for-kernels" not in out.stdout
+    else:
+        assert "not-for-kernels" in out.stdout
+
+
+@needs_landlock
+def test_a_precompiler_with_reads_confined_still_makes_a_baseline_s_builds(tmp_path) -> None:
+    """The whole path under read_guard="landlock": the fork server's sandbox records, its builder runs nvcc, and the
+    guards the sandbox reported say its reads were confined."""
+    pytest.importorskip("tvm")
+    pc = Precompiler(gpu_arch="sm_90a", size="smoke", root=tmp_path, read_guard="landlock")
+    try:
+        job = _job(TIRX_28.path, problem=28)
+        assert pc.request(job)
+        _wait(pc, job)
+        code = pc.take(job)
+        assert code.state == "ready" and code.builds >= 1, code
+        assert "reads only beneath" in code.sandbox, code.sandbox
+    finally:
+        pc.close()
 
 
 @needs_landlock
