@@ -501,6 +501,8 @@ def main(argv: list[str] | None = None) -> None:
                     "'off' compiles every TIRx kernel in its worker, as before grader 2.17; recorded as a config override)")
     ap.add_argument("--prefetch-fraction", type=float, default=None, help="GraderConfig.prefetch_fraction (an A/B arm: the "
                     "share of the free memory a plan made ahead may take, 1/16 as shipped; recorded as a config override)")
+    ap.add_argument("--read-guard", choices=("off", "landlock"), default=None, help="GraderConfig.read_guard (recorded as "
+                    "a config override)")
     ap.add_argument("--smoke", action="store_true", help="GraderConfig.quick at smoke size (a CPU check of this script; never a figure)")
     a = ap.parse_args(argv)
     from mkb.grader import GraderConfig
@@ -518,6 +520,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg = dataclasses.replace(cfg, precompile=a.precompile)
     if a.prefetch_fraction is not None:
         cfg = dataclasses.replace(cfg, prefetch_fraction=a.prefetch_fraction)
+    if a.read_guard is not None:
+        cfg = dataclasses.replace(cfg, read_guard=a.read_guard)
     dsls = tuple(a.dsl) if a.dsl else None
     res: dict = {"budget_s": a.budget_s, "config_overrides": cfg.overrides()}  # an A/B arm's figures say so
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))

@@ -425,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
                     "after this many seconds")
     ap.add_argument("--sections", default="serial,queue,bench")
     ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--read-guard", choices=("off", "landlock"), default=None, help="GraderConfig.read_guard for every "
+                    "grading (recorded as a config override): the run that shows whether it can be on as shipped")
     ap.add_argument("--queue-jobs", choices=("all", "passing"), default="all",
                     help="the queue pass grades every job, or only those that must pass (baselines and controls)")
     ap.add_argument("--only", default="", help="grade only the jobs whose key (baseline/28/cute, redteam/kill_self/tirx) this "
@@ -488,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--only {a.only!r} finds no job; hint: keys look like baseline/28/cute or redteam/kill_self/tirx")
     log(f"{len(all_cases)} gradings per pass: {sum(c.key.startswith('baseline') for c in all_cases)} baselines, "
         f"{sum('control' in c.key for c in all_cases)} controls, {sum(c.expected is not None for c in all_cases)} red-team forms")
-    cfg = GraderConfig()
+    cfg = GraderConfig() if a.read_guard is None else GraderConfig(read_guard=a.read_guard)
     if a.serial_from and "serial" in sections:
         raise SystemExit("--serial-from replaces the serial section; hint: drop `serial` from --sections")
     if a.serial_from:
