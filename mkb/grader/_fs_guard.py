@@ -181,36 +181,27 @@ def confine_writes(writable: list[Path] | tuple[Path, ...], *, device_ioctls: bo
         return FsGuard(False, abi, (), f"landlock_create_ruleset failed: {os.strerror(ctypes.get_errno())}")
     kept: list[str] = []
     skipped: list[str] = []
+    read_kept: list[str] = []
     try:
-        for folder in writable:
-            try:
-                fd = os.open(str(folder), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError:
-                skipped.append(str(folder))
-                continue
-            try:
-                rule = _PathBeneathAttr(granted, fd)
-                if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
-                                ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
-                    return FsGuard(False, abi, (), f"landlock_add_rule({folder}) failed: {os.strerror(ctypes.get_errno())}")
-                kept.append(str(folder))
-            finally:
-                os.close(fd)
-        read_kept: list[str] = []
-        for folder in readable or ():
-            is_dir = os.path.isdir(folder)  # a single file (the kernel) gets the file's read right only
-            try:
-                fd = os.open(str(folder), os.O_PATH | os.O_CLOEXEC | (os.O_DIRECTORY if is_dir else 0))
-            except OSError:
-                continue  # default_readable lists only what exists; one gone since is simply not readable
-            try:
-                rule = _PathBeneathAttr(_READS if is_dir else _READ_FILE, fd)
-                if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
-                                ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
-                    return FsGuard(False, abi, (), f"landlock_add_rule({folder}, read) failed: {os.strerror(ctypes.get_errno())}")
-                read_kept.append(str(folder))
-            finally:
-                os.close(fd)
+        # every folder that exists gets its rights (a single file, the kernel, its file's read right only); one that
+        # does not is named (writable) or simply not readable (default_readable lists only what exists)
+        for paths, rights, into, missing in ((writable, granted, kept, skipped), (readable or (), _READS, read_kept, None)):
+            for folder in paths:
+                is_dir = os.path.isdir(folder)
+                try:
+                    fd = os.open(str(folder), os.O_PATH | os.O_CLOEXEC | (os.O_DIRECTORY if is_dir or missing is not None else 0))
+                except OSError:
+                    if missing is not None:
+                        missing.append(str(folder))
+                    continue
+                try:
+                    rule = _PathBeneathAttr(rights if is_dir else rights & _READ_FILE, fd)
+                    if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
+                                    ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
+                        return FsGuard(False, abi, (), f"landlock_add_rule({folder}) failed: {os.strerror(ctypes.get_errno())}")
+                    into.append(str(folder))
+                finally:
+                    os.close(fd)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             return FsGuard(False, abi, (), f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(ctypes.get_errno())}")
         flags = restrict_flags(abi)
