@@ -1,6 +1,6 @@
 """Compiles the memory-bound baselines of both DSLs (compile-only, no GPU) in a process whose reads and writes are
 confined as GraderConfig.read_guard="landlock" confines a grading worker's, and says whether a read of a file in the
-user's home is refused.
+user's home, and of /etc/shadow, is refused (`--off`: the same unconfined, the control).
 
 Why: the read guard is off as shipped until every DSL is known to read only what `default_readable` allows. This is
 the part a CPU can show: torch, CuTe DSL and TVM imported after the confinement (stricter than a worker, which imports
@@ -44,12 +44,14 @@ def main(argv: list[str]) -> int:
         if not g.confined or g.readable is None:
             print("[probe] reads could not be confined here", flush=True)
             return 1
-    if home_file is not None:
+    for private in (home_file, Path("/etc/shadow")):  # a user's file; the password hashes (readable to a root grader)
+        if private is None or not private.exists():
+            continue
         try:
-            home_file.read_bytes()
-            print(f"[probe] read of {home_file}: allowed", flush=True)
+            private.read_bytes()
+            print(f"[probe] read of {private}: allowed", flush=True)
         except PermissionError:
-            print(f"[probe] read of {home_file}: refused", flush=True)
+            print(f"[probe] read of {private}: refused", flush=True)
     ok = 0
     for b in found:
         backend = get_backend(b.dsl)

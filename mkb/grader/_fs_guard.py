@@ -48,10 +48,15 @@ _RESTRICT_SELF_TSYNC = 1 << 3  # ABI 8: landlock_restrict_self applies to every 
 _IOCTL_DEV = 1 << 15  # ABI 5: ioctl on a device file (every call of the GPU driver is one)
 _READ_FILE = 1 << 2
 _READS = _READ_FILE | (1 << 3)  # READ_FILE, READ_DIR (ABI 1): handled only where reads are confined too (`readable`)
-# what a grading process reads besides its Python and its own folders: the system's programs, libraries, configuration
-# and devices (GraderConfig.read_guard); left out are the users' homes, /root, /tmp (other workers' scratch), /mnt,
-# /srv, /var and whatever else a host keeps its people's files in
-SYSTEM_READABLE = ("/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/opt", "/proc", "/sys", "/dev", "/run")
+# what a grading process reads besides its Python and its own folders: the system's programs, libraries and devices,
+# and of /etc only what the loader, the C library and the toolchain read (the agent's sandbox's list, which its
+# compile-only check runs in, with the user database) (GraderConfig.read_guard); left out are the users' homes, /root,
+# /tmp (other workers' scratch), /run (container secrets, agent sockets), the rest of /etc (a root grader could read
+# /etc/shadow, host keys), /mnt, /srv, /var and whatever else a host keeps its people's files in
+SYSTEM_READABLE = ("/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/opt", "/proc", "/sys", "/dev",
+                   "/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/ssl",
+                   "/etc/ca-certificates", "/etc/localtime", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group",
+                   "/etc/os-release")
 _MAKE_DEVICES = (1 << 6) | (1 << 11)  # MAKE_CHAR, MAKE_BLOCK: a device node made in a writable folder reaches its driver
 
 
@@ -138,18 +143,17 @@ def default_readable(own: Sequence[Path] = ()) -> list[Path]:
     """What a grading process may read when reads are confined: SYSTEM_READABLE, this Python (its prefixes, its
     executable's folder, every folder on sys.path: the DSLs and torch, wherever installed), mkb's own checkout or
     install, the CUDA toolkit the environment names, and `own` (folders, or single files: the kernel); each that
-    exists, with its real path where a link."""
+    exists, with its real path where a link (a single file gets only its read right)."""
     import sys
 
     names: list[str] = [*SYSTEM_READABLE, sys.prefix, sys.base_prefix, sys.exec_prefix,
                         os.path.dirname(os.path.realpath(sys.executable)), str(Path(__file__).resolve().parents[2]),
                         *(p for p in sys.path if p), *(os.environ.get(k, "") for k in ("CUDA_PATH", "CUDA_HOME")),
                         *(str(p) for p in own)]
-    own_names = {str(p) for p in own}
     out: list[Path] = []
     for n in names:
         for p in (n, os.path.realpath(n)) if n else ():
-            if (os.path.isdir(p) or (n in own_names and os.path.isfile(p))) and Path(p) not in out:
+            if os.path.exists(p) and Path(p) not in out:  # a folder, or a single file (the kernel, /etc/passwd)
                 out.append(Path(p))
     return out
 

@@ -290,5 +290,7 @@ def test_the_readable_folders_hold_this_python_and_mkb_and_no_home_or_tmp(tmp_pa
     assert str(own) in got and "/usr" in got and os.path.realpath(sys.prefix) in got
     assert str(Path(__file__).resolve().parents[2]) in got  # mkb's checkout
     assert "/tmp" not in got and "/home" not in got and "/root" not in got
+    assert "/etc" not in got and "/run" not in got  # of /etc only what the loader and the C library read (no /etc/shadow)
+    assert all(p.startswith("/etc/") for p in got if p.startswith("/etc"))
     with pytest.raises(ValueError, match="read_guard"):
         GraderConfig(read_guard="yes")
