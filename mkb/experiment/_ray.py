@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,16 @@ class GraderActorImpl:
         self.dir = Path(tempfile.mkdtemp(prefix="mkb-grader-actor-"))
 
     def _local(self, job: Any, source: bytes) -> Any:
+        """The kernel as a file named by its content, written whole before it is renamed into place: the actor grades
+        up to 64 submissions at once, and the same kernel (a pair's re-grade, two attempts that wrote the same file)
+        written again in place was truncated under a grading reading it, which then graded an empty kernel."""
         import dataclasses
         import hashlib
 
         p = self.dir / f"{hashlib.sha256(source).hexdigest()}.py"
-        p.write_bytes(source)
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(source)
+        os.replace(tmp, p)  # atomic: a reader sees the whole file, never a truncated one
         return dataclasses.replace(job, kernel_path=p)
 
     def get_version(self) -> str | None:
