@@ -747,8 +747,8 @@ class _Evaluation:
             gpu_reader.join(60)
         self.gpu_before = gpu_box.get("state") or ({"name": "cpu"} if dev.kind != "cuda" else {"name": torch.cuda.get_device_name()})
         ph.mark("gpu_state")
-        self.device_code = self._use_device_code(job.get("device_code"))
         made = job.get("device_code")
+        self.device_code = self._use_device_code(made)
         reads = [Path(job["kernel_path"]).resolve(),
                  *([Path(made["folder"])] if isinstance(made, dict) and isinstance(made.get("folder"), str) else [])]
         confine_candidate(cfg, reads=reads)  # from here on the candidate may run: nothing of the grader's is written after it

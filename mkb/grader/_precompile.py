@@ -64,7 +64,7 @@ class PrecompilerFigures:
     paused_s: float
 
     def as_dict(self) -> dict[str, Any]:
-        return {"servers": self.servers, "pauses": self.pauses, "paused_s": self.paused_s}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
