@@ -60,6 +60,15 @@ def main(argv: list[str]) -> int:
         print(f"  {r['dataset']} {r['dsl']}: timing_inputs {r['timing_inputs_s']:.3f} s, made {r['made']}")
     if not made:
         print("  no grading records where the phase went (input_sets_made, grader 2.19)")
+        return 0
+    slow = [r["made"] for r in made if r["timing_inputs_s"] > 1.0]
+    fast = [r["made"] for r in made if r["timing_inputs_s"] <= 1.0]
+    for name, g in (("over 1 s", slow), ("1 s or less", fast)):
+        if g:
+            cpu = sorted(m["cpu_s"] for m in g)
+            print(f"FIGURE problem 1 timing_inputs {name}: {len(g)} of {len(made)} gradings that record input_sets_made; "
+                  f"CPU seconds {cpu[0]:.2f}-{cpu[-1]:.2f}; device frees {sum(m['device_frees'] or 0 for m in g)}, "
+                  f"retried mallocs {sum(m['alloc_retries'] or 0 for m in g)}")
     return 0
 
 

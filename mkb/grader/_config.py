@@ -12,6 +12,7 @@ SET_FIRST_PASSES = ("allocate", "make", "none")
 FS_GUARDS = ("landlock", "required", "off")  # GraderConfig.fs_guard (mkb.grader._fs_guard)
 SYSCALL_GUARDS = ("seccomp", "required", "off")  # GraderConfig.syscall_guard (mkb.grader._syscall_guard)
 READ_GUARDS = ("off", "landlock")  # GraderConfig.read_guard (mkb.grader._fs_guard.default_readable)
+READ_GUARD_DEFAULT = "landlock"  # GraderConfig's and a Precompiler's made without one
 PRECOMPILES = ("on", "off")  # GraderConfig.precompile (mkb.grader._precompile)
 
 
@@ -81,9 +82,10 @@ class GraderConfig:
     # plan beside the grading in flight moves that grading's figures is untested)
     prefetch_fraction: float | None = None
     # whether the worker may also read only beneath the system's folders, its Python's, mkb's and its own once its
-    # candidate can run (mkb.grader._fs_guard.default_readable: no user's home, no /tmp, no /root): "landlock" or
-    # "off" (as shipped until a GPU run shows every baseline passes with it: the DSLs' lazy reads are not all known)
-    read_guard: str = "off"
+    # candidate can run (mkb.grader._fs_guard.default_readable: no user's home, no /tmp, no /root): "landlock" (as
+    # shipped since 2.20: the whole red-team suite and every baseline graded with it on the H200,
+    # events/h200-grader-2-19-readguard) or "off" (a host whose DSL reads a file outside those folders after import)
+    read_guard: str = READ_GUARD_DEFAULT
 
     def __post_init__(self) -> None:
         if self.draws < 1 or self.n_timed < 1 or self.n_warmup < 0:

@@ -31,7 +31,8 @@ from mkb.grader._trace import CallLimits, call_figures, classify, profile_call
 from mkb.grader._verdict import CompileFigures, IntegrityFigures, TimingFigures, VerificationFigures, timing_decided
 from mkb.measure import (
     MIN_TIMED, TIMING_POLICY, UPSTREAM_POLICY, InputStream, L2Flusher, LoopRecord, UnsupportedGpu, clone_inputs, compare,
-    SmClock, build_hold_binary, expect, gpu_state, query_gpu, sample, sm_hold, identify_gpu, inputs_unchanged, side_work_us, stream_window as _stream_window, summarize,
+    SmClock, build_hold_binary, expect, gpu_state, query_gpu, sample, sm_hold, identify_gpu, inputs_unchanged, one_cpu_thread, side_work_us, stream_window as _stream_window,
+    summarize,
     tensor_bytes, time_upstream, timed_loop,
 )
 from mkb.reasons import Reason
@@ -485,7 +486,11 @@ class _Plan:
 
 
 def _maker(mod: Any, dev: _Device, cfg: GraderConfig) -> Callable[[int], tuple]:
-    return lambda seed: tuple(mod.make_inputs(seed, device=dev.torch_device, size=cfg.size))
+    """The worker's one way to make an input set: with one CPU thread (grader 2.20, `one_cpu_thread` says why)."""
+    def make(seed: int) -> tuple:
+        with one_cpu_thread():
+            return tuple(mod.make_inputs(seed, device=dev.torch_device, size=cfg.size))
+    return make
 
 
 # the one plan this worker made ahead of its job (`prepare`), taken by that job's trusted phase or dropped

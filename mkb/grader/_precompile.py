@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from mkb._procs import signal_group
 from mkb._secrets import without_secrets
+from mkb.grader._config import READ_GUARD_DEFAULT
 from mkb.grader._fs_guard import READ_GUARD_ENV
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -282,7 +283,7 @@ class Precompiler:
     they will be graded: a free slot starts the first of them that waits."""
 
     def __init__(self, *, gpu_arch: str, size: str, slots: int | None = None, root: Path | None = None,
-                 python: str | None = None, order: Callable[[], list] | None = None, read_guard: str = "off") -> None:
+                 python: str | None = None, order: Callable[[], list] | None = None, read_guard: str = READ_GUARD_DEFAULT) -> None:
         self.gpu_arch, self.size = gpu_arch, size
         self.read_guard = read_guard  # GraderConfig.read_guard: "landlock" confines each fork's reads too
         self.python = python or sys.executable

@@ -11,7 +11,7 @@ from mkb.measure._device import (
 )
 from mkb.measure._sol import GPU_PEAKS, GpuPeaks, SpeedOfLight, gpu_peaks, speed_of_light
 from mkb.measure._timing import (
-    FIRST_PASSES, FLUSH_KIND, HOLD_MAX_US, HOLD_MIN_US, HOLD_US, MIN_TIMED, MIN_WARMUP, TIMING_POLICY, UPSTREAM_POLICY, UPSTREAM_TIMED, UPSTREAM_WARMUP, InputStream, InputsMade, L2Flusher, SmHold, sm_hold,
+    FIRST_PASSES, FLUSH_KIND, HOLD_MAX_US, HOLD_MIN_US, HOLD_US, MIN_TIMED, MIN_WARMUP, TIMING_POLICY, UPSTREAM_POLICY, UPSTREAM_TIMED, UPSTREAM_WARMUP, InputStream, InputsMade, L2Flusher, one_cpu_thread, SmHold, sm_hold,
     HoldBinary, build_hold_binary, hold_cycles, hold_launch,
     LoopRecord, Timing, l2_bytes, perf_window, reference_numerics, timed_loop, summarize, tensor_bytes, side_work_us, stream_window, time_calls, time_problem_fn,
     time_upstream, wait_device,
@@ -22,7 +22,7 @@ __all__ = [
     "UPSTREAM_POLICY", "UPSTREAM_TIMED", "UPSTREAM_WARMUP", "reference_numerics", "time_upstream",
     "SmClock", "CHECKED_ARCHS", "GPU_MODELS", "GpuModel", "UnsupportedGpu", "arch_of", "detect_arch", "identify_gpu", "query_gpu",
     "machine_of", "model_of",
-    "SAMPLE_POSITIONS", "SampledOutput", "sample", "Comparison", "Expected", "GPU_PEAKS", "GpuPeaks", "GpuState", "InputStream", "InputsMade", "L2Flusher", "MIN_TIMED",
+    "SAMPLE_POSITIONS", "SampledOutput", "sample", "Comparison", "Expected", "GPU_PEAKS", "GpuPeaks", "GpuState", "InputStream", "InputsMade", "one_cpu_thread", "L2Flusher", "MIN_TIMED",
     "FIRST_PASSES", "FLUSH_KIND", "MIN_WARMUP", "OutputCheck", "TIMING_POLICY", "QUANTIZED_MAX_OFF_FRACTION", "SpeedOfLight", "TOL_FACTOR", "Timing", "as_tuple",
     "clone_inputs", "compare", "expect", "gpu_name", "gpu_peaks", "gpu_state", "inputs_unchanged", "l2_bytes",
     "speed_of_light", "summarize", "tensor_bytes", "time_calls", "side_work_us", "stream_window", "time_problem_fn", "to_fp64", "wait_device",

@@ -379,6 +379,32 @@ def tensor_bytes(values: Sequence[Any]) -> int:
     return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
+@contextlib.contextmanager
+def one_cpu_thread() -> Iterator[None]:
+    """Run the body with torch's intra-op pool at one thread, restored after (nested uses are free).
+
+    Why: input sets are made with CPU work in them (a paged problem's page order is a CPU randperm on every draw),
+    and torch spreads each such op over one thread per core. On a host whose cores are busy (the queue's other
+    worker, a precompile, a neighbour) every such parallel region waits for its slowest thread: on the H200 problem
+    1's 113 sets took 0.16-0.27 s alone and 1.9-2.2 s beside one busy process per core (events/h200-inputs-probe),
+    the `timing_inputs` split of benchmarks/timing_inputs_split.py. One thread gives the same values (the generator
+    is seeded per draw; tests/measure/test_one_cpu_thread.py) and is only used outside every timed window.
+    """
+    before = _get_threads()
+    if before == 1:
+        yield
+        return
+    _set_threads(1)
+    try:
+        yield
+    finally:
+        _set_threads(before)
+
+
+# bound when mkb.measure is imported, before any candidate code exists (a kernel may rebind torch's attributes)
+_get_threads, _set_threads = torch.get_num_threads, torch.set_num_threads
+
+
 @dataclass(frozen=True)
 class InputsMade:
     """Where the seconds of an `InputStream`'s construction went (the grader's `timing_inputs` phase).
