@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefetch-fraction", type=float, default=None, help="GraderConfig.prefetch_fraction (an A/B arm: the "
                     "share of the free memory a plan made ahead may take, 1/16 as shipped; recorded as a config override)")
     ap.add_argument("--read-guard", choices=("off", "landlock"), default=None, help="GraderConfig.read_guard (recorded as "
-                    "a config override)")
+                    "a config override where it is not the shipped 'landlock')")
     ap.add_argument("--smoke", action="store_true", help="GraderConfig.quick at smoke size (a CPU check of this script; never a figure)")
     a = ap.parse_args(argv)
     from mkb.grader import GraderConfig

@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", default="serial,queue,bench")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--read-guard", choices=("off", "landlock"), default=None, help="GraderConfig.read_guard for every "
-                    "grading (recorded as a config override): the run that shows whether it can be on as shipped")
+                    "grading (recorded as a config override where it is not the shipped 'landlock', grader 2.20)")
     ap.add_argument("--queue-jobs", choices=("all", "passing"), default="all",
                     help="the queue pass grades every job, or only those that must pass (baselines and controls)")
     ap.add_argument("--only", default="", help="grade only the jobs whose key (baseline/28/cute, redteam/kill_self/tirx) this "
