@@ -31,7 +31,14 @@ serial and 162 s queued with the pair batch; past `--budget-s` the serial pass s
 naming each in `skipped`, so the call's limit never loses a section) and adds the pooled
 comparison (`POOLED` lines, `summary["pooled"]`): per job the mean of its queue gradings against the mean of its serial
 ones, with the standard error from both sides' spread; and the queue's effect over every job that only works on the
-device (`EFFECT` line, `summary["queue_effect"]`), the reading the queue is judged by (DESIGN). A recorded run is judged
+device (`EFFECT` line, `summary["queue_effect"]`), the reading the queue is judged by (DESIGN). With `--order abba` the
+rounds alternate in blocks serial, queue, queue, serial (equal rounds each way), so the machine's drift over the call
+lands on both sides instead of reading as the queue's effect:
+
+    timeout 480 python3 scripts/gpu_queue_run.py --sections serial,queue --serial-jobs passing --queue-jobs passing \
+        --serial-rounds 2 --queue-rounds 2 --order abba --budget-s 400
+
+A recorded run is judged
 again on a CPU, alone or pooled with others (`POOLED EFFECT`), from its summary and its dataset's events:
 
     python scripts/gpu_queue_run.py --rejudge A/logs/summary.json B/logs/summary.json --store A B
@@ -144,11 +151,45 @@ def job_of(key: str) -> str:
     return key.split("#")[0]
 
 
-def serial_jobs(all_cases: list[Case], *, jobs: str = "all", rounds: int = 1) -> list[tuple[str, Case]]:
+def serial_jobs(all_cases: list[Case], *, jobs: str = "all", rounds: int = 1,
+                only: list[int] | None = None) -> list[tuple[str, Case]]:
     """The serial pass's (key, case) in grading order: every job once per round, round after round (so a drift lands on
-    every job alike); the first round keeps the bare key, which `--serial-from` and the per-grading comparison read."""
+    every job alike); the first round keeps the bare key, which `--serial-from` and the per-grading comparison read.
+    `only` picks some of the rounds (one step of an interleaved plan), their keys as in the whole pass."""
     picked = [c for c in all_cases if jobs == "all" or c.expected is None]
-    return [(c.key if r == 0 else f"{c.key}#s{r}", c) for r in range(rounds) for c in picked]
+    return [(c.key if r == 0 else f"{c.key}#s{r}", c) for r in range(rounds) if only is None or r in only for c in picked]
+
+
+def merged_replays(before: dict | None, step: dict) -> dict:
+    """The quiet rule's replay over every queue step of a run (one per step of an interleaved plan): counts added, the
+    lists of broken rules joined, so one figure still says whether any timing phase shared the device."""
+    if not before:
+        return step
+    return {k: (before.get(k) or 0) + v if isinstance(v, int) else [*(before.get(k) or []), *v] for k, v in step.items()}
+
+
+def pass_plan(*, serial_rounds: int, queue_rounds: int, order: str = "passes") -> list[tuple[str, list[int]]]:
+    """The order the serial and queue rounds run in, as steps of (side, rounds), a side's rounds in one step sharing one
+    pool or queue. `passes`: every serial round, then every queue round (one open each). `abba`: the rounds alternate
+    in blocks serial, queue, queue, serial, so a drift of the machine that is linear in time lands on both sides alike
+    (h200-grader-2-20-queue ran the serial pass first and the queue after it; its effect, -0.37%, and the runs before it,
+    -0.18% .. +0.27%, change sign run to run, as a drift between the two passes would). Needs as many rounds each way."""
+    if order == "passes":
+        return [(side, list(range(n))) for side, n in (("serial", serial_rounds), ("queue", queue_rounds)) if n > 0]
+    if order != "abba":
+        raise SystemExit(f"--order {order!r}: unknown; hint: passes or abba")
+    if serial_rounds != queue_rounds or serial_rounds < 1:
+        raise SystemExit(f"--order abba needs as many serial as queue rounds, at least one each (got {serial_rounds} and "
+                         f"{queue_rounds}); hint: --serial-rounds 2 --queue-rounds 2 with --sections serial,queue")
+    seq = [step for r in range(serial_rounds) for step in ((("serial", r), ("queue", r)) if r % 2 == 0 else
+                                                            (("queue", r), ("serial", r)))]
+    plan: list[tuple[str, list[int]]] = []
+    for side, r in seq:  # neighbours of one side run as one step: S0 Q0 Q1 S1 S2 Q2 -> S[0] Q[0,1] S[1,2] Q[2]
+        if plan and plan[-1][0] == side:
+            plan[-1][1].append(r)
+        else:
+            plan.append((side, [r]))
+    return plan
 
 
 def as_expected(c: Case, v: dict) -> bool:
@@ -437,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                     "serial and queue fit one device call on one GPU)")
     ap.add_argument("--serial-rounds", type=int, default=1, help="times the serial pass grades each job (the pooled "
                     "comparison reads the mean of each side's gradings)")
+    ap.add_argument("--order", choices=("passes", "abba"), default="passes", help="passes: every serial round, then every "
+                    "queue round; abba: serial and queue rounds alternate in blocks S Q Q S, so the machine's drift lands "
+                    "on both sides (needs --serial-rounds equal to --queue-rounds)")
     ap.add_argument("--serial-from", default="", help="an earlier call's summary.json: its serial pass is the reference, so serial and "
                     "queue fit two calls of the device's 600 s limit; refused unless it ran on the same GPU (uuid), grader "
                     "version, timing policy, packages and commit (where the copy has one)")
@@ -507,9 +551,9 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(out, summary, stage=stage, store=None if (out / "events.jsonl").exists() else store, name=a.name)
 
     # ---- 1. one at a time, no queue ----
-    if "serial" in sections:
+    def serial_step(rounds: list[int]) -> None:
         t = time.monotonic()
-        sjobs = serial_jobs(all_cases, jobs=a.serial_jobs, rounds=a.serial_rounds)
+        sjobs = serial_jobs(all_cases, jobs=a.serial_jobs, rounds=a.serial_rounds, only=rounds)
         with WorkerPool(device=a.device, depth=2) as pool:
             for key, c in sjobs:
                 if left() <= 0:
@@ -522,16 +566,17 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 summary["serial"][key] = row(c, v)
                 log(f"SERIAL {key:55s} -> {v.reason or 'passed'} median={v.candidate_median_us}")
-        summary["serial_s"] = time.monotonic() - t
+        summary["serial_s"] = summary.get("serial_s", 0.0) + time.monotonic() - t
         save("serial")
         log(f"SAVED serial: {summary['result']['redteam_serial_rejected']} of {summary['result']['redteam_serial_forms']} "
             f"red-team gradings rejected with an expected reason, {summary['serial_s']:.0f} s")
 
-    # ---- 2. the queue: two producers at once, then a pair batch ----
-    if "queue" in sections and left() <= 0:
-        summary["skipped"].append("queue")
-        log("SKIP queue: out of time budget")
-    if "queue" in sections and left() > 0:
+    # ---- 2. the queue: two producers at once, then (on its last step) a pair batch ----
+    def queue_step(rounds: list[int], *, pair_batch: bool) -> None:
+        if left() <= 0:
+            summary["skipped"].append("queue" if a.queue_rounds == 1 else f"queue rounds {rounds}")
+            log("SKIP queue: out of time budget")
+            return
         t = time.monotonic()
         futs: dict[str, concurrent.futures.Future] = {}  # every job's queue future, as each producer submits it
         lock = threading.Lock()
@@ -543,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
             t_push = time.monotonic()
 
             qcases = [c for c in all_cases if a.queue_jobs == "all" or c.expected is None]
-            qjobs = [(c.key if a.queue_rounds == 1 else f"{c.key}#r{r}", c) for r in range(a.queue_rounds) for c in qcases]
+            qjobs = [(c.key if a.queue_rounds == 1 else f"{c.key}#r{r}", c) for r in rounds for c in qcases]
 
             def thread_producer() -> None:
                 for key, c in qjobs[0::2]:
@@ -613,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
                 summary["queue"][key] = row(c, v) | {"key": key}
                 log(f"QUEUE  {key:58s} -> {v.reason or 'passed'} median={v.candidate_median_us} wait={v.queue_wait_s:.1f}s")
             summary["queue_push_to_last_s"] = time.monotonic() - t_push
-            pair_cases = [c for c in all_cases if c.key.startswith("baseline/28/")]
+            pair_cases = [c for c in all_cases if c.key.startswith("baseline/28/")] if pair_batch else []
             if pair_cases and left() <= 0:
                 summary["skipped"].append("pair")
             elif pair_cases:
@@ -630,13 +675,25 @@ def main(argv: list[str] | None = None) -> int:
                 log("SERVERS " + json.dumps(figs.as_dict()))
         # the device's coordinator replayed over the section: every timing phase had the device to itself
         replayed = replay_phases(list(quiet_for(a.device).history), since=t)
-        summary["queue_quiet_replayed"] = dataclasses.asdict(replayed)
+        summary["queue_quiet_replayed"] = merged_replays(summary.get("queue_quiet_replayed"), dataclasses.asdict(replayed))
         log(f"QUIET  replayed: {replayed.timing_phases} timing phases, {len(replayed.beside_timing)} beside another's, "
             f"{len(replayed.go_beside_timing)} spares' warm-ups or prefetches started beside one, "
             f"{replayed.warm_ups_beside_timing} entered while a warm-up ran on (its wait ran out), "
             f"{replayed.beside_teardown} while a finished worker was still torn down")
-        summary["queue_s"] = time.monotonic() - t
+        summary["queue_s"] = summary.get("queue_s", 0.0) + time.monotonic() - t
         save("queue")
+
+    plan = pass_plan(serial_rounds=a.serial_rounds if "serial" in sections else 0,
+                     queue_rounds=a.queue_rounds if "queue" in sections else 0, order=a.order)
+    summary["plan"] = [[side, rounds] for side, rounds in plan]
+    if a.order != "passes":
+        log("PLAN   " + " ".join(f"{side}{rounds}" for side, rounds in plan))
+    last_queue = max((i for i, (side, _) in enumerate(plan) if side == "queue"), default=None)
+    for i, (side, rounds) in enumerate(plan):
+        if side == "serial":
+            serial_step(rounds)
+        else:
+            queue_step(rounds, pair_batch=i == last_queue)
 
     # ---- 3. compare ----
     conclude(summary, all_cases, log=log)

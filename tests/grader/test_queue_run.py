@@ -437,3 +437,40 @@ def test_only_grades_the_jobs_its_pattern_finds_in_every_section_and_an_empty_pi
     assert s["result"]["gradings_per_pass"] == 2
     with pytest.raises(SystemExit, match="finds no job"):
         _fake_run(monkeypatch, tmp_path / "none", ["--sections", "serial", "--only", "nothing-like-this"], step_s=0.0)
+
+
+def test_an_abba_plan_alternates_the_sides_so_a_linear_drift_lands_on_both() -> None:
+    assert qr.pass_plan(serial_rounds=2, queue_rounds=3) == [("serial", [0, 1]), ("queue", [0, 1, 2])]
+    assert qr.pass_plan(serial_rounds=0, queue_rounds=1) == [("queue", [0])]  # --serial-from: the queue alone
+    plan = qr.pass_plan(serial_rounds=4, queue_rounds=4, order="abba")
+    assert plan == [("serial", [0]), ("queue", [0, 1]), ("serial", [1, 2]), ("queue", [2, 3]), ("serial", [3])]
+    # the rounds in time order: each side's mean position is the same, so a drift linear in time cancels
+    order = [(side, r) for side, rounds in plan for r in rounds]
+    pos = {side: [i for i, (s, _) in enumerate(order) if s == side] for side in ("serial", "queue")}
+    assert sum(pos["serial"]) == sum(pos["queue"]) and sorted(r for s, r in order if s == "queue") == [0, 1, 2, 3]
+    assert qr.pass_plan(serial_rounds=1, queue_rounds=1, order="abba") == [("serial", [0]), ("queue", [0])]
+    for s, q in ((2, 3), (0, 2)):
+        with pytest.raises(SystemExit, match="as many serial as queue rounds"):
+            qr.pass_plan(serial_rounds=s, queue_rounds=q, order="abba")
+
+
+def test_an_abba_run_grades_every_round_once_in_its_own_steps_and_pools_them(monkeypatch, tmp_path) -> None:
+    s = _fake_run(monkeypatch, tmp_path, ["--sections", "serial,queue", "--serial-jobs", "passing", "--queue-jobs", "passing",
+                                          "--serial-rounds", "4", "--queue-rounds", "4", "--order", "abba"], step_s=0.0)
+    assert s["plan"] == [["serial", [0]], ["queue", [0, 1]], ["serial", [1, 2]], ["queue", [2, 3]], ["serial", [3]]]
+    jobs = ["baseline/28/cute", "baseline/28/tirx", "redteam/control/cute"]
+    assert sorted(s["serial"]) == sorted([j if r == 0 else f"{j}#s{r}" for j in jobs for r in range(4)])
+    assert sorted(s["queue"]) == sorted(f"{j}#r{r}" for j in jobs for r in range(4))
+    assert len(s["pair"]) == 2  # one pair batch, in the last queue step
+    res = s["result"]
+    assert res["serial_gradings"] == 12 and res["queue_gradings"] == 12 and res["medians_pooled_compared"] == 3
+    assert s["queue_quiet_replayed"]["beside_timing"] == [] and not s["skipped"] and not s["errors"]
+    assert res["guards"] == {"landlock abi 7: ... write only beneath <scratch>, /dev; no TCP | seccomp: setsid, ... refused": 24}
+
+
+def test_replays_of_several_queue_steps_add_up() -> None:
+    a = {"timing_phases": 3, "beside_timing": [], "warm_ups_beside_timing": 1, "go_beside_timing": ["x"], "beside_teardown": 0}
+    b = {"timing_phases": 2, "beside_timing": ["y"], "warm_ups_beside_timing": 0, "go_beside_timing": [], "beside_teardown": 2}
+    assert qr.merged_replays(None, a) == a
+    assert qr.merged_replays(a, b) == {"timing_phases": 5, "beside_timing": ["y"], "warm_ups_beside_timing": 1,
+                                       "go_beside_timing": ["x"], "beside_teardown": 2}
