@@ -24,7 +24,7 @@ from mkb.grader._config import GraderConfig
 from mkb.grader._fs_guard import SCRATCH_ENV, FsGuard, confine_writes, default_readable
 from mkb.grader._syscall_guard import SyscallGuard, refuse_escapes
 from mkb.grader._guards import Guard, native_threads, python_threads, refuse_audit_hooks, watch_descendants
-from mkb.grader._prefetch import PREFETCH_FREE_FRACTION, plan_key, prefetch_fits
+from mkb.grader._prefetch import free_fraction, plan_key, prefetch_fits
 from mkb.grader._problems import load_problem
 from mkb.grader._provenance import MAX_COPIED_FRACTION, CopyWatch, copy_share, warm_up as _warm_copy_watch
 from mkb.grader._trace import CallLimits, call_figures, classify, profile_call
@@ -457,10 +457,9 @@ class _Plan:
         del first
         if prefetch:
             kept = self.draws[0][1].nbytes() * cfg.n_expectations + self.input_bytes
-            fraction = PREFETCH_FREE_FRACTION if cfg.prefetch_fraction is None else cfg.prefetch_fraction
-            if not prefetch_fits(plan_bytes=kept, working_bytes=working, free_bytes=free, fraction=fraction):
+            if not prefetch_fits(plan_bytes=kept, working_bytes=working, free_bytes=free, fraction=cfg.prefetch_fraction):
                 raise PrefetchDeclined(f"the plan ({kept} B kept, {working} B working) exceeds "
-                                       f"{fraction:.4f} of the free device memory ({free} B)")
+                                       f"{free_fraction(cfg.prefetch_fraction):.4f} of the free device memory ({free} B)")
         for _ in range(cfg.draws - 1):
             seed = fresh_seed()
             self.draws.append((seed, keep(expect(mod, make(seed)))))

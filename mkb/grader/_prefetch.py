@@ -53,6 +53,12 @@ def plan_fields(job: dict) -> dict:
     return {k: job.get(k) for k in _PLAN_FIELDS}
 
 
+def free_fraction(fraction: float | None) -> float:
+    """The share of the free device memory a prefetch may use: `GraderConfig.prefetch_fraction`, None meaning the
+    shipped PREFETCH_FREE_FRACTION (resolved here only, so the gate and its refusal message read one value)."""
+    return PREFETCH_FREE_FRACTION if fraction is None else fraction
+
+
 def prefetch_fits(*, plan_bytes: int | None, working_bytes: int | None, free_bytes: int | None,
                   fraction: float | None = None) -> bool:
     """Whether a plan of `plan_bytes` kept (+ its first expectation's transient `working_bytes`) may be prepared beside
@@ -63,7 +69,7 @@ def prefetch_fits(*, plan_bytes: int | None, working_bytes: int | None, free_byt
         return True
     if plan_bytes is None or working_bytes is None:
         return False
-    return plan_bytes + working_bytes <= free_bytes * (PREFETCH_FREE_FRACTION if fraction is None else fraction)
+    return plan_bytes + working_bytes <= free_bytes * free_fraction(fraction)
 
 
 @dataclass(frozen=True)

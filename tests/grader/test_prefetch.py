@@ -130,7 +130,7 @@ def test_a_prepare_that_would_sample_or_crowd_the_device_is_declined(fake_dsl, c
     monkeypatch.setattr(_harness, "_free_bytes", lambda device: 1000)  # a "device" with 1000 B free
     monkeypatch.setattr(_harness, "needs_sampling", lambda *a, **k: False)
     reply = _harness.prepare({**_fields(cpu_config), "secret": 3})
-    assert not reply["ok"] and "free device memory" in reply["declined"] and not _harness._PREPARED
+    assert not reply["ok"] and "0.0625 of the free device memory" in reply["declined"] and not _harness._PREPARED
 
 
 # ---------------- the quiet rule: a prepare is a warm-up ----------------
