@@ -82,7 +82,36 @@ def _row(v) -> dict:
         "first_pass_segments": tim.figures.get("input_sets_first_pass_segments") if tim else None,
         "inputs_made": tim.figures.get("input_sets_made") if tim else None,
         "device_code": comp.figures.get("device_code") if comp else None,
+        "loop_split_s": tim.figures.get("loop_split_s") if tim else None,
+        "timing_loop_s": (v.phases_s or {}).get("worker.run.timing_loop"),
     }
+
+
+def loop_split_table(rows: list[dict]) -> dict[int, dict]:
+    """The candidate loop's wall by part (grader 2.21, mkb.measure.LOOP_PARTS), medians by problem beside the
+    `timing_loop` phase and the timed calls' own seconds. Why: on the H200 (grader 2.20) the phase took 0.15-0.18 s per
+    grading where the windows' device work is about a third of that, the largest piece of a warm grading's overhead
+    left; this says whether the rest is the windows' host side, making sets in a ring, or the hooks' checks."""
+    out: dict[int, dict] = {}
+    for r in rows:
+        if r.get("loop_split_s"):
+            out.setdefault(r["problem"], []).append(r)
+    table = {}
+    for prob, rs in sorted(out.items()):
+        parts = {k: statistics.median(r["loop_split_s"].get(k, 0.0) for r in rs) for k in rs[0]["loop_split_s"]}
+        table[prob] = {"n": len(rs), "median_s": parts,
+                       "timing_loop_s": statistics.median(r["timing_loop_s"] or 0.0 for r in rs),
+                       "timed_s": statistics.median(r["timed_s"] or 0.0 for r in rs)}
+    return table
+
+
+def _loop_split_line(head: str, tab: dict | None) -> list[str]:
+    if not tab:
+        return []
+    return [f"{head}: " + "; ".join(
+        f"{prob}: " + " ".join(f"{k} {v:.3f}" for k, v in c["median_s"].items())
+        + f" (phase timing_loop {c['timing_loop_s']:.3f}, timed calls {c['timed_s']:.3f}; n {c['n']})"
+        for prob, c in tab.items())]
 
 
 def device_code_table(rows: list[dict]) -> dict:
@@ -285,7 +314,7 @@ def backlog(*, problem: int = 72, dsls: tuple[str, ...] | None = None, repeats: 
                 "candidate_median_us": statistics.median([m for m in med if m is not None]) if any(med) else None,
                 "candidate_spread": _spread(med), "all_passed": all(r["passed"] for r in rows), "phases": phase_table(rows),
                 "eager": {"passed": first.passed, "wall_s": first.wall_s, "overhead_s": first.overhead_s},
-                "clock_warm": clock_warm_table(rows),
+                "clock_warm": clock_warm_table(rows), "loop_split": loop_split_table(rows),
             }
             log(f"[bench] backlog, problem {problem} {dsl}: prefetch {states}; overhead by phase ({len(rows)} gradings):\n"
                 + format_phases(out["dsls"][dsl]["phases"]))
@@ -418,7 +447,8 @@ def throughput(*, rounds: int = 3, dsls: tuple[str, ...] | None = None, config=N
            "steady_gradings": len(steady),
            "steady_gradings_per_gpu_hour": 3600.0 / statistics.fmean(steady) if steady else None,
            "quiet": quiet_table(quiet_for(device).history, since), "warm_start": warm_start_table(rows),
-           "timing_inputs": inputs_table(rows), "device_code": device_code_table(rows), "precompiler": made_ahead,
+           "timing_inputs": inputs_table(rows), "loop_split": loop_split_table(rows),
+           "device_code": device_code_table(rows), "precompiler": made_ahead,
            "quiet_replayed": dataclasses.asdict(replay_phases(list(quiet_for(device).history), since=since))}
     log("[bench] throughput: overhead by phase (every grading):\n" + format_phases(res["phases"]))
     log(f"[bench] throughput: {len(rows)} gradings of {len(base)} memory-bound baselines in {elapsed:.1f} s: "
@@ -593,6 +623,7 @@ def summary(res: dict) -> str:
                          f"{_f(c['idle_s_max_first_at_max'], '.3f')} s); warm-up median {_f(c['s_median'], '.3f')} s, "
                          f"{_f(c['s_median_first_at_max'], '.3f')} s when at max; ended by the clock reading {c['by_clock']}")
         lines += _largest_phases(f"FIGURE backlog overhead, problem {o['problem']} {dsl}", d)
+        lines += _loop_split_line(f"FIGURE backlog candidate loop by part (median s), {dsl}", d.get("loop_split"))
     for o in res.get("backlog") or []:
         lines += _quiet_line(f"FIGURE backlog quiet rule, problem {o['problem']}", o.get("quiet"))
     for c in res.get("committed") or []:
@@ -632,6 +663,7 @@ def _throughput_lines(t: dict) -> list[str]:
                      f"servers " + ", ".join(f"{dsl} ready in {i.get('seconds')} s" for dsl, i in sorted(pc["servers"].items())))
     lines += _quiet_line("FIGURE throughput quiet rule", t.get("quiet"))
     lines += _inputs_line("FIGURE throughput timing_inputs by problem (mean)", t.get("timing_inputs"))
+    lines += _loop_split_line("FIGURE throughput candidate loop by part (median s)", t.get("loop_split"))
     r = t.get("quiet_replayed")
     if r:
         lines.append(f"FIGURE throughput quiet rule replayed: {r['timing_phases']} timing phases, "

@@ -1081,6 +1081,7 @@ class _Evaluation:
             floor_hold_us=floor_hold_us,
             floor_tail_after_us_median=statistics.median(floor_tails_after) if floor_tails_after else None,
             host_us_median=statistics.median(rec.host_us) if rec.host_us else None, hold_us=rec.hold_us,
+            loop_split_s={part: round(s, 4) for part, s in rec.split_s.items()},
             eager_host_us_median=eager.get("host_us_median"),
             side_work_us=left_behind, quiet_wait_s=dict(quiet.waited_s), clock_warm=clock_warm,
             quiet_windows_monotonic={k: [round(x, 6) for x in v] for k, v in quiet.windows.items()},

@@ -144,6 +144,9 @@ class TimingFigures(_Figures):
     host_us_median: float | None = None  # the candidate's host dispatch per call (not in the time; mkb.measure)
     eager_host_us_median: float | None = None
     hold_us: float | None = None  # the SM hold in front of each timed window (mkb.measure.timed_loop's rule)
+    # the candidate loop's wall seconds by part (mkb.measure.LOOP_PARTS: inputs, before, window, after, between;
+    # grader 2.21): which part of `timing_loop` beyond the windows an overhead cut would aim at
+    loop_split_s: dict[str, float] | None = None
     side_work_us: float | None = None
     quiet_wait_s: dict[str, float] | None = None
     quiet_windows_monotonic: dict[str, list[float]] | None = None

@@ -13,12 +13,12 @@ from mkb.measure._sol import GPU_PEAKS, GpuPeaks, SpeedOfLight, gpu_peaks, speed
 from mkb.measure._timing import (
     FIRST_PASSES, FLUSH_KIND, HOLD_MAX_US, HOLD_MIN_US, HOLD_US, MIN_TIMED, MIN_WARMUP, TIMING_POLICY, UPSTREAM_POLICY, UPSTREAM_TIMED, UPSTREAM_WARMUP, InputStream, InputsMade, L2Flusher, one_cpu_thread, SmHold, sm_hold,
     HoldBinary, build_hold_binary, hold_cycles, hold_launch,
-    LoopRecord, Timing, l2_bytes, perf_window, reference_numerics, timed_loop, summarize, tensor_bytes, side_work_us, stream_window, time_calls, time_problem_fn,
+    LOOP_PARTS, LoopRecord, Timing, l2_bytes, perf_window, reference_numerics, timed_loop, summarize, tensor_bytes, side_work_us, stream_window, time_calls, time_problem_fn,
     time_upstream, wait_device,
 )
 
 __all__ = [
-    "LoopRecord", "perf_window", "timed_loop", "HOLD_US", "HOLD_MIN_US", "HOLD_MAX_US", "SmHold", "sm_hold", "HoldBinary", "build_hold_binary", "hold_cycles", "hold_launch",
+    "LOOP_PARTS", "LoopRecord", "perf_window", "timed_loop", "HOLD_US", "HOLD_MIN_US", "HOLD_MAX_US", "SmHold", "sm_hold", "HoldBinary", "build_hold_binary", "hold_cycles", "hold_launch",
     "UPSTREAM_POLICY", "UPSTREAM_TIMED", "UPSTREAM_WARMUP", "reference_numerics", "time_upstream",
     "SmClock", "CHECKED_ARCHS", "GPU_MODELS", "GpuModel", "UnsupportedGpu", "arch_of", "detect_arch", "identify_gpu", "query_gpu",
     "machine_of", "model_of",

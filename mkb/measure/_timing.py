@@ -533,6 +533,11 @@ def _segments_allocated() -> int | None:
         return None
 
 
+# the parts of a timing loop's wall time (LoopRecord.split_s): inputs: `inputs(i)`; before: `before_call`; window: the
+# whole `window` (sync, flush, hold, the call, its tail); after: `after_call`; between: `between_calls`
+LOOP_PARTS = ("inputs", "before", "window", "after", "between")
+
+
 @dataclass
 class LoopRecord:
     """What `timed_loop` measured so far (the hooks see it while it runs)."""
@@ -543,6 +548,10 @@ class LoopRecord:
     calls: int = 0  # warm-ups included
     hold_us: float | None = None  # the SM hold the timed calls ran behind (set from the warm-ups' dispatch)
     stopped_after: int | None = None  # the timed call after which `between_calls` stopped the loop
+    # the loop's wall seconds by part (LOOP_PARTS), every call's warm-ups included: where a loop's time goes outside
+    # its windows (making sets in a ring, the hooks' checks and re-checks, profiled calls), read by perf_counter
+    # outside every window
+    split_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOOP_PARTS, 0.0))
 
 
 def timed_loop(fn: Callable[..., Any], inputs: Callable[[int], Sequence[Any]], *, warmup: int, timed: int,
@@ -576,12 +585,21 @@ def timed_loop(fn: Callable[..., Any], inputs: Callable[[int], Sequence[Any]], *
         finally:
             host[0] = (time.perf_counter() - t0) * 1e6
 
+    split = rec.split_s
+    clock = time.perf_counter
     for i in range(warmup + timed):
         k = i - warmup
+        t0 = clock()
         args = inputs(i)
+        t1 = clock()
         if before_call is not None:
             before_call(i)
+        t2 = clock()
         result, us, tail = window(lambda: call(args))
+        t3 = clock()
+        split["inputs"] += t1 - t0
+        split["before"] += t2 - t1
+        split["window"] += t3 - t2
         rec.calls += 1
         if k >= 0:
             rec.times_us.append(us)
@@ -589,14 +607,19 @@ def timed_loop(fn: Callable[..., Any], inputs: Callable[[int], Sequence[Any]], *
             rec.host_us.append(host[0])
         else:
             warm_host.append(host[0])
+        t4 = clock()
         if after_call is not None:
             after_call(k, result, args, us)
         del result
+        t5 = clock()
+        split["after"] += t5 - t4
         if hold is not None and k == -1:
             longest = sorted(warm_host)[-2] if len(warm_host) >= 4 else max(warm_host)  # one host hiccup is not the call's
             hold.set_us(min(HOLD_MAX_US, max(HOLD_MIN_US, 2.0 * longest)))
             rec.hold_us = hold.us
-        if between_calls is not None and between_calls(k, rec):
+        stop = between_calls is not None and between_calls(k, rec)
+        split["between"] += clock() - t5
+        if stop:
             rec.stopped_after = k
             break
     if hold is not None:

@@ -108,6 +108,10 @@ def test_queue_verdicts_attribute_every_second(tmp_path, fake_dsl, cpu_config, s
         made = t.input_sets_made  # grader 2.19: the phase split (first pass, sets, CPU) beside the allocator's counters
         assert made["sets_made"] == t.input_sets_alive and made["device_frees"] is None
         assert made["first_pass_s"] + made["make_s"] <= ph["worker.run.timing_inputs"] + 1e-3
+        split = t.loop_split_s  # grader 2.21: the candidate loop by part, all inside its phases
+        assert set(split) == {"inputs", "before", "window", "after", "between"} and split["window"] > 0
+        loop_phases = ph["worker.run.timing_loop"] + ph.get("worker.run.profiled_calls", 0.0) + ph["kernel.timed"]
+        assert sum(split.values()) <= loop_phases + 2e-3
     # the eager timing is measured once per session: the first grading has it, the second not
     assert "worker.trusted.eager_timing" in first.phases_s and "worker.trusted.eager_timing" not in second.phases_s
     details = _verdict_details(store)
@@ -164,6 +168,7 @@ def test_grader_bench_sections_print_overhead_by_phase_and_respect_the_budget(gr
     assert "n/a" in bench.summary({"throughput": t}) or t["gradings"]  # nothing finished: printed, not a crash
     text = bench.summary({"overhead": [o], "throughput": full})
     assert "FIGURE overhead per evaluation" in text and "largest phases" in text and "eager and reference timings cached" in text
+    assert "FIGURE throughput candidate loop by part (median s): 28: inputs " in text
 
 
 def test_grader_bench_attributes_a_committed_pre_2_4_store(repo_script):

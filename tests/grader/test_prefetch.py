@@ -459,6 +459,26 @@ def test_grader_bench_tables_timing_inputs_by_problem(repo_script):
     assert line.endswith("made [1.86 s: first pass 1.60 + sets 0.25, cpu 0.31, mallocs 260 frees 0 retries 0])")
 
 
+def test_grader_bench_tables_the_candidate_loop_by_part(repo_script):
+    """Each problem's loop split (grader 2.21) as medians by part beside the phase; gradings without it are left out."""
+    bench = repo_script("benchmarks/grader_bench.py")
+
+    def row(problem: int, window: float, after: float, loop: float, timed: float) -> dict:
+        return {"problem": problem, "timing_loop_s": loop, "timed_s": timed,
+                "loop_split_s": {"inputs": 0.001, "before": 0.002, "window": window, "after": after, "between": 0.0}}
+
+    rows = [row(25, 0.08, 0.06, 0.18, 0.003), row(25, 0.10, 0.02, 0.16, 0.002), row(25, 0.09, 0.04, 0.17, 0.004),
+            row(1, 0.07, 0.05, 0.15, 0.012), {"problem": 28, "loop_split_s": None, "timing_loop_s": 0.2, "timed_s": 0.01}]
+    tab = bench.loop_split_table(rows)
+    assert list(tab) == [1, 25]  # problem 28's grading recorded no split (a grader before 2.21)
+    assert tab[25]["n"] == 3 and tab[25]["median_s"]["window"] == pytest.approx(0.09)
+    assert tab[25]["median_s"]["after"] == pytest.approx(0.04) and tab[25]["timing_loop_s"] == pytest.approx(0.17)
+    (line,) = bench._loop_split_line("FIGURE x", tab)
+    assert line.startswith("FIGURE x: 1: inputs 0.001 before 0.002 window 0.070 after 0.050 between 0.000 "
+                           "(phase timing_loop 0.150, timed calls 0.012; n 1); 25: ")
+    assert bench._loop_split_line("FIGURE x", {}) == []
+
+
 def test_grader_bench_quiet_table_times_warm_ups_prefetches_and_deferred_gos(repo_script):
     bench = repo_script("benchmarks/grader_bench.py")
     history = [(0.5, "imported", 9), (0.6, "go", 9), (1.0, "warmed", 9),  # before `since`: not counted

@@ -127,3 +127,34 @@ def test_the_timed_calls_run_behind_a_hold_of_twice_the_warm_ups_dispatch_within
         assert holds_at_call[:5] == [1000.0] * 5  # warm-ups behind the default
         assert holds_at_call[5:] == pytest.approx([expect] * 4) and rec.hold_us == pytest.approx(expect)
         assert hold.us == hold.default_us  # restored
+
+
+def test_the_loop_splits_its_wall_time_into_its_parts(monkeypatch) -> None:
+    """Each part of a call gets exactly the seconds spent in it (a fake clock each part advances by its own amount),
+    warm-ups included, and a loop stopped early counts only the calls it ran."""
+    import types
+
+    from mkb.measure import _timing
+    from mkb.measure import LOOP_PARTS, timed_loop
+
+    now = [0.0]
+    monkeypatch.setattr(_timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def spend(s: float):
+        now[0] += s
+
+    def window(f):
+        spend(0.010)
+        return f(), 5.0, 1.0
+
+    def between(k, rec) -> bool:
+        spend(0.300)
+        return k == 2  # stop after the third timed call
+
+    rec = timed_loop(lambda x: spend(0.0001) or x, lambda i: spend(0.002) or (i,), warmup=2, timed=10,
+                     window=window, before_call=lambda i: spend(0.0005), after_call=lambda k, r, a, us: spend(0.04),
+                     between_calls=between)
+    calls = 2 + 3
+    assert rec.calls == calls and rec.stopped_after == 2 and set(rec.split_s) == set(LOOP_PARTS)
+    want = {"inputs": 0.002, "before": 0.0005, "window": 0.0101, "after": 0.04, "between": 0.3}
+    assert rec.split_s == pytest.approx({k: v * calls for k, v in want.items()})
