@@ -68,34 +68,52 @@ def static_table(klass: type) -> dict[str, Any]:
     return table
 
 
+def _namespace(obj: Any) -> dict[str, Any]:
+    """What a space's names resolve to: a class's lookup table through its MRO, unbound (so Tensor.mean set on
+    torch.Tensor, shadowing TensorBase.mean, counts as a change); a module's vars() (lazy __getattr__ never fires)."""
+    return static_table(obj) if isinstance(obj, type) else vars(obj)
+
+
 @dataclass(frozen=True)
 class Identities:
     """id() of every watched callable, keyed 'space.name' (vars(), so lazy module __getattr__ never fires)."""
 
     ids: dict[str, int]
+    # per space, its watched (name, object) pairs, the objects held so that no id is reused while watched: what
+    # `changed` looks up again, name by name
+    by_space: dict[str, tuple[tuple[str, Any], ...]]
 
     @classmethod
     def take(cls) -> "Identities":
-        ids = {}
+        ids: dict[str, int] = {}
+        by_space: dict[str, tuple[tuple[str, Any], ...]] = {}
         for space, obj in _spaces().items():
-            if isinstance(obj, type):
-                # classes: what attribute lookup finds through the MRO, unbound (so Tensor.mean set on
-                # torch.Tensor, shadowing TensorBase.mean, counts as a change)
-                table = static_table(obj)
-                for name in dir(obj):
-                    v = table.get(name, _MISSING)
-                    if v is not _MISSING and _watchable(v):
-                        ids[f"{space}.{name}"] = id(v)
-            else:
-                for name, v in list(vars(obj).items()):
-                    if _watchable(v):
-                        ids[f"{space}.{name}"] = id(v)
-        return cls(ids)
+            table = _namespace(obj)
+            names = dir(obj) if isinstance(obj, type) else list(table)  # a class: the names its instances show
+            pairs = []
+            for name in names:
+                v = table.get(name, _MISSING)
+                if v is not _MISSING and _watchable(v):
+                    pairs.append((name, v))
+                    ids[f"{space}.{name}"] = id(v)
+            by_space[space] = tuple(pairs)
+        return cls(ids, by_space)
 
     def changed(self) -> list[str]:
-        """Names rebound or deleted since the snapshot (names added since are not watched)."""
-        now = Identities.take().ids
-        return sorted(k for k, v in self.ids.items() if now.get(k) != v)
+        """Names rebound or deleted since the snapshot (names added since are not watched).
+
+        Each watched name is looked up again where the snapshot found it and must still be the very object it found
+        (grader 2.21; before, the whole snapshot was taken again, walking dir() of every watched class, and compared
+        by id: 3.3 ms against 0.4 ms on a 2-core host, and the guard checks identities after every stage and
+        verification draw). A name is changed when its space is gone, or it is gone from the space or bound to another
+        object."""
+        spaces = _spaces()
+        out = []
+        for space, pairs in self.by_space.items():
+            obj = spaces.get(space)
+            table = _namespace(obj) if obj is not None else {}
+            out.extend(f"{space}.{name}" for name, v in pairs if table.get(name, _MISSING) is not v)
+        return sorted(out)
 
 
 def numerics_flags() -> dict[str, Any]:

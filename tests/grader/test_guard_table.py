@@ -68,3 +68,42 @@ def test_a_rebound_event_method_is_seen(monkeypatch, name):
     before = Identities.take()
     monkeypatch.setattr(torch.cuda.Event, name, lambda *a, **k: 0.0)
     assert f"torch.cuda.Event.{name}" in before.changed()
+
+
+def test_changed_looks_each_watched_name_up_again_by_object_not_by_a_new_snapshot(monkeypatch):
+    """Grader 2.21's `changed`: a deleted, rebound, non-callable or equal-but-other object is a change, a space that is
+    gone changes all its names, and a metaclass that hides names from dir() after the snapshot hides nothing."""
+    import types
+
+    from mkb.grader import _guards
+
+    class Meta(type):
+        pass
+
+    class Watched(metaclass=Meta):
+        def f(self):
+            return 1
+
+        def g(self):
+            return 2
+
+        def h(self):
+            return 3
+
+    mod = types.ModuleType("fake_space")
+    mod.fn = len
+    mod.other = abs
+    spaces = {"fake_space": mod, "fake_space.Watched": Watched}
+    monkeypatch.setattr(_guards, "_spaces", lambda: dict(spaces))
+    before = Identities.take()
+    assert {"fake_space.fn", "fake_space.Watched.f", "fake_space.Watched.h"} <= set(before.ids)
+    assert before.changed() == []
+    Meta.__dir__ = lambda cls: []  # hide every name from dir() after the snapshot
+    Watched.f = lambda self: 1  # rebound
+    del Watched.g  # deleted
+    Watched.h = 3  # no longer callable
+    mod.fn = (lambda f: f)(len)  # the same object again: not a change
+    mod.other = lambda x: abs(x)  # an equal-behaving, other object
+    assert before.changed() == ["fake_space.Watched.f", "fake_space.Watched.g", "fake_space.Watched.h", "fake_space.other"]
+    del spaces["fake_space"]  # the space itself gone
+    assert "fake_space.fn" in before.changed()
