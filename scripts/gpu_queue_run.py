@@ -281,6 +281,7 @@ def conclude(summary: dict, all_cases: list[Case], *, log=None) -> None:
     e = summary["queue_effect"]
     if log and e:
         unknown = f"; not known to: {e['left_out_unknown']}" if e.get("left_out_unknown") else ""
+        unknown += f"; missing a planned round: {e['left_out_unbalanced']}" if e.get("left_out_unbalanced") else ""
         log(f"EFFECT over {e['jobs']} jobs that only work on the device (left out, reading the host: {e['left_out_host'] or 'none'}{unknown}): "
             f"{_effect_text(e)}; one grading against one: serial-serial "
             f"median {'-' if e['same_arm_median'] is None else format(e['same_arm_median'] * 100, '.2f')}% "
@@ -301,6 +302,17 @@ def made_text(v) -> str:
             (f" hits {d['hits']}" if d.get("hits") is not None else "") + (f" [{d['note'][:80]}]" if d.get("note") else ""))
 
 
+def planned_rounds(plan: list | None) -> dict[str, int] | None:
+    """Rounds per side of an interleaved plan (more than one step on a side), None for one pass each way (whose
+    comparison takes whatever rounds ran, as before) or a summary written before plans were recorded."""
+    if not plan:
+        return None
+    steps = [side for side, _ in plan]
+    if steps.count("serial") < 2 and steps.count("queue") < 2:
+        return None
+    return {side: sum(len(rounds) for s, rounds in plan if s == side) for side in ("serial", "queue")}
+
+
 def queue_effect(summary: dict) -> dict | None:
     """The queue's effect on the median over every job that only works on the device: per job its queue gradings' mean
     against its serial gradings' mean (signed), then the mean of those over jobs with its standard error, judged within
@@ -310,7 +322,11 @@ def queue_effect(summary: dict) -> dict | None:
     rounds a job's pooled means can be 0.5% apart with no queue effect at all; the queue would show as a shift shared by
     the jobs, which the mean over jobs reads to a fraction of that. Jobs with a grading that read the host are left
     out and named, and so are jobs with a passing grading whose `host_syncs` is unknown (nothing profiled, or a summary
-    older than the figure: `--rejudge` with `--store` fills it in); None without a job graded both ways."""
+    older than the figure: `--rejudge` with `--store` fills it in); None without a job graded both ways. Under an
+    interleaved plan (`--order abba`, the summary's `plan`) a job that lacks a planned round on either side is left out
+    and named too (`left_out_unbalanced`): the design cancels a drift only over whole S Q Q S blocks, and a budget that
+    cut the last round (h200-grader-2-20-queue-abba: 10 of its 20 jobs) leaves those jobs read against one side's
+    earlier rounds alone."""
     rows: dict[str, dict[str, list]] = {}
     host: set[str] = set()
     unknown: set[str] = set()
@@ -324,13 +340,18 @@ def queue_effect(summary: dict) -> dict | None:
             if (v.get("host_syncs") or 0) > 0:
                 host.add(job)
     unknown -= host
-    jobs = {j: r for j, r in rows.items() if r["serial"] and r["queue"] and j not in host and j not in unknown}
+    planned = planned_rounds(summary.get("plan"))
+    unbalanced = {j for j, r in rows.items() if planned and (len(r["serial"]) < planned["serial"] or
+                                                             len(r["queue"]) < planned["queue"])} - host - unknown
+    jobs = {j: r for j, r in rows.items()
+            if r["serial"] and r["queue"] and j not in host and j not in unknown and j not in unbalanced}
     if not jobs:
         return None
     diffs = [statistics.fmean(r["queue"]) / statistics.fmean(r["serial"]) - 1 for r in jobs.values()]
     same = [abs(b / a - 1) for r in jobs.values() for i, a in enumerate(r["serial"]) for b in r["serial"][i + 1:]]
     cross = [abs(b / a - 1) for r in jobs.values() for a in r["serial"] for b in r["queue"]]
     return {"jobs": len(jobs), "left_out_host": sorted(host & set(rows)), "left_out_unknown": sorted(unknown & set(rows)),
+            "left_out_unbalanced": sorted(unbalanced),
             "per_job": dict(zip(jobs, diffs)), **_over_jobs(diffs),
             "same_arm_pairs": len(same), "same_arm_median": statistics.median(same) if same else None,
             "same_arm_over_tol": sum(x > MEDIAN_TOL for x in same),

@@ -474,3 +474,26 @@ def test_replays_of_several_queue_steps_add_up() -> None:
     assert qr.merged_replays(None, a) == a
     assert qr.merged_replays(a, b) == {"timing_phases": 5, "beside_timing": ["y"], "warm_ups_beside_timing": 1,
                                        "go_beside_timing": ["x"], "beside_teardown": 2}
+
+
+def test_under_an_interleaved_plan_a_job_missing_a_planned_round_is_left_out_and_named() -> None:
+    import pytest
+
+    full = [_job(key=f"baseline/{p}/cute", serial=[100.0, 100.4], queue=[100.0, 100.4]) for p in (1, 25, 28)]
+    cut = _job(key="baseline/72/cute", serial=[100.0], queue=[103.0, 103.0])  # its last serial round never ran
+    serial = {k: v for j in full + [cut] for k, v in j["serial"].items()}
+    queue = {k: v for j in full + [cut] for k, v in j["queue"].items()}
+    cases = [qr.Case(f"baseline/{p}/cute", p, "cute", Path("b.py"), None) for p in (1, 25, 28, 72)]
+    s = {**_summary(serial, queue), "plan": [["serial", [0]], ["queue", [0, 1]], ["serial", [1]]]}
+    lines: list[str] = []
+    qr.conclude(s, cases, log=lambda *a: lines.append(" ".join(map(str, a))))
+    e = s["queue_effect"]
+    assert e["jobs"] == 3 and e["left_out_unbalanced"] == ["baseline/72/cute"] and e["mean"] == pytest.approx(0.0)
+    assert any("missing a planned round: ['baseline/72/cute']" in line for line in lines)
+    # one pass each way (no plan recorded, or --order passes): whatever rounds ran are read, as before
+    for plan in (None, [["serial", [0, 1]], ["queue", [0, 1]]]):
+        s2 = {**_summary(serial, queue), **({"plan": plan} if plan else {})}
+        qr.conclude(s2, cases)
+        assert s2["queue_effect"]["jobs"] == 4 and s2["queue_effect"]["left_out_unbalanced"] == []
+    assert qr.planned_rounds([["serial", [0]], ["queue", [0, 1]], ["serial", [1, 2]], ["queue", [2, 3]], ["serial", [3]]]) \
+        == {"serial": 4, "queue": 4}
