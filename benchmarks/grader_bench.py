@@ -37,7 +37,6 @@ import concurrent.futures
 import dataclasses
 import json
 import os
-import tarfile
 import tempfile
 import statistics
 import sys
@@ -585,8 +584,8 @@ def main(argv: list[str] | None = None) -> None:
     if out is not None:
         (out / "grader_bench.json").write_text(text)
         if store and os.path.isdir(store):
-            with tarfile.open(out / "events.tar.gz", "w:gz") as tar:
-                tar.add(store, arcname=a.name)
+            from mkb.events import pack_dataset
+            pack_dataset(store, out / "events.tar.gz", arcname=a.name)
 
 
 def _f(x: float | None, spec: str) -> str:

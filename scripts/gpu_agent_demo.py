@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         ok = ok and verdicts is not None and verdicts.height == 8 and sum(verdicts["passed"].to_list()) == 4
     summary["ok"] = ok
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    with tarfile.open(out / "events.tar.gz", "w:gz") as t:
-        t.add(store, arcname="events")
+    from mkb.events import pack_dataset
+    pack_dataset(store, out / "events.tar.gz", arcname="events")
     with tarfile.open(out / "workspaces.tar.gz", "w:gz") as t:
         for ws in sorted(runs.glob("*/workspace")):
             t.add(ws, arcname=ws.parent.name)

@@ -42,7 +42,6 @@ import contextlib
 import json
 import os
 import sys
-import tarfile
 import time
 import traceback
 from pathlib import Path
@@ -375,8 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         _print_against(summary["against"])
     summary["elapsed_s"] = time.monotonic() - t0
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    with tarfile.open(out / "events.tar.gz", "w:gz") as tar:
-        tar.add(store, arcname=a.name)
+    from mkb.events import pack_dataset
+    pack_dataset(store, out / "events.tar.gz", arcname=a.name)
     log(f"done in {summary['elapsed_s']:.0f} s")
     return 0
 

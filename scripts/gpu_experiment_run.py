@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -130,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = rep.complete and not rep.excluded and ver.filter(pl.col("scope") == "pair").height == rep.done
     summary["ok"] = ok
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    with tarfile.open(out / "events.tar.gz", "w:gz") as t:
-        t.add(store, arcname="events")
+    from mkb.events import pack_dataset
+    pack_dataset(store, out / "events.tar.gz", arcname="events")
     print(f"{'OK' if ok else 'INCOMPLETE'}: {rep.done}/{rep.total} attempts, {ver.height} verdicts "
           f"({ver.filter(pl.col('scope') == 'pair').height} pair), {summary['seconds']} s", flush=True)
     return 0 if ok else 1

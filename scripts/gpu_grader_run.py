@@ -28,7 +28,6 @@ import os
 import platform
 import subprocess
 import sys
-import tarfile
 import time
 import traceback
 from pathlib import Path
@@ -331,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["elapsed_s"] = time.monotonic() - t_start
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     if jsonl is None:
-        with tarfile.open(out / "events.tar.gz", "w:gz") as tar:
-            tar.add(store, arcname=a.name)
+        from mkb.events import pack_dataset
+        pack_dataset(store, out / "events.tar.gz", arcname=a.name)
     log("RED-TEAM TABLE")
     for name, cells in table.items():
         log(f"  {name:30s} " + "  ".join(f"{d}: {c['reason']}{'' if c['ok'] else ' (MISMATCH)'}" for d, c in cells.items()))

@@ -55,7 +55,6 @@ import os
 import re
 import statistics
 import sys
-import tarfile
 import threading
 import time
 import traceback
@@ -140,9 +139,8 @@ def write_outputs(out: Path, summary: dict, *, stage: str, store: Path | None, n
     (out / "summary.json.tmp").write_text(json.dumps(summary, indent=1, default=str))
     os.replace(out / "summary.json.tmp", out / "summary.json")
     if store is not None:
-        with tarfile.open(out / "events.tar.gz.tmp", "w:gz") as tar:
-            tar.add(store, arcname=name)
-        os.replace(out / "events.tar.gz.tmp", out / "events.tar.gz")
+        from mkb.events import pack_dataset
+        pack_dataset(store, out / "events.tar.gz", arcname=name)
 
 
 def job_of(key: str) -> str:
