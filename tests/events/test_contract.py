@@ -115,7 +115,7 @@ def test_sigkill_mid_flush_leaves_no_partial_file_and_loses_nothing_flushed(stor
     df = read("annotation", store_url, report=report)
     assert sorted(df["reason"].cast(int).to_list()) == list(range(100))
     assert report.skipped == {}
-    assert len(_names(store_url, "annotation")) == 1, res
+    assert len(_names(store_url, "annotation")) == 1, _names(store_url, "annotation")
 
 
 def test_eight_writer_processes_lose_and_duplicate_nothing(store_url, multiprocess):
