@@ -13,6 +13,6 @@ from mkb.events._writer import EventWriter, rows_to_table, write_table
 
 __all__ = [
     "EventWriter", "ExclusiveCreateUnsupported", "FileInfo", "KindSchema", "Lease", "LeaseInfo", "LeaseLost", "ListingChanged", "NewerSchemaError", "ScanReport",
-    "SchemaError", "SeqBlock", "pack_dataset", "SeqExhausted", "Store", "StoreError", "iter_batches", "read", "read_batches", "register_upcaster", "resolve_store", "rows_to_table", "scan", "schema_for",
+    "SchemaError", "SeqBlock", "SeqExhausted", "Store", "StoreError", "iter_batches", "pack_dataset", "read", "read_batches", "register_upcaster", "resolve_store", "rows_to_table", "scan", "schema_for",
     "schemas", "uuid7", "write_table",
 ]

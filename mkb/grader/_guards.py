@@ -76,28 +76,26 @@ def _namespace(obj: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Identities:
-    """id() of every watched callable, keyed 'space.name' (vars(), so lazy module __getattr__ never fires)."""
+    """Every watched callable, per space (vars(), so lazy module __getattr__ never fires)."""
 
-    ids: dict[str, int]
     # per space, its watched (name, object) pairs, the objects held so that no id is reused while watched: what
     # `changed` looks up again, name by name
     by_space: dict[str, tuple[tuple[str, Any], ...]]
 
+    @property
+    def ids(self) -> dict[str, int]:
+        """id() of every watched callable, keyed 'space.name'."""
+        return {f"{space}.{name}": id(v) for space, pairs in self.by_space.items() for name, v in pairs}
+
     @classmethod
     def take(cls) -> "Identities":
-        ids: dict[str, int] = {}
         by_space: dict[str, tuple[tuple[str, Any], ...]] = {}
         for space, obj in _spaces().items():
             table = _namespace(obj)
             names = dir(obj) if isinstance(obj, type) else list(table)  # a class: the names its instances show
-            pairs = []
-            for name in names:
-                v = table.get(name, _MISSING)
-                if v is not _MISSING and _watchable(v):
-                    pairs.append((name, v))
-                    ids[f"{space}.{name}"] = id(v)
-            by_space[space] = tuple(pairs)
-        return cls(ids, by_space)
+            by_space[space] = tuple((name, v) for name in names
+                                    if (v := table.get(name, _MISSING)) is not _MISSING and _watchable(v))
+        return cls(by_space)
 
     def changed(self) -> list[str]:
         """Names rebound or deleted since the snapshot (names added since are not watched).
