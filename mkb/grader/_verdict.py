@@ -147,6 +147,9 @@ class TimingFigures(_Figures):
     # the candidate loop's wall seconds by part (mkb.measure.LOOP_PARTS: inputs, before, window, after, between;
     # grader 2.21): which part of `timing_loop` beyond the windows an overhead cut would aim at
     loop_split_s: dict[str, float] | None = None
+    # grader 2.22: the seconds of `loop_split_s["after"]` spent comparing the re-checked calls' outputs (the rest is the
+    # guard's per-call check)
+    recheck_s: float | None = None
     side_work_us: float | None = None
     quiet_wait_s: dict[str, float] | None = None
     quiet_windows_monotonic: dict[str, list[float]] | None = None

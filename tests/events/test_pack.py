@@ -42,3 +42,20 @@ def test_packing_again_replaces_the_tar_whole_and_a_missing_store_is_named(tmp_p
     assert read("annotation", str(tmp_path / "y" / "d")).height == 3
     with pytest.raises(FileNotFoundError, match="no event store at .*hint"):
         pack_dataset(tmp_path / "missing", tmp_path / "m.tar.gz", arcname="m")
+
+
+def test_a_host_without_polars_packs_the_files_as_written_and_says_how_to_compact(tmp_path, monkeypatch):
+    """The lent H200 hosts have pyarrow but not polars: the run's dataset is packed whole, not lost to the import."""
+    import mkb.events._pack as P
+
+    url = tmp_path / "ds"
+    _store_of_small_files(str(url), 3)
+    before = read("annotation", str(url)).sort("event_id")
+    monkeypatch.setattr(P, "_can_compact", lambda: False)
+    said: list[str] = []
+    out = pack_dataset(url, tmp_path / "events.tar.gz", arcname="h200-raw", log=said.append)
+    with tarfile.open(out) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    assert len(list((tmp_path / "x" / "h200-raw" / "kind=annotation").glob("*.parquet"))) == 3  # as written
+    assert read("annotation", str(tmp_path / "x" / "h200-raw")).sort("event_id").equals(before)
+    assert len(said) == 1 and "not compacted" in said[0] and "mkb-run compact" in said[0]
