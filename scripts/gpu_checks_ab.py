@@ -260,9 +260,11 @@ def _eager_here(pool, *, on: bool):
 # worker times the eager itself: `_eager_here`); make = timing policy v5's first pass (whole sets made twice), which
 # v6's "allocate" replaced (events/h200-checks-ab-allocate ran it the other way round, under grader 2.7); floorhold = the
 # side-work check's empty calls behind the shortest hold (150 us, not 1 ms): do their tails, the medians and the
-# side_stream form's rejection stay while the grading saves ~0.05 s of GPU time (issue #10)?
+# side_stream form's rejection stay while the grading saves ~0.05 s of GPU time (issue #10)?; clockwarm = grader 2.22's
+# clock warm-up (at least 30 ms even when the clock reads boosted), against 2.23's one round: do the medians stay?
 B_ARMS: dict[str, dict] = {"rules": {"early_stop": False, "n_profiled": 0}, "eager": {}, "make": {"set_first_pass": "make"},
-                           "allocate": {"set_first_pass": "allocate"}, "floorhold": {"floor_hold_us": 150.0}}
+                           "allocate": {"set_first_pass": "allocate"}, "floorhold": {"floor_hold_us": 150.0},
+                           "clockwarm": {"clock_warm_min_s": 0.03}}
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
@@ -276,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                          "first grading in a session does; make = the grader with set_first_pass='make' (timing "
                          "policy v5: the timed sets made twice); allocate = set_first_pass='allocate', the default since "
                          "grader 2.8 (an A/A run there); floorhold = floor_hold_us=150 (the side-work floor's empty "
-                         "calls behind the shortest hold)")
+                         "calls behind the shortest hold); clockwarm = clock_warm_min_s=0.03 (grader 2.22's clock warm-up)")
     ap.add_argument("--depth", type=int, default=3, help="the pool's warm spares (2 left gradings waiting for a worker's start)")
     ap.add_argument("--rounds", type=int, default=1, help="ABBA rounds per baseline (each adds one A and one B grading per pass pair)")
     ap.add_argument("--problems", default="", help="comma-separated problem numbers to grade (default: every baseline)")

@@ -44,6 +44,10 @@ class GraderConfig:
     wall_limit_s: float = 600.0  # the whole evaluation after the worker was ready
     start_limit_s: float = 180.0  # a worker's imports and CUDA init
     clock_warm_s: float = 0.3  # busy GPU time before each timing loop so clocks are boosted
+    # the clock warm-up's shortest run (s): None = as shipped since 2.23, one round when the SM clock reads boosted
+    # both before it and after that round, else at least CLOCK_WARM_MIN_S (30 ms); a number is that minimum always (an A/B
+    # arm: 0.03 is grader 2.22's rule; every recorded H200 grading read boosted before any work, 2,197 of 2,197)
+    clock_warm_min_s: float | None = None
     eager_timed: int | None = None  # defaults to n_timed
     gpu_arch: str | None = None  # the DSL target; None: detected from the device (mkb.measure.detect_arch)
     allow_unchecked_gpu: bool = False  # grade on a known GPU whose architecture is not in mkb.measure.CHECKED_ARCHS
@@ -109,6 +113,9 @@ class GraderConfig:
         if self.prefetch_fraction is not None and not 0 < self.prefetch_fraction <= 0.25:
             raise ValueError(f"GraderConfig.prefetch_fraction must be in (0, 0.25] (or None: 1/16), not {self.prefetch_fraction!r}"
                              "\nhint: the grading in flight keeps a quarter of the free memory for its input sets")
+        if self.clock_warm_min_s is not None and not 0 <= self.clock_warm_min_s <= self.clock_warm_s:
+            raise ValueError(f"GraderConfig.clock_warm_min_s must be None or within 0..clock_warm_s ({self.clock_warm_s}), "
+                             f"not {self.clock_warm_min_s!r}")
         if self.sample_positions < 1:
             raise ValueError(f"GraderConfig.sample_positions must be >= 1, not {self.sample_positions}")
 
