@@ -41,6 +41,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -218,6 +219,48 @@ def policy_of_store(summary_path: str, summary: dict) -> str:
     return found.pop()
 
 
+def host_reading(summary_path: str, summary: dict) -> dict[str, int | None]:
+    """Per baseline, the most host syncs one profiled call of its gradings made (None: nothing profiled), read from the
+    integrity events of the dataset the summary sits in (`<dataset>/logs/summary.json`); {} where that store cannot be
+    read (every baseline is then unknown, so none enters the effect). Why: a call that reads device data on the host
+    repeats only within its own wide spread (problem 23: 40-120% grading to grading), so an arm's effect on the medians
+    is read over the calls that only work on the device, as gpu_queue_run's EFFECT is."""
+    from gpu_queue_run import host_syncs
+
+    from mkb.events import read
+
+    store = Path(summary_path).resolve().parent.parent
+    ids = {v["evaluation_id"]: key for key, tags in summary["rows"].items() for v in tags.values() if v.get("evaluation_id")}
+    try:
+        t = read("integrity", str(store))
+    except Exception:  # noqa: BLE001 - no store beside the summary: nothing is known
+        return {}
+    out: dict[str, int | None] = {}
+    for e, d in zip(t["evaluation_id"].to_list(), t["details"].to_list()):
+        if e in ids:
+            n = host_syncs(json.loads(d) if d else None)
+            key = ids[e]
+            out[key] = n if key not in out else (None if n is None or out[key] is None else max(n, out[key]))
+    return out
+
+
+def arm_effect(cmp: list[dict], host: dict[str, int | None]) -> dict | None:
+    """B against A over the baselines that only work on the device: per baseline its B gradings' mean against its A
+    gradings' mean (signed), then their mean over baselines with its standard error, within 0.5% when mean +- 2 se is
+    (gpu_queue_run's rule for the queue's effect). Baselines that read the host, or whose host syncs are unknown, are
+    left out and named. None when no baseline is left."""
+    from gpu_queue_run import _over_jobs
+
+    keep = [r for r in cmp if r["all_passed"] and r["a_us"] and r["b_us"] and host.get(r["key"]) == 0]
+    if not keep:
+        return None
+    diffs = [statistics.fmean(r["b_us"]) / statistics.fmean(r["a_us"]) - 1 for r in keep]
+    return {"baselines": len(keep), "left_out_host": sorted(r["key"] for r in cmp if (host.get(r["key"]) or 0) > 0),
+            "left_out_unknown": sorted(r["key"] for r in cmp if r["key"] in host and host[r["key"]] is None
+                                       or r["key"] not in host),
+            **_over_jobs(diffs)}
+
+
 def _print_pool(cmp: list[dict]) -> None:
     pct = lambda x: f"{x * 100:.2f}%" if x is not None else "-"  # noqa: E731
     for r in cmp:
@@ -298,6 +341,18 @@ def main(argv: list[str] | None = None) -> int:
             log(f"POOL {f}: grader {v.get('mkb_grader') or 'not recorded'}, timing policy {policy}"
                 f"{'' if v.get('timing_policy') else ' (from its timing events)'}")
         _print_pool(cmp)
+        host: dict[str, int | None] = {}
+        for f, s_ in zip(a.pool, runs):
+            for key, n in host_reading(f, s_).items():
+                host[key] = n if key not in host else (None if n is None or host[key] is None else max(n, host[key]))
+        e = arm_effect(cmp, host)
+        if e is None:
+            log("EFFECT none: no baseline is known to work on the device only (its dataset's integrity events unread)")
+        else:
+            log(f"EFFECT over {e['baselines']} baselines that only work on the device (left out, reading the host: "
+                f"{e['left_out_host'] or 'none'}; unknown: {e['left_out_unknown'] or 'none'}): B against A "
+                f"{e['mean'] * 100:+.2f}% (se {e['se'] * 100:.2f}%; +-2 se {(e['mean'] - 2 * e['se']) * 100:+.2f}% .. "
+                f"{(e['mean'] + 2 * e['se']) * 100:+.2f}%) {'within 0.5%' if e['within_tol'] else 'NOT shown within 0.5%'}")
         return 0
     if a.report:
         if not a.against:

@@ -207,3 +207,26 @@ def test_a_summary_without_a_recorded_policy_gets_the_one_its_timing_events_name
     with pytest.raises(SystemExit, match="timing events in .* name none"):  # a summary outside any dataset
         (tmp_path / "logs").mkdir()
         ab.policy_of_store(str(tmp_path / "logs" / "summary.json"), summary)
+
+
+def test_the_arms_effect_is_read_over_the_baselines_that_only_work_on_the_device() -> None:
+    rows = ab.compare({"1/cute": {"A1": _v(100.0), "B1": _v(101.0), "B2": _v(101.0), "A2": _v(100.0)},
+                       "28/cute": {"A1": _v(80.0), "B1": _v(79.6), "B2": _v(79.6), "A2": _v(80.0)},
+                       "23/cute": {"A1": _v(100.0), "B1": _v(200.0), "B2": _v(200.0), "A2": _v(100.0)},
+                       "72/cute": {"A1": _v(290.0), "B1": _v(290.0)}})
+    e = ab.arm_effect(rows, {"1/cute": 0, "28/cute": 0, "23/cute": 3})
+    assert e["baselines"] == 2 and e["left_out_host"] == ["23/cute"] and e["left_out_unknown"] == ["72/cute"]
+    assert abs(e["mean"] - (0.01 - 0.005) / 2) < 1e-12  # 23's doubling is not in it
+    assert e["se"] > 0 and e["within_tol"] == (abs(e["mean"]) + 2 * e["se"] <= 0.005)
+    assert ab.arm_effect(rows, {}) is None  # nothing known to be device-only: no effect claimed
+    failed = ab.compare({"1/cute": {"A1": _v(100.0), "B1": _v(100.0, passed=False)}})
+    assert ab.arm_effect(failed, {"1/cute": 0}) is None
+
+
+def test_the_host_reads_come_from_the_summarys_dataset() -> None:
+    ds = Path(ab.__file__).resolve().parents[1] / "events" / "h200-checks-ab-clockwarm"  # committed, grader 2.23
+    summary = json.loads((ds / "logs" / "summary.json").read_text())
+    host = ab.host_reading(str(ds / "logs" / "summary.json"), summary)
+    assert set(host) == set(summary["rows"])
+    assert host["23/cute"] > 0 and host["23/tirx"] > 0 and host["28/cute"] == 0 and host["72/tirx"] == 0
+    assert ab.host_reading("/nonexistent/logs/summary.json", summary) == {}
