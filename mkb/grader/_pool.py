@@ -36,6 +36,7 @@ A worker of "cuda:N" sees only that GPU (CUDA_VISIBLE_DEVICES, mapped through th
 
 from __future__ import annotations
 
+import atexit
 import collections
 import os
 import shutil
@@ -57,6 +58,19 @@ from mkb.grader._protocol import LineReader, write_msg
 from mkb.grader._session import TrustedCache
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
+_REAPERS: set[threading.Thread] = set()  # background reaps still running (each removes its worker's scratch folder)
+_REAPERS_LOCK = threading.Lock()
+
+
+@atexit.register
+def _join_reapers(timeout_s: float = 35.0) -> None:
+    """At exit, let the background reaps finish (each waits at most 30 s for its worker), so no worker's scratch folder
+    outlives the process that made it."""
+    deadline = time.monotonic() + timeout_s
+    with _REAPERS_LOCK:
+        live = list(_REAPERS)
+    for t in live:
+        t.join(max(0.0, deadline - time.monotonic()))
 # a hold waits at most this long for spares already in their GPU warm-up; a warm-up that takes
 # longer than WARM_LIMIT_S after its `go` is treated as failed (and no longer blocks holds)
 WARM_WAIT_S = 60.0
@@ -421,6 +435,7 @@ class Worker:
         self._urgent = False  # taken by a grading that waits for it (GpuQuiet.urge)
         self._deferred = False  # its `go` was deferred behind a grading's timing phase (GpuQuiet's history says so)
         self._reaped = False
+        self._reaper: threading.Thread | None = None  # kill(wait=False)'s background reap, which removes the scratch folder
         self._state_lock = threading.Lock()
         self._started = threading.Event()
         # reads the result channel until `ready` (imports -> go -> GPU warm-up); the job's reader takes over after
@@ -521,9 +536,19 @@ class Worker:
             self.quiet.note("teardown", self.pid)
         signal_group(self.proc.pid, signal.SIGKILL)
         if not wait:
-            threading.Thread(target=self._reap, name=f"mkb-reap-{self.proc.pid}", daemon=True).start()
+            self._reaper = threading.Thread(target=self._reap_in_background, name=f"mkb-reap-{self.proc.pid}", daemon=True)
+            with _REAPERS_LOCK:
+                _REAPERS.add(self._reaper)
+            self._reaper.start()
             return None
         return self._reap()
+
+    def _reap_in_background(self) -> None:
+        try:
+            self._reap()
+        finally:
+            with _REAPERS_LOCK:
+                _REAPERS.discard(threading.current_thread())
 
     def _reap(self) -> int | None:
         with self._state_lock:
@@ -534,8 +559,8 @@ class Worker:
             rc = self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             rc = None
-        if rc is not None:  # dead: nothing of it writes there any more
-            shutil.rmtree(self.scratch, ignore_errors=True)
+        # dead: nothing of it writes there any more (after 30 s still alive: removed all the same, as cleanup always did)
+        shutil.rmtree(self.scratch, ignore_errors=True)
         if self.go_at is not None and rc is not None:  # still there after 30 s: its teardown stays in the record
             self.quiet.note("reaped", self.pid)
         if self._watcher is not threading.current_thread():
@@ -549,11 +574,15 @@ class Worker:
         return rc
 
     def cleanup(self) -> None:
+        """Remove the worker's log and scratch folder. Where `kill(wait=False)` left a reaper running, the folder is
+        its to remove once the process is gone: a CuTe worker's folder took 12-25 ms of the grading's teardown on the
+        H200 (events/h200-grader-bench-2-23*), time the next grading waited for with nothing left to decide."""
         try:
             os.unlink(self.log.name)
         except OSError:
             pass
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        if self._reaper is None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class WorkerPool:

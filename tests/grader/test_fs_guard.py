@@ -170,6 +170,24 @@ def test_the_worker_s_scratch_holds_its_temporary_files_and_dsl_cache_and_goes_w
     assert not scratch.exists()
 
 
+def test_a_worker_killed_without_waiting_leaves_its_scratch_folder_to_the_reaper(fake_dsl, cpu_config):
+    from mkb.grader import Worker
+    from mkb.grader._pool import _REAPERS, _join_reapers
+
+    w = Worker(fake_dsl, device="cpu")
+    try:
+        assert w.wait_ready(120), w.ready_error
+        scratch = Path(w.scratch)
+        (scratch / "left.bin").write_bytes(b"x" * 1024)
+    finally:
+        w.kill(wait=False)
+        w.cleanup()  # returns at once: the folder is the reaper's
+    assert not Path(w.log.name).exists()
+    _join_reapers()  # what the process does at exit: no scratch folder outlives it
+    assert not w._reaper.is_alive() and not scratch.exists() and w.proc.returncode is not None
+    assert w._reaper not in _REAPERS
+
+
 def test_every_registered_backend_keeps_its_compile_cache_in_the_scratch_folder(tmp_path):
     from mkb.dsl import get_backend
     from mkb.dsl._registry import BACKENDS
