@@ -575,8 +575,9 @@ class Worker:
 
     def cleanup(self) -> None:
         """Remove the worker's log and scratch folder. Where `kill(wait=False)` left a reaper running, the folder is
-        its to remove once the process is gone: a CuTe worker's folder took 12-25 ms of the grading's teardown on the
-        H200 (events/h200-grader-bench-2-23*), time the next grading waited for with nothing left to decide."""
+        its to remove once the process is gone (grader 2.24): never while the grading waits, nor while a process of the
+        worker could still write there. (Meant to shorten the grading's teardown; on the H200 it did not:
+        events/h200-grader-bench-2-24.)"""
         try:
             os.unlink(self.log.name)
         except OSError:
