@@ -39,6 +39,7 @@ from __future__ import annotations
 import atexit
 import collections
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -58,19 +59,82 @@ from mkb.grader._protocol import LineReader, write_msg
 from mkb.grader._session import TrustedCache
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
-_REAPERS: set[threading.Thread] = set()  # background reaps still running (each removes its worker's scratch folder)
-_REAPERS_LOCK = threading.Lock()
+
+
+class _Reaper:
+    """One thread that reaps the workers killed without waiting (`Worker.kill(wait=False)`), polling each until it is
+    gone (at most REAP_LIMIT_S), then removes its scratch folder and records it reaped.
+
+    Why one long-lived thread fed by a queue rather than a thread per kill: starting a thread blocks its starter until
+    the new thread has run, which takes one GIL switch interval (5 ms) per busy thread of the parent, and the kill is
+    on a finished grading's path to the next one (`parent.teardown` took ~1 ms or 11-30 ms on the H200,
+    events/h200-grader-bench-2-22..2-24). The thread is started with the first worker, never on a kill's path."""
+
+    POLL_S = 0.01
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Condition()
+        self._outstanding = 0
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="mkb-reaper", daemon=True)
+                self._thread.start()
+
+    def submit(self, w: "Worker") -> None:
+        with self._lock:
+            self._outstanding += 1
+        self._q.put(w)
+        if self._thread is None or not self._thread.is_alive():  # only where no worker started it (never in a pool)
+            self.start()
+
+    def _run(self) -> None:
+        pending: list[tuple["Worker", float]] = []
+        while True:
+            try:
+                w = self._q.get(timeout=self.POLL_S) if pending else self._q.get()
+                pending.append((w, time.monotonic()))
+            except queue.Empty:
+                pass
+            left = []
+            for w, t0 in pending:
+                if w.proc.poll() is None and time.monotonic() - t0 < REAP_LIMIT_S:
+                    left.append((w, t0))
+                    continue
+                try:
+                    w._reap(timeout=0, join_s=1.0)
+                except Exception:  # noqa: BLE001 - one worker's reap never stops the others'
+                    pass
+                with self._lock:
+                    self._outstanding -= 1
+                    self._lock.notify_all()
+            pending = left
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait until every submitted worker is reaped (or `timeout_s`); whether none is left."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._outstanding > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+
+REAP_LIMIT_S = 30.0  # a killed worker still alive after this is left to the OS; its scratch folder is removed all the same
+_REAPER = _Reaper()
 
 
 @atexit.register
-def _join_reapers(timeout_s: float = 35.0) -> None:
-    """At exit, let the background reaps finish (each waits at most 30 s for its worker), so no worker's scratch folder
-    outlives the process that made it."""
-    deadline = time.monotonic() + timeout_s
-    with _REAPERS_LOCK:
-        live = list(_REAPERS)
-    for t in live:
-        t.join(max(0.0, deadline - time.monotonic()))
+def _join_reapers(timeout_s: float = REAP_LIMIT_S + 5.0) -> bool:
+    """At exit, let the background reaps finish, so no worker's scratch folder outlives the process that made it."""
+    return _REAPER.join(timeout_s)
+
+
 # a hold waits at most this long for spares already in their GPU warm-up; a warm-up that takes
 # longer than WARM_LIMIT_S after its `go` is treated as failed (and no longer blocks holds)
 WARM_WAIT_S = 60.0
@@ -435,12 +499,13 @@ class Worker:
         self._urgent = False  # taken by a grading that waits for it (GpuQuiet.urge)
         self._deferred = False  # its `go` was deferred behind a grading's timing phase (GpuQuiet's history says so)
         self._reaped = False
-        self._reaper: threading.Thread | None = None  # kill(wait=False)'s background reap, which removes the scratch folder
+        self._reaped_in_background = False  # kill(wait=False): the reaper removes the scratch folder once it is gone
         self._state_lock = threading.Lock()
         self._started = threading.Event()
         # reads the result channel until `ready` (imports -> go -> GPU warm-up); the job's reader takes over after
         self._watcher = threading.Thread(target=self._watch_start, name=f"mkb-start-{self.proc.pid}", daemon=True)
         self._watcher.start()
+        _REAPER.start()  # here, with the worker, so that no kill waits for a thread to start
 
     def _send(self, msg: dict) -> None:
         if self._forgotten:
@@ -536,27 +601,18 @@ class Worker:
             self.quiet.note("teardown", self.pid)
         signal_group(self.proc.pid, signal.SIGKILL)
         if not wait:
-            self._reaper = threading.Thread(target=self._reap_in_background, name=f"mkb-reap-{self.proc.pid}", daemon=True)
-            with _REAPERS_LOCK:
-                _REAPERS.add(self._reaper)
-            self._reaper.start()
+            self._reaped_in_background = True
+            _REAPER.submit(self)
             return None
         return self._reap()
 
-    def _reap_in_background(self) -> None:
-        try:
-            self._reap()
-        finally:
-            with _REAPERS_LOCK:
-                _REAPERS.discard(threading.current_thread())
-
-    def _reap(self) -> int | None:
+    def _reap(self, *, timeout: float = REAP_LIMIT_S, join_s: float = 10.0) -> int | None:
         with self._state_lock:
             if self._reaped:
                 return self.proc.returncode
             self._reaped = True
         try:
-            rc = self.proc.wait(timeout=30)
+            rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = None
         # dead: nothing of it writes there any more (after 30 s still alive: removed all the same, as cleanup always did)
@@ -564,7 +620,7 @@ class Worker:
         if self.go_at is not None and rc is not None:  # still there after 30 s: its teardown stays in the record
             self.quiet.note("reaped", self.pid)
         if self._watcher is not threading.current_thread():
-            self._watcher.join(10)
+            self._watcher.join(join_s)
         fds = (self._job_w, self._res_r) if not self._watcher.is_alive() else (self._job_w,)
         for fd in fds:
             try:
@@ -582,7 +638,7 @@ class Worker:
             os.unlink(self.log.name)
         except OSError:
             pass
-        if self._reaper is None:
+        if not self._reaped_in_background:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 

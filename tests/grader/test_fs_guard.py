@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -172,20 +174,48 @@ def test_the_worker_s_scratch_holds_its_temporary_files_and_dsl_cache_and_goes_w
 
 def test_a_worker_killed_without_waiting_leaves_its_scratch_folder_to_the_reaper(fake_dsl, cpu_config):
     from mkb.grader import Worker
-    from mkb.grader._pool import _REAPERS, _join_reapers
+    from mkb.grader._pool import _REAPER, _join_reapers
 
     w = Worker(fake_dsl, device="cpu")
     try:
         assert w.wait_ready(120), w.ready_error
         scratch = Path(w.scratch)
         (scratch / "left.bin").write_bytes(b"x" * 1024)
+        threads = threading.active_count()
     finally:
         w.kill(wait=False)
         w.cleanup()  # returns at once: the folder is the reaper's
+    assert threading.active_count() <= threads  # the kill started no thread (the reaper runs since the worker's start)
     assert not Path(w.log.name).exists()
-    _join_reapers()  # what the process does at exit: no scratch folder outlives it
-    assert not w._reaper.is_alive() and not scratch.exists() and w.proc.returncode is not None
-    assert w._reaper not in _REAPERS
+    assert _join_reapers()  # what the process does at exit: no scratch folder outlives it
+    assert not scratch.exists() and w.proc.returncode is not None and w._reaped
+    assert _REAPER.join(0)
+
+
+def test_the_reaper_reaps_many_workers_and_one_that_outlives_its_limit_still_loses_its_folder(tmp_path, monkeypatch):
+    import types
+
+    from mkb.grader import _pool
+
+    reaper = _pool._Reaper()
+    monkeypatch.setattr(_pool, "REAP_LIMIT_S", 0.3)
+
+    def fake(cmd: list[str]) -> types.SimpleNamespace:
+        scratch = tmp_path / f"w{len(list(tmp_path.iterdir()))}"
+        scratch.mkdir()
+        w = types.SimpleNamespace(proc=subprocess.Popen(cmd), scratch=str(scratch), reaped=[])
+        w._reap = lambda *, timeout, join_s: (w.reaped.append(timeout), shutil.rmtree(w.scratch))
+        return w
+
+    quick = [fake(["true"]) for _ in range(5)]
+    stuck = fake(["sleep", "5"])
+    for w in quick + [stuck]:
+        reaper.submit(w)
+    assert reaper.join(10)
+    assert all(w.reaped == [0] and not Path(w.scratch).exists() for w in quick + [stuck])
+    assert stuck.proc.poll() is None  # left running past the limit: its folder removed all the same
+    stuck.proc.kill()
+    stuck.proc.wait()
 
 
 def test_every_registered_backend_keeps_its_compile_cache_in_the_scratch_folder(tmp_path):
