@@ -247,8 +247,8 @@ def host_reading(summary_path: str, summary: dict) -> dict[str, int | None]:
 def arm_effect(cmp: list[dict], host: dict[str, int | None]) -> dict | None:
     """B against A over the baselines that only work on the device: per baseline its B gradings' mean against its A
     gradings' mean (signed), then their mean over baselines with its standard error, within 0.5% when mean +- 2 se is
-    (gpu_queue_run's rule for the queue's effect). Baselines that read the host, or whose host syncs are unknown, are
-    left out and named. None when no baseline is left."""
+    (gpu_queue_run's rule for the queue's effect). Baselines that read the host, whose host syncs are unknown, or with
+    a grading that did not pass, are left out and named. None when no baseline is left."""
     from gpu_queue_run import _over_jobs
 
     keep = [r for r in cmp if r["all_passed"] and r["a_us"] and r["b_us"] and host.get(r["key"]) == 0]
@@ -258,6 +258,8 @@ def arm_effect(cmp: list[dict], host: dict[str, int | None]) -> dict | None:
     return {"baselines": len(keep), "left_out_host": sorted(r["key"] for r in cmp if (host.get(r["key"]) or 0) > 0),
             "left_out_unknown": sorted(r["key"] for r in cmp if r["key"] in host and host[r["key"]] is None
                                        or r["key"] not in host),
+            "left_out_failed": sorted(r["key"] for r in cmp if host.get(r["key"]) == 0
+                                      and not (r["all_passed"] and r["a_us"] and r["b_us"])),
             **_over_jobs(diffs)}
 
 
@@ -350,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             log("EFFECT none: no baseline is known to work on the device only (its dataset's integrity events unread)")
         else:
             log(f"EFFECT over {e['baselines']} baselines that only work on the device (left out, reading the host: "
-                f"{e['left_out_host'] or 'none'}; unknown: {e['left_out_unknown'] or 'none'}): B against A "
+                f"{e['left_out_host'] or 'none'}; unknown: {e['left_out_unknown'] or 'none'}; a grading failed: "
+                f"{e['left_out_failed'] or 'none'}): B against A "
                 f"{e['mean'] * 100:+.2f}% (se {e['se'] * 100:.2f}%; +-2 se {(e['mean'] - 2 * e['se']) * 100:+.2f}% .. "
                 f"{(e['mean'] + 2 * e['se']) * 100:+.2f}%) {'within 0.5%' if e['within_tol'] else 'NOT shown within 0.5%'}")
         return 0

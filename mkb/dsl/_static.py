@@ -39,7 +39,8 @@ RULES: dict[str, str] = {
                      "or whether the grader is watching (the profiler's or the dispatcher's state)",
     "environ_write": "writing os.environ / putenv",
     "numerics_flag": "setting global torch numerics flags (tf32, matmul precision, determinism, cudnn, default dtype)",
-    "monkeypatch": "assigning attributes of torch, os, sys or other library modules",
+    "monkeypatch": "assigning attributes of torch, os, sys or other library modules, or registering operator "
+                   "implementations with torch's dispatcher (torch.library, py_impl, torch._C._dispatch_*)",
     "obfuscation": "__import__, importlib, eval/exec/compile, dunder escapes, dynamic getattr on modules",
     "process_exit": "ending the process (sys.exit, os._exit, exit, quit)",
 }
@@ -127,6 +128,16 @@ _SHARED_PREFIXES: tuple[tuple[str, str], ...] = (
     ("torch._C._get_dispatch_stack_at", "introspection"),
     ("torch.utils._python_dispatch", "introspection"),
     ("torch._C._is_torch_function_mode_enabled", "introspection"),
+    # an implementation registered for an aten operator (torch.library.Library("aten", "IMPL").impl("max", ...)) changes
+    # what every caller of it computes, the grader's own comparisons included, with no Python name rebound
+    ("torch.library", "monkeypatch"),
+    ("torch._library", "monkeypatch"),
+    ("torch._ops", "monkeypatch"),
+    ("torch._custom_op", "monkeypatch"),
+    ("torch._custom_ops", "monkeypatch"),
+    ("torch._decomp", "monkeypatch"),
+    ("torch._refs", "monkeypatch"),
+    ("torch._prims", "monkeypatch"),
     ("torch.overrides", "introspection"),
     ("sys._getframe", "introspection"),
     ("sys.modules", "introspection"),
@@ -197,6 +208,14 @@ _RAW_CUDA_ATTRS = frozenset(
     }
 )
 _GRAPH_ATTR_PREFIXES = ("cuGraph", "cudaGraph", "cuStreamBeginCapture", "cudaStreamBeginCapture")
+# attribute names that register or replace an operator's implementation, whatever object they hang on
+# (torch.ops.aten.max.default.py_impl(...), torch._C._dispatch_library(...), a Library object's impl/define/fallback)
+_DISPATCH_ATTRS = frozenset({"py_impl", "_dispatch_library", "_DispatchModule", "_dispatch_impl", "_dispatch_override",
+                             "_set_python_dispatcher", "_dispatch_tls_set_dispatch_key_included",
+                             "_dispatch_tls_set_dispatch_key_excluded", "_dispatch_tls_local_include_set",
+                             "_dispatch_tls_local_exclude_set", "_enable_python_dispatcher", "_EnablePythonDispatcher",
+                             "_set_dispatch_mode", "_push_on_torch_dispatch_stack", "_push_on_torch_function_stack",
+                             "register_fake", "register_kernel", "register_autograd", "impl_abstract"})
 # dunder attributes used to escape a sandbox or reach globals of other modules
 _DUNDER_ESCAPES = frozenset(
     {
@@ -333,6 +352,8 @@ class _Visitor(ast.NodeVisitor):
                 rule = "raw_cuda"
             elif last.startswith(_GRAPH_ATTR_PREFIXES):
                 rule = "cuda_graph"
+            elif last in _DISPATCH_ATTRS:
+                rule = "monkeypatch"
         if rule is not None:
             self.add(rule, f"{what} `{name}` is forbidden ({RULES[rule]})", node)
 
@@ -390,7 +411,8 @@ class _Visitor(ast.NodeVisitor):
         name = self.resolve(node)
         if name is not None and isinstance(node.ctx, ast.Load):
             self.check_name(name, node)
-        elif name is None and (node.attr in _RAW_CUDA_ATTRS or node.attr.startswith(_GRAPH_ATTR_PREFIXES)):
+        elif name is None and (node.attr in _RAW_CUDA_ATTRS or node.attr in _DISPATCH_ATTRS
+                               or node.attr.startswith(_GRAPH_ATTR_PREFIXES)):
             self.check_name(node.attr, node)
         self.generic_visit(node)
 

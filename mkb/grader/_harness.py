@@ -60,7 +60,7 @@ _SYSCALL_GUARD: list[SyscallGuard] = []
 # integrity_stream when the device stays busy after the call's `end` this much longer than after an empty call
 SIDE_WORK_MIN_US = 25.0
 FLOOR_CALLS = 30  # empty calls before and after the timing loop whose tails are the side-work check's floor
-CLOCK_WARM_MIN_S = 0.03  # the shortest clock warm-up, even on a GPU that reads boosted (its clock reading lags)
+CLOCK_WARM_MIN_S = 0.03  # the shortest clock warm-up where the clock read low before it (grader 2.23: one round where it read boosted)
 SIDE_WORK_FRACTION = 0.1
 
 

@@ -101,12 +101,12 @@ class _Reaper:
                 pass
             left = []
             for w, t0 in pending:
-                if w.proc.poll() is None and time.monotonic() - t0 < REAP_LIMIT_S:
-                    left.append((w, t0))
-                    continue
                 try:
+                    if w.proc.poll() is None and time.monotonic() - t0 < REAP_LIMIT_S:
+                        left.append((w, t0))
+                        continue
                     w._reap(timeout=0, join_s=1.0)
-                except Exception:  # noqa: BLE001 - one worker's reap never stops the others'
+                except Exception:  # noqa: BLE001 - one worker's reap never stops the others' (nor the exit's join)
                     pass
                 with self._lock:
                     self._outstanding -= 1
@@ -500,6 +500,7 @@ class Worker:
         self._deferred = False  # its `go` was deferred behind a grading's timing phase (GpuQuiet's history says so)
         self._reaped = False
         self._reaped_in_background = False  # kill(wait=False): the reaper removes the scratch folder once it is gone
+        self._reap_done = threading.Event()  # set once the one reap (wait, folder, record, fds) is over
         self._state_lock = threading.Lock()
         self._started = threading.Event()
         # reads the result channel until `ready` (imports -> go -> GPU warm-up); the job's reader takes over after
@@ -599,7 +600,8 @@ class Worker:
         self.quiet.forget(self)
         if self.go_at is not None and not self._reaped:  # it has a CUDA context: its teardown is in the record until reaped
             self.quiet.note("teardown", self.pid)
-        signal_group(self.proc.pid, signal.SIGKILL)
+        if self.proc.returncode is None:  # once reaped, its pid may lead another process's group (a new worker's)
+            signal_group(self.proc.pid, signal.SIGKILL)
         if not wait:
             self._reaped_in_background = True
             _REAPER.submit(self)
@@ -608,9 +610,18 @@ class Worker:
 
     def _reap(self, *, timeout: float = REAP_LIMIT_S, join_s: float = 10.0) -> int | None:
         with self._state_lock:
-            if self._reaped:
-                return self.proc.returncode
+            first = not self._reaped
             self._reaped = True
+            done = self._reap_done
+        if not first:  # another thread reaps it: a waiting kill returns once that reap (its folder's removal) is over
+            done.wait(timeout + join_s + 5.0)
+            return self.proc.returncode
+        try:
+            return self._reap_once(timeout=timeout, join_s=join_s)
+        finally:
+            done.set()
+
+    def _reap_once(self, *, timeout: float, join_s: float) -> int | None:
         try:
             rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -71,6 +71,16 @@ POSITIVE = [
     ("numerics_flag", "import torch\nsetattr(torch.backends.cudnn, 'benchmark', True)"),
     ("monkeypatch", "import torch\ntorch.allclose = lambda *a, **k: True"),
     ("monkeypatch", "import time\ntime.perf_counter = lambda: 0.0"),
+    # an aten operator's implementation replaced for every caller, the grader's comparisons included (found in review:
+    # `aten::max` faked this way passed a wrong output through the full comparison rules on the CPU)
+    ("monkeypatch", "import torch\n_l = torch.library.Library('aten', 'IMPL')\n_l.impl('max', lambda x: x, 'CPU')"),
+    ("monkeypatch", "from torch.library import Library\nLibrary('aten', 'IMPL')"),
+    ("monkeypatch", "from torch import library\nlibrary.impl('aten::aminmax', 'CUDA')"),
+    ("monkeypatch", "import torch.library as tl"),
+    ("monkeypatch", "import torch\ntorch.ops.aten.max.default.py_impl(torch._C.DispatchKey.CUDA)(print)"),
+    ("monkeypatch", "import torch\nop = {'o': torch.ops.aten.equal.default}['o']\nop.py_impl(1)(print)"),
+    ("monkeypatch", "import torch\nlib = torch._C._dispatch_library('IMPL', 'aten', '')"),
+    ("monkeypatch", "from torch._ops import OpOverload"),
     ("obfuscation", "m = __import__('os')"),
     ("obfuscation", "import importlib\nimportlib.import_module('os')"),
     ("obfuscation", "eval('1')"),
@@ -106,6 +116,7 @@ NEGATIVE = [
     "# import triton in a comment\nx = 1",
     "class K:\n    def __call__(self, x):\n        return x",
     "import torch\nshape = getattr(torch.Tensor, 'shape')",
+    "import torch\ny = torch.ops.aten.add(torch.empty(2), 1)",  # calling an operator is fine; registering one is not
 ]
 
 

@@ -217,10 +217,14 @@ def test_the_arms_effect_is_read_over_the_baselines_that_only_work_on_the_device
     e = ab.arm_effect(rows, {"1/cute": 0, "28/cute": 0, "23/cute": 3})
     assert e["baselines"] == 2 and e["left_out_host"] == ["23/cute"] and e["left_out_unknown"] == ["72/cute"]
     assert abs(e["mean"] - (0.01 - 0.005) / 2) < 1e-12  # 23's doubling is not in it
-    assert e["se"] > 0 and e["within_tol"] == (abs(e["mean"]) + 2 * e["se"] <= 0.005)
+    assert abs(e["se"] - 0.0075) < 1e-12  # +1% and -0.5%: sd 0.015 / sqrt(2), over sqrt(2) baselines
+    assert not e["within_tol"]  # |0.25%| + 2 x 0.75% reaches past 0.5%
     assert ab.arm_effect(rows, {}) is None  # nothing known to be device-only: no effect claimed
-    failed = ab.compare({"1/cute": {"A1": _v(100.0), "B1": _v(100.0, passed=False)}})
-    assert ab.arm_effect(failed, {"1/cute": 0}) is None
+    failed = ab.compare({"1/cute": {"A1": _v(100.0), "B1": _v(100.0, passed=False)},
+                         "28/cute": {"A1": _v(80.0), "B1": _v(80.0), "B2": _v(80.0), "A2": _v(80.0)}})
+    e2 = ab.arm_effect(failed, {"1/cute": 0, "28/cute": 0})
+    assert e2["baselines"] == 1 and e2["left_out_failed"] == ["1/cute"] and e2["mean"] == 0.0
+    assert ab.arm_effect(failed[:1], {"1/cute": 0}) is None
 
 
 def test_the_host_reads_come_from_the_summarys_dataset() -> None:

@@ -186,3 +186,36 @@ def test_on_the_gpu_every_output_gets_the_full_rules_verdict(dtype, monkeypatch)
         _same_verdict(compare(exp, out), _full_rules(monkeypatch, exp, out))
         n += 1
     assert n >= 14
+
+
+# Degenerate outputs within tolerance and a reference non-finite where its anchor is not: what the quick pass must leave
+# to the full rules (found in review: the file above passed with each of those guards removed from `_quick_pass`).
+def test_a_constant_output_within_tolerance_of_a_varying_reference_gets_constant(monkeypatch):
+    x = torch.linspace(0.0, 0.01, 64, dtype=torch.float64).reshape(4, 16)
+    exp = expect(_module(lambda x: (1.0 + x).to(torch.bfloat16), outputs=(Output("y"),)), (x,))
+    assert not exp.facts[0].constant
+    out = torch.ones(4, 16, dtype=torch.bfloat16)  # within the reference's own bf16 error of it
+    full = _full_rules(monkeypatch, exp, out)
+    assert full.reason == Reason.CONSTANT
+    _same_verdict(compare(exp, out), full)
+
+
+def test_an_all_zero_output_within_tolerance_of_a_reference_that_is_not_zero_gets_all_zero(monkeypatch):
+    # x in [2.1, 2.5]: bf16 (x + 600) - 600 is 4 everywhere, 1.5-1.9 off the fp64 anchor, so the tolerance exceeds |anchor|
+    x = torch.linspace(2.1, 2.5, 64, dtype=torch.float64).reshape(4, 16).to(torch.bfloat16)
+    exp = expect(_module(lambda x: (x + 600) - 600, outputs=(Output("y"),)), (x,))
+    assert not exp.facts[0].all_zero and exp.tolerance[0] >= float(exp.anchor[0].abs().max())
+    out = torch.zeros(4, 16, dtype=torch.bfloat16)
+    full = _full_rules(monkeypatch, exp, out)
+    assert full.reason == Reason.ALL_ZERO
+    _same_verdict(compare(exp, out), full)
+
+
+def test_a_reference_non_finite_where_its_anchor_is_finite_leaves_the_verdict_to_the_full_rules(monkeypatch):
+    x = (torch.full((4, 16), 300.0, dtype=torch.float64) + torch.arange(64, dtype=torch.float64).reshape(4, 16))
+    exp = expect(_module(lambda x: x * x / x, outputs=(Output("y"),)), (x.to(torch.float16),))  # fp16 x*x overflows
+    assert not exp.facts[0].finite
+    out = exp.anchor[0].to(torch.float16)  # the right values, finite
+    full = _full_rules(monkeypatch, exp, out)
+    assert not full.ok
+    _same_verdict(compare(exp, out), full)
