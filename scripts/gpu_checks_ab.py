@@ -225,23 +225,26 @@ def host_reading(summary_path: str, summary: dict) -> dict[str, int | None]:
     read (every baseline is then unknown, so none enters the effect). Why: a call that reads device data on the host
     repeats only within its own wide spread (problem 23: 40-120% grading to grading), so an arm's effect on the medians
     is read over the calls that only work on the device, as gpu_queue_run's EFFECT is."""
-    from gpu_queue_run import host_syncs
-
-    from mkb.events import read
+    from gpu_queue_run import host_syncs_by_id
 
     store = Path(summary_path).resolve().parent.parent
-    ids = {v["evaluation_id"]: key for key, tags in summary["rows"].items() for v in tags.values() if v.get("evaluation_id")}
     try:
-        t = read("integrity", str(store))
-    except Exception:  # noqa: BLE001 - no store beside the summary: nothing is known
+        by_id = host_syncs_by_id(store)
+    except SystemExit:  # no store beside the summary: nothing is known
         return {}
     out: dict[str, int | None] = {}
-    for e, d in zip(t["evaluation_id"].to_list(), t["details"].to_list()):
-        if e in ids:
-            n = host_syncs(json.loads(d) if d else None)
-            key = ids[e]
-            out[key] = n if key not in out else (None if n is None or out[key] is None else max(n, out[key]))
+    for key, tags in summary["rows"].items():
+        for v in tags.values():
+            if v.get("evaluation_id") in by_id:
+                out[key] = _most_syncs(out, key, by_id[v["evaluation_id"]])
     return out
+
+
+def _most_syncs(seen: dict[str, int | None], key: str, n: int | None) -> int | None:
+    """A baseline's host syncs with one more grading's: the most, or None once any grading's is unknown."""
+    if key not in seen:
+        return n
+    return None if n is None or seen[key] is None else max(n, seen[key])
 
 
 def arm_effect(cmp: list[dict], host: dict[str, int | None]) -> dict | None:
@@ -346,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         host: dict[str, int | None] = {}
         for f, s_ in zip(a.pool, runs):
             for key, n in host_reading(f, s_).items():
-                host[key] = n if key not in host else (None if n is None or host[key] is None else max(n, host[key]))
+                host[key] = _most_syncs(host, key, n)
         e = arm_effect(cmp, host)
         if e is None:
             log("EFFECT none: no baseline is known to work on the device only (its dataset's integrity events unread)")

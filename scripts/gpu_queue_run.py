@@ -376,9 +376,9 @@ def pooled(summary: dict, must_pass: set[str]) -> list[dict]:
     return [r for r in compare(rows) if r["a_us"] and r["b_us"]]
 
 
-def with_host_syncs(summary: dict, store: Path) -> int:
-    """Fill `host_syncs` into the verdict rows of a summary written before the figure was (gpu_queue_run before
-    2026-12-02 evening) from the dataset's own integrity events, by evaluation id; returns how many rows it filled."""
+def host_syncs_by_id(store: Path) -> dict[str, int | None]:
+    """Every grading's `host_syncs` in a dataset, by evaluation id, read from its integrity events; a store that cannot
+    be read is one line naming it (SystemExit)."""
     from mkb.events import read
 
     try:
@@ -388,8 +388,14 @@ def with_host_syncs(summary: dict, store: Path) -> int:
                          "the dataset folder the summary's run wrote (events/<name>)") from None
     by_id: dict[str, int | None] = {}
     for eid, details in frame.iter_rows():
-        d = json.loads(details) if isinstance(details, str) else (details or {})
-        by_id[eid] = host_syncs(d)
+        by_id[eid] = host_syncs(json.loads(details) if isinstance(details, str) else (details or {}))
+    return by_id
+
+
+def with_host_syncs(summary: dict, store: Path) -> int:
+    """Fill `host_syncs` into the verdict rows of a summary written before the figure was (gpu_queue_run before
+    2026-12-02 evening) from the dataset's own integrity events, by evaluation id; returns how many rows it filled."""
+    by_id = host_syncs_by_id(store)
     filled = 0
     wanted = 0
     for side in ("serial", "queue"):

@@ -88,8 +88,7 @@ class _Reaper:
         with self._lock:
             self._outstanding += 1
         self._q.put(w)
-        if self._thread is None or not self._thread.is_alive():  # only where no worker started it (never in a pool)
-            self.start()
+        self.start()  # a no-op once a worker started it (always in a pool)
 
     def _run(self) -> None:
         pending: list[tuple["Worker", float]] = []
@@ -626,7 +625,7 @@ class Worker:
             rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = None
-        # dead: nothing of it writes there any more (after 30 s still alive: removed all the same, as cleanup always did)
+        # dead: nothing of it writes there any more (still alive after `timeout`: removed all the same, as cleanup always did)
         shutil.rmtree(self.scratch, ignore_errors=True)
         if self.go_at is not None and rc is not None:  # still there after 30 s: its teardown stays in the record
             self.quiet.note("reaped", self.pid)

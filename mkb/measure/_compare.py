@@ -346,15 +346,20 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.is_floating_point() and t.element_size() == 1 else t
 
 
+def _numbers(t: torch.Tensor) -> torch.Tensor:
+    """`t` with bool viewed as bytes, so the degenerate-output rules compare and sum it as numbers."""
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
 def _all_zero(t: torch.Tensor) -> bool:
-    """No element is nonzero (NaN counts as not nonzero); `t` widened (`_wide`), bool viewed as bytes."""
-    t = t.view(torch.uint8) if t.dtype == torch.bool else t
+    """No element is nonzero (NaN counts as not nonzero); `t` widened (`_wide`)."""
+    t = _numbers(t)
     return not bool(t.to(torch.float64).abs().gt(0).any()) if t.is_floating_point() else not bool(t.ne(0).any())
 
 
 def _constant(t: torch.Tensor) -> bool:
     """Every element equals the first (a tensor of more than one element; NaN equals nothing)."""
-    flat = (t.view(torch.uint8) if t.dtype == torch.bool else t).reshape(-1)
+    flat = _numbers(t).reshape(-1)
     return bool((flat == flat[0]).all())
 
 
@@ -373,7 +378,7 @@ def _degenerate(name: str, cand: torch.Tensor, ref: torch.Tensor) -> OutputCheck
     if _all_zero(cand) and not _all_zero(ref):
         return OutputCheck(name, False, Reason.ALL_ZERO, "all zeros where the reference is not")
     if cand.numel() > 1 and _constant(cand) and not _constant(ref):
-        first = (cand.view(torch.uint8) if cand.dtype == torch.bool else cand).reshape(-1)[0]
+        first = _numbers(cand).reshape(-1)[0]
         return OutputCheck(name, False, Reason.CONSTANT, f"every element equals {first.item()!r}; the reference varies")
     return None
 

@@ -4,24 +4,15 @@ pass, with the same figures, and every failure left to them (same reason, same m
 from __future__ import annotations
 
 import dataclasses
-import types
 
 import pytest
 import torch
 
 import mkb.measure._compare as C
 from mkb.measure import compare, expect, inputs_unchanged
-from mkb.problems import Output, ProblemMeta
+from mkb.problems import Output
 from mkb.reasons import Reason
-
-
-def _module(reference, *, outputs, inputs=("x",), mutates=()):
-    m = types.ModuleType("fake_problem")
-    m.META = ProblemMeta(number=99, name="fake", family="mlp_norm", dtypes=("bf16",), source_model="x",
-                         source_config="x", inputs=inputs, outputs=outputs, flops=1.0, bytes=1.0, peak="memory",
-                         mutates=mutates)
-    m.reference = reference
-    return m
+from test_compare import _module  # the one fake problem of the comparison tests
 
 
 def _full_rules(monkeypatch_ctx, exp, out, **kw):
@@ -69,7 +60,7 @@ def _outputs_of(ref: torch.Tensor, tol: float, device: str):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_every_output_gets_the_full_rules_verdict_allclose(dtype, monkeypatch):
-    m = _module(_softmax(dtype), outputs=(Output("y"),))
+    m = _module(_softmax(dtype), inputs=("x",), outputs=(Output("y"),))
     x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0)).to(dtype)
     exp = expect(m, (x,))
     assert exp.facts[0] == C.ReferenceFacts(finite=True, all_zero=False, constant=False)
@@ -98,7 +89,7 @@ def test_references_of_every_shape_the_facts_describe(kind, monkeypatch):
             y.reshape(-1)[3] = float(kind)
         return y
 
-    m = _module(reference, outputs=(Output("y"),))
+    m = _module(reference, inputs=("x",), outputs=(Output("y"),))
     x = torch.randn(8, 32, generator=torch.Generator().manual_seed(2))
     exp = expect(m, (x,))
     facts = exp.facts[0]
@@ -133,7 +124,7 @@ def test_exact_outputs_and_mutated_inputs_get_the_full_rules_verdict(monkeypatch
 
 def test_a_passing_output_is_decided_without_the_full_rules(monkeypatch):
     """The point of it: a right output never reaches `_degenerate` or `_allclose` (about ten synced reductions)."""
-    m = _module(_softmax(torch.bfloat16), outputs=(Output("y"),))
+    m = _module(_softmax(torch.bfloat16), inputs=("x",), outputs=(Output("y"),))
     x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     exp = expect(m, (x,))
 
@@ -150,7 +141,7 @@ def test_a_passing_output_is_decided_without_the_full_rules(monkeypatch):
 
 def test_an_expectation_without_facts_takes_the_full_rules(monkeypatch):
     """An `Expected` made without facts (an older maker, or a test building one by hand) is still compared."""
-    m = _module(_softmax(torch.float32), outputs=(Output("y"),))
+    m = _module(_softmax(torch.float32), inputs=("x",), outputs=(Output("y"),))
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
     exp = dataclasses.replace(expect(m, (x,)), facts=())
     assert compare(exp, m.reference(x)).ok
@@ -177,7 +168,7 @@ def test_inputs_unchanged_keeps_its_verdicts():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_on_the_gpu_every_output_gets_the_full_rules_verdict(dtype, monkeypatch):
-    m = _module(_softmax(dtype), outputs=(Output("y"),))
+    m = _module(_softmax(dtype), inputs=("x",), outputs=(Output("y"),))
     x = torch.randn(512, 1024, generator=torch.Generator().manual_seed(0)).to(dtype).cuda()
     exp = expect(m, (x,))
     assert exp.facts[0].finite
@@ -192,7 +183,7 @@ def test_on_the_gpu_every_output_gets_the_full_rules_verdict(dtype, monkeypatch)
 # to the full rules (found in review: the file above passed with each of those guards removed from `_quick_pass`).
 def test_a_constant_output_within_tolerance_of_a_varying_reference_gets_constant(monkeypatch):
     x = torch.linspace(0.0, 0.01, 64, dtype=torch.float64).reshape(4, 16)
-    exp = expect(_module(lambda x: (1.0 + x).to(torch.bfloat16), outputs=(Output("y"),)), (x,))
+    exp = expect(_module(lambda x: (1.0 + x).to(torch.bfloat16), inputs=("x",), outputs=(Output("y"),)), (x,))
     assert not exp.facts[0].constant
     out = torch.ones(4, 16, dtype=torch.bfloat16)  # within the reference's own bf16 error of it
     full = _full_rules(monkeypatch, exp, out)
@@ -203,7 +194,7 @@ def test_a_constant_output_within_tolerance_of_a_varying_reference_gets_constant
 def test_an_all_zero_output_within_tolerance_of_a_reference_that_is_not_zero_gets_all_zero(monkeypatch):
     # x in [2.1, 2.5]: bf16 (x + 600) - 600 is 4 everywhere, 1.5-1.9 off the fp64 anchor, so the tolerance exceeds |anchor|
     x = torch.linspace(2.1, 2.5, 64, dtype=torch.float64).reshape(4, 16).to(torch.bfloat16)
-    exp = expect(_module(lambda x: (x + 600) - 600, outputs=(Output("y"),)), (x,))
+    exp = expect(_module(lambda x: (x + 600) - 600, inputs=("x",), outputs=(Output("y"),)), (x,))
     assert not exp.facts[0].all_zero and exp.tolerance[0] >= float(exp.anchor[0].abs().max())
     out = torch.zeros(4, 16, dtype=torch.bfloat16)
     full = _full_rules(monkeypatch, exp, out)
@@ -213,7 +204,7 @@ def test_an_all_zero_output_within_tolerance_of_a_reference_that_is_not_zero_get
 
 def test_a_reference_non_finite_where_its_anchor_is_finite_leaves_the_verdict_to_the_full_rules(monkeypatch):
     x = (torch.full((4, 16), 300.0, dtype=torch.float64) + torch.arange(64, dtype=torch.float64).reshape(4, 16))
-    exp = expect(_module(lambda x: x * x / x, outputs=(Output("y"),)), (x.to(torch.float16),))  # fp16 x*x overflows
+    exp = expect(_module(lambda x: x * x / x, inputs=("x",), outputs=(Output("y"),)), (x.to(torch.float16),))  # fp16 x*x overflows
     assert not exp.facts[0].finite
     out = exp.anchor[0].to(torch.float16)  # the right values, finite
     full = _full_rules(monkeypatch, exp, out)
