@@ -38,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
             verdicts[e] = json.loads(d) if d else {}
     buckets: collections.Counter = collections.Counter()
     n = boosted = 0
-    for f in sorted(glob.glob(f"{a.events}/h200-*/kind=timing/*.parquet")):
+    files = sorted(glob.glob(f"{a.events}/h200-*/kind=timing/*.parquet"))
+    if not files:
+        raise SystemExit(f"--events {a.events}: no H200 timing events there; hint: pass the folder of committed "
+                         "datasets (events/, holding h200-*/kind=timing)")
+    for f in files:
         t = pq.read_table(f, columns=["evaluation_id", "details"])
         for e, d in zip(t.column("evaluation_id").to_pylist(), t.column("details").to_pylist()):
             cw = (json.loads(d) if d else {}).get("clock_warm") or {}

@@ -29,7 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", default="events", help="the folder of committed datasets")
     a = ap.parse_args(argv)
     n, fail = 0, {"before": [], "after": [], "both": []}
-    for f in sorted(glob.glob(f"{a.events}/h200-*/kind=timing/*.parquet")):
+    files = sorted(glob.glob(f"{a.events}/h200-*/kind=timing/*.parquet"))
+    if not files:
+        raise SystemExit(f"--events {a.events}: no H200 timing events there; hint: pass the folder of committed "
+                         "datasets (events/, holding h200-*/kind=timing)")
+    for f in files:
         cols = ["ok", "median_us", "details", "problem", "dsl"]
         t = pq.read_table(f, columns=cols)
         for ok, med, d, prob, dsl in zip(*(t.column(c).to_pylist() for c in cols)):
